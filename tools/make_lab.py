@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Derive lab.py from solution.py.
+
+Every region between a `# BEGIN SOLUTION: Exercise N` line and the next `# END SOLUTION`
+line is replaced, at the same indentation, by
+`raise NotImplementedError("Exercise N: <qualified name of the enclosing function>")`.
+Everything else (signatures, docstrings, provided code) is kept as it is.
+
+    python tools/make_lab.py           # write lab.py
+    python tools/make_lab.py --check   # exit 1 if lab.py is not what this tool generates
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN = re.compile(r"^(\s*)# BEGIN SOLUTION: Exercise (\d+)\s*$")
+END = re.compile(r"^\s*# END SOLUTION\s*$")
+HEADER = "# GENERATED from solution.py by tools/make_lab.py: do not edit, edit solution.py and regenerate.\n"
+
+
+def enclosing_functions(source: str) -> dict[int, str]:
+    """Map every line number inside a function to the function's qualified name (innermost wins)."""
+    names: dict[int, str] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                qualname = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    for line in range(child.lineno, child.end_lineno + 1):
+                        names[line] = qualname
+                visit(child, qualname + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return names
+
+
+def make_lab(source: str) -> str:
+    """The lab text for a solution text; raises ValueError on unbalanced or misplaced markers."""
+    owners = enclosing_functions(source)
+    out: list[str] = [HEADER]
+    lines = source.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        begin = BEGIN.match(lines[i])
+        if END.match(lines[i]):
+            raise ValueError(f"solution.py:{i + 1}: END SOLUTION without BEGIN")
+        if not begin:
+            out.append(lines[i])
+            i += 1
+            continue
+        indent, exercise = begin.group(1), begin.group(2)
+        owner = owners.get(i + 1)
+        if owner is None:
+            raise ValueError(f"solution.py:{i + 1}: a solution region must sit inside a function")
+        j = i + 1
+        while j < len(lines) and not END.match(lines[j]):
+            if BEGIN.match(lines[j]):
+                raise ValueError(f"solution.py:{j + 1}: nested BEGIN SOLUTION")
+            j += 1
+        if j == len(lines):
+            raise ValueError(f"solution.py:{i + 1}: BEGIN SOLUTION without END")
+        out.append(f'{indent}raise NotImplementedError("Exercise {exercise}: {owner}")\n')
+        i = j + 1
+    return "".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if lab.py is out of date")
+    args = parser.parse_args(argv)
+    try:
+        lab = make_lab((ROOT / "solution.py").read_text())
+    except ValueError as exc:
+        print(f"make_lab: {exc}", file=sys.stderr)
+        return 1
+    target = ROOT / "lab.py"
+    if args.check:
+        if not target.exists() or target.read_text() != lab:
+            print("make_lab: lab.py is not what solution.py generates; run python tools/make_lab.py", file=sys.stderr)
+            return 1
+        print("make_lab: lab.py is in sync with solution.py")
+        return 0
+    target.write_text(lab)
+    print(f"make_lab: wrote {target.name} ({lab.count('raise NotImplementedError')} stubs)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
