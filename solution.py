@@ -373,12 +373,12 @@ EXERCISES = {
 }
 
 
-def unsolved_exercises(module_name: str = __name__) -> dict[int, list[str]]:
+def unsolved_exercises(module_name: str | None = None) -> dict[int, list[str]]:
     """Exercise number -> the functions still stubbed in a module's source (empty when all are done)."""
     import inspect
     import re
 
-    source = inspect.getsource(sys.modules[module_name])
+    source = inspect.getsource(sys.modules[module_name or __name__])
     stubs: dict[int, list[str]] = {}
     for number, name in re.findall(r'raise NotImplementedError\("Exercise (\d+): ([\w.]+)"\)', source):
         stubs.setdefault(int(number), []).append(name)
