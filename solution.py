@@ -358,6 +358,313 @@ class BlockTable:
 
 
 # =====================================================================================
+# 2. The model and the paged attention path
+# =====================================================================================
+#
+# A GPT-2 in NumPy, under the checkpoint's own tensor names, so real GPT-2 weights load with a
+# dictionary. `forward_dense` is the reference (no cache). `forward` is the serving path: each
+# new token's K/V is written into its slot, then attention reads the past through block tables.
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """GPT-2 hyper-parameters (the defaults make a toy model that runs in milliseconds)."""
+
+    vocab_size: int = 256
+    n_positions: int = 256
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    layer_norm_epsilon: float = 1e-5
+
+    def __post_init__(self):
+        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} must be a multiple of n_head {self.n_head}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+def gpt2_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a GPT-2 checkpoint with its shape; linear weights are (in, out) (Conv1D)."""
+    C, V = config.n_embd, config.vocab_size
+    shapes = {"wte.weight": (V, C), "wpe.weight": (config.n_positions, C)}
+    for i in range(config.n_layer):
+        shapes |= {
+            f"h.{i}.ln_1.weight": (C,), f"h.{i}.ln_1.bias": (C,),
+            f"h.{i}.attn.c_attn.weight": (C, 3 * C), f"h.{i}.attn.c_attn.bias": (3 * C,),
+            f"h.{i}.attn.c_proj.weight": (C, C), f"h.{i}.attn.c_proj.bias": (C,),
+            f"h.{i}.ln_2.weight": (C,), f"h.{i}.ln_2.bias": (C,),
+            f"h.{i}.mlp.c_fc.weight": (C, 4 * C), f"h.{i}.mlp.c_fc.bias": (4 * C,),
+            f"h.{i}.mlp.c_proj.weight": (4 * C, C), f"h.{i}.mlp.c_proj.bias": (C,),
+        }
+    return shapes | {"ln_f.weight": (C,), "ln_f.bias": (C,)}
+
+
+def init_gpt2_weights(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float32 weights under GPT-2 checkpoint names, in the checkpoint's (in, out) layout.
+
+    Shaped like GPT-2's init (normal weights, zero biases, unit LayerNorm gains, residual
+    projections scaled by 1/sqrt(2 * n_layer)) but 20x wider: at GPT-2's std 0.02 an untrained
+    toy has nearly flat logits, and greedy outputs would hinge on float rounding. These give
+    decisive logits (top-2 gaps ~0.7) and varied outputs.
+    """
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in gpt2_weight_shapes(config).items():
+        if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+            w = np.ones(shape)
+        elif name.endswith("bias"):
+            w = np.zeros(shape)
+        elif name in ("wte.weight", "wpe.weight"):
+            w = rng.normal(0.0, 0.3, shape)
+        else:
+            std = 0.4 / math.sqrt(2 * config.n_layer) if name.endswith("c_proj.weight") else 0.4
+            w = rng.normal(0.0, std, shape)
+        weights[name] = w.astype(np.float32)
+    return weights
+
+
+def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    var = x.var(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    # GPT-2's tanh approximation; Python-float constants keep float32 arrays float32.
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    # Subtract the row max: exp never overflows, and masked (-inf) entries become exact zeros.
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class KVCache:
+    """The physical KV-cache: `.k`, `.v` of shape (n_layer, num_blocks, block_size, n_head, head_dim).
+
+    Slot `s` of a layer is `k[layer].reshape(-1, n_head, head_dim)[s]`, i.e. block `s // block_size`,
+    offset `s % block_size`: exactly what `BlockTable.slots` returns.
+    """
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        shape = (config.n_layer, num_blocks, block_size, config.n_head, config.head_dim)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.k = np.zeros(shape, dtype=np.float32)
+        self.v = np.zeros(shape, dtype=np.float32)
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Carry out copy-on-write: block `dst` gets `src`'s K/V in every layer."""
+        if not pairs:
+            return
+        src, dst = (np.array(x, dtype=np.int64) for x in zip(*pairs))
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
+
+def paged_attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    context_lens: np.ndarray,
+) -> np.ndarray:
+    """Decode attention through block tables: one query per sequence.
+
+    q (B, H, D); k_cache, v_cache (num_blocks, block_size, H, D) for one layer; block_tables
+    (B, max_blocks) int, entries past a sequence's blocks are padding and never read as data;
+    context_lens (B,) >= 1, counting the current token (its K/V is already in the cache).
+    Returns (B, H, D) in q's dtype.
+    """
+    # BEGIN SOLUTION: Exercise 4
+    B, H, D = q.shape
+    block_size = k_cache.shape[1]
+    max_len = int(np.max(context_lens))
+    positions = np.arange(max_len)
+    valid = positions[None, :] < np.asarray(context_lens)[:, None]  # (B, T)
+    blocks = np.take_along_axis(block_tables, np.minimum(positions // block_size, block_tables.shape[1] - 1)[None, :].repeat(B, 0), axis=1)
+    slots = np.where(valid, blocks * block_size + positions % block_size, 0)
+    k = k_cache.reshape(-1, H, D)[slots]  # (B, T, H, D)
+    v = v_cache.reshape(-1, H, D)[slots]
+    scores = np.einsum("bhd,bthd->bht", q, k) * np.float32(1.0 / math.sqrt(D))
+    scores = np.where(valid[:, None, :], scores, -np.inf)
+    return np.einsum("bht,bthd->bhd", _softmax(scores), np.where(valid[:, :, None, None], v, 0)).astype(q.dtype)
+    # END SOLUTION
+
+
+class ToyTransformer:
+    """GPT-2: learned positions, pre-LayerNorm blocks, fused qkv, tanh-GELU MLP, tied LM head."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray] | None = None, seed: int = 0):
+        self.config = config
+        self.weights = self._validated(init_gpt2_weights(config, seed) if weights is None else weights)
+        w = self.weights
+        self.layers = [{name.split(".", 2)[2]: w[name] for name in w if name.startswith(f"h.{i}.")}
+                       for i in range(config.n_layer)]
+
+    def _validated(self, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Strip a `transformer.` prefix, drop GPT-2's mask buffers, check every name and shape."""
+        expected = gpt2_weight_shapes(self.config)
+        found: dict[str, np.ndarray] = {}
+        lm_head = None
+        for name, value in weights.items():
+            key = name.removeprefix("transformer.")
+            if key == "lm_head.weight":
+                lm_head = np.asarray(value)
+                continue
+            if key.endswith((".attn.bias", ".attn.masked_bias")) and key.startswith("h."):
+                continue  # causal-mask buffers, not parameters
+            if key not in expected:
+                raise ValueError(f"unknown weight {name!r}: not a GPT-2 tensor for this config")
+            value = np.asarray(value)
+            if value.shape != expected[key]:
+                raise ValueError(f"weight {name!r} has shape {value.shape}, expected {expected[key]}")
+            found[key] = np.ascontiguousarray(value, dtype=np.float32)
+        missing = sorted(set(expected) - set(found))
+        if missing:
+            raise ValueError(f"missing weight(s) {missing[:4]}{' ...' if len(missing) > 4 else ''}")
+        if lm_head is not None and not np.array_equal(lm_head, found["wte.weight"]):
+            raise ValueError("lm_head.weight differs from wte.weight: GPT-2's LM head is tied to the embeddings")
+        return found
+
+    # --- the building blocks ---------------------------------------------------------
+
+    def _ln(self, x: np.ndarray, layer: dict, name: str) -> np.ndarray:
+        return _layer_norm(x, layer[f"{name}.weight"], layer[f"{name}.bias"], self.config.layer_norm_epsilon)
+
+    def _qkv(self, x: np.ndarray, layer: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(T, C) -> q, k, v each (T, H, D)."""
+        qkv = self._ln(x, layer, "ln_1") @ layer["attn.c_attn.weight"] + layer["attn.c_attn.bias"]
+        T, H, D = x.shape[0], self.config.n_head, self.config.head_dim
+        return tuple(qkv.reshape(T, 3, H, D).transpose(1, 0, 2, 3))
+
+    def _finish_block(self, x: np.ndarray, attn: np.ndarray, layer: dict) -> np.ndarray:
+        """Residual adds around the attention output projection and the MLP."""
+        x = x + attn.reshape(x.shape) @ layer["attn.c_proj.weight"] + layer["attn.c_proj.bias"]
+        h = _gelu(self._ln(x, layer, "ln_2") @ layer["mlp.c_fc.weight"] + layer["mlp.c_fc.bias"])
+        return x + h @ layer["mlp.c_proj.weight"] + layer["mlp.c_proj.bias"]
+
+    def _embed(self, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        return self.weights["wte.weight"][token_ids] + self.weights["wpe.weight"][positions]
+
+    def _logits(self, x: np.ndarray) -> np.ndarray:
+        w = self.weights
+        return _layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], self.config.layer_norm_epsilon) @ w["wte.weight"].T
+
+    def _check_tokens(self, token_ids: np.ndarray, positions_end: int) -> None:
+        if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= self.config.vocab_size):
+            raise ValueError(f"token ids must be in 0..{self.config.vocab_size - 1}")
+        if positions_end > self.config.n_positions:
+            raise ValueError(f"position {positions_end - 1} is beyond n_positions={self.config.n_positions}")
+
+    # --- the reference path ----------------------------------------------------------
+
+    def forward_dense(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Logits (T, vocab_size) for every position, with plain causal attention and no cache."""
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+        T = len(token_ids)
+        if T == 0:
+            raise ValueError("forward_dense needs at least one token")
+        self._check_tokens(token_ids, T)
+        x = self._embed(token_ids, np.arange(T))
+        causal = np.tril(np.ones((T, T), dtype=bool))
+        scale = np.float32(1.0 / math.sqrt(self.config.head_dim))
+        for layer in self.layers:
+            q, k, v = self._qkv(x, layer)
+            scores = np.einsum("qhd,khd->hqk", q, k) * scale
+            probs = _softmax(np.where(causal, scores, -np.inf))
+            x = self._finish_block(x, np.einsum("hqk,khd->qhd", probs, v), layer)
+        return self._logits(x)
+
+    # --- the serving path ------------------------------------------------------------
+
+    def forward(
+        self,
+        kv_cache: KVCache,
+        block_tables: Sequence[BlockTable],
+        start_positions: Sequence[int],
+        num_tokens: Sequence[int],
+    ) -> np.ndarray:
+        """One engine step over a batch that mixes prefill chunks and decode tokens.
+
+        Sequence i contributes `block_tables[i].token_ids[start_i : start_i + n_i]`; the K/V of its
+        positions before `start_i` must already be in `kv_cache`. Each new token's K/V is written
+        into its slot before attention reads it. Returns logits (sum(num_tokens), vocab_size) for
+        every processed token, in batch order.
+        """
+        batch = _PagedBatch(self.config, block_tables, start_positions, num_tokens)
+        x = self._embed(batch.token_ids, batch.positions)
+        scale = np.float32(1.0 / math.sqrt(self.config.head_dim))
+        H, D = self.config.n_head, self.config.head_dim
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(x, layer)
+            k_flat = kv_cache.k[i].reshape(-1, H, D)  # views: slot-addressed
+            v_flat = kv_cache.v[i].reshape(-1, H, D)
+            k_flat[batch.slots] = k
+            v_flat[batch.slots] = v
+            attn = np.empty_like(q)
+            if batch.decode_rows.size:
+                attn[batch.decode_rows] = paged_attention(
+                    q[batch.decode_rows], kv_cache.k[i], kv_cache.v[i], batch.decode_tables, batch.decode_lens)
+            for rows, context_slots, mask in batch.prefills:
+                scores = np.einsum("qhd,khd->hqk", q[rows], k_flat[context_slots]) * scale
+                probs = _softmax(np.where(mask, scores, -np.inf))
+                attn[rows] = np.einsum("hqk,khd->qhd", probs, v_flat[context_slots])
+            x = self._finish_block(x, attn, layer)
+        return self._logits(x)
+
+
+class _PagedBatch:
+    """The flat layout of one step, computed once and shared by every layer.
+
+    Decode rows (one new token) go through `paged_attention` together; a prefill chunk of n
+    tokens starting at position s attends over slots 0..s+n-1 with a causal mask in which
+    query j (position s+j) sees keys 0..s+j.
+    """
+
+    def __init__(self, config: ModelConfig, block_tables, start_positions, num_tokens):
+        if not (len(block_tables) == len(start_positions) == len(num_tokens)) or not block_tables:
+            raise ValueError("forward needs one start position and one token count per block table")
+        tokens, positions, slots, decode = [], [], [], []
+        self.prefills = []
+        row = 0
+        for table, start, n in zip(block_tables, start_positions, num_tokens):
+            stop = start + n
+            if n < 1 or start < 0 or stop > table.num_tokens:
+                raise ValueError(f"cannot process positions {start}..{stop - 1} of a sequence of {table.num_tokens} tokens")
+            if stop > config.n_positions:
+                raise ValueError(f"position {stop - 1} is beyond n_positions={config.n_positions}")
+            tokens.append(table.token_ids[start:stop])
+            positions.append(np.arange(start, stop))
+            slots.append(table.slots(start, stop))
+            if n == 1:
+                decode.append((row, table, stop))
+            else:
+                mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None]
+                self.prefills.append((slice(row, row + n), table.slots(0, stop), mask))
+            row += n
+        self.token_ids = np.concatenate(tokens).astype(np.int64)
+        if self.token_ids.min() < 0 or self.token_ids.max() >= config.vocab_size:
+            raise ValueError(f"token ids must be in 0..{config.vocab_size - 1}")
+        self.positions = np.concatenate(positions)
+        self.slots = np.concatenate(slots)
+        self.decode_rows = np.array([r for r, _, _ in decode], dtype=np.int64)
+        width = max((len(t.block_ids) for _, t, _ in decode), default=0)
+        self.decode_tables = np.zeros((len(decode), width), dtype=np.int64)
+        for j, (_, table, _) in enumerate(decode):
+            self.decode_tables[j, : len(table.block_ids)] = table.block_ids
+        self.decode_lens = np.array([stop for _, _, stop in decode], dtype=np.int64)
+
+
+# =====================================================================================
 # 6. The command line
 # =====================================================================================
 
