@@ -352,6 +352,7 @@ def test_a_freed_cached_block_stays_findable_until_it_is_needed():
     assert again.block_ids[:2] == cached and all(alloc.ref_count(b) == 1 for b in cached), (
         "a hit on an evictable block revives it with one reference"
     )
+    assert alloc.num_free_blocks == 1, "revived blocks leave the free pool: 2 hits + 1 new block of 4 leave 1 free"
 
 
 @pytest.mark.exercise3
@@ -510,3 +511,182 @@ class PagedCacheMachine(RuleBasedStateMachine):
 
 
 TestPagedCacheMachine = pytest.mark.exercise3(PagedCacheMachine.TestCase)
+
+
+# =====================================================================================
+# The model: a GPT-2 in NumPy (provided) and the paged path (Exercise 4 and before)
+# =====================================================================================
+
+TINY = dict(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+# Paged and dense paths add the same numbers in different orders (different matmul shapes):
+# float32 rounding, ~1e-6 relative on logits of size ~5. Anything structural is off by >0.1.
+LOGITS_ATOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return lab.ToyTransformer(lab.ModelConfig(**TINY), seed=3)
+
+
+def reference_gpt2_logits(weights, config, token_ids):
+    """GPT-2 written out position by position in float64: the independent reference."""
+    w = {k: v.astype(np.float64) for k, v in weights.items()}
+    H, C = config.n_head, config.n_embd
+    D = C // H
+
+    def ln(x, name):
+        return (x - x.mean()) / np.sqrt(x.var() + 1e-5) * w[name + ".weight"] + w[name + ".bias"]
+
+    xs = [w["wte.weight"][t] + w["wpe.weight"][p] for p, t in enumerate(token_ids)]
+    for i in range(config.n_layer):
+        p = f"h.{i}."
+        qkv = [ln(x, p + "ln_1") @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"] for x in xs]
+        new = []
+        for t, x in enumerate(xs):
+            heads = []
+            for h in range(H):
+                q = qkv[t][h * D : (h + 1) * D]
+                ks = [qkv[s][C + h * D : C + (h + 1) * D] for s in range(t + 1)]
+                vs = [qkv[s][2 * C + h * D : 2 * C + (h + 1) * D] for s in range(t + 1)]
+                a = np.array([q @ k / np.sqrt(D) for k in ks])
+                a = np.exp(a - a.max()) / np.exp(a - a.max()).sum()
+                heads.append(sum(ai * vi for ai, vi in zip(a, vs)))
+            x = x + np.concatenate(heads) @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
+            f = ln(x, p + "ln_2") @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"]
+            f = 0.5 * f * (1 + np.tanh(np.sqrt(2 / np.pi) * (f + 0.044715 * f**3)))
+            new.append(x + f @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"])
+        xs = new
+    return np.array([ln(x, "ln_f") @ w["wte.weight"].T for x in xs])
+
+
+@pytest.mark.provided
+def test_forward_dense_is_gpt2(tiny_model):
+    tokens = [5, 17, 3, 3, 60, 1, 0, 42]
+    got = tiny_model.forward_dense(tokens)
+    want = reference_gpt2_logits(tiny_model.weights, tiny_model.config, tokens)
+    assert got.dtype == np.float32, f"the model path is float32, got {got.dtype}"
+    np.testing.assert_allclose(got, want, atol=LOGITS_ATOL, err_msg="forward_dense is not GPT-2")
+
+
+@pytest.mark.provided
+def test_weights_round_trip_through_checkpoint_names_with_and_without_prefix(tiny_model):
+    config, weights = tiny_model.config, tiny_model.weights
+    prefixed = {f"transformer.{k}": v for k, v in weights.items()}
+    prefixed["lm_head.weight"] = weights["wte.weight"]
+    for i in range(config.n_layer):  # GPT-2 checkpoints carry causal-mask buffers
+        prefixed[f"transformer.h.{i}.attn.bias"] = np.tril(np.ones((1, 1, 64, 64)))
+        prefixed[f"transformer.h.{i}.attn.masked_bias"] = np.array(-1e4)
+    tokens = [1, 2, 3, 4]
+    expected = tiny_model.forward_dense(tokens)
+    for loaded in (weights, prefixed):
+        np.testing.assert_array_equal(lab.ToyTransformer(config, dict(loaded)).forward_dense(tokens), expected)
+
+
+@pytest.mark.provided
+def test_weight_shapes_follow_the_checkpoint_layout():
+    config = lab.ModelConfig(**TINY)
+    w = lab.init_gpt2_weights(config)
+    assert w["h.0.attn.c_attn.weight"].shape == (32, 96), "linear weights are (in, out) as in GPT-2's Conv1D"
+    assert w["h.1.mlp.c_fc.weight"].shape == (32, 128), "the MLP is 4 * n_embd wide"
+    assert all(v.dtype == np.float32 for v in w.values()), "weights are float32"
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize(
+    "edit, name",
+    [
+        (lambda w: w.pop("h.1.mlp.c_fc.bias"), "h.1.mlp.c_fc.bias"),
+        (lambda w: w.update({"h.0.attn.c_attn.weight": np.zeros((96, 32), np.float32)}), "h.0.attn.c_attn.weight"),
+        (lambda w: w.update({"h.0.attn.rotary": np.zeros(3, np.float32)}), "h.0.attn.rotary"),
+        (lambda w: w.update({"lm_head.weight": w["wte.weight"] + 1}), "lm_head.weight"),
+    ],
+    ids=["missing", "misshapen", "unknown", "untied-head"],
+)
+def test_bad_weights_are_a_value_error_naming_the_tensor(edit, name):
+    config = lab.ModelConfig(**TINY)
+    weights = lab.init_gpt2_weights(config)
+    edit(weights)
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        lab.ToyTransformer(config, weights)
+
+
+def run_chunked(model, prompts, schedules, block_size, num_blocks=64):
+    """Feed every sequence through `forward` in the given chunk sizes, all sequences in one batch
+    per step. Returns each sequence's logits, concatenated in position order."""
+    alloc = lab.BlockAllocator(num_blocks, block_size)
+    cache = lab.KVCache(model.config, num_blocks, block_size)
+    tables = [lab.BlockTable(alloc) for _ in prompts]
+    done = [0] * len(prompts)
+    out = [[] for _ in prompts]
+    for step in range(max(len(s) for s in schedules)):
+        batch = [i for i, s in enumerate(schedules) if step < len(s)]
+        for i in batch:
+            tables[i].append_tokens(prompts[i][done[i] : done[i] + schedules[i][step]])
+        logits = model.forward(cache, [tables[i] for i in batch], [done[i] for i in batch],
+                               [schedules[i][step] for i in batch])
+        row = 0
+        for i in batch:
+            n = schedules[i][step]
+            out[i].append(logits[row : row + n])
+            row, done[i] = row + n, done[i] + n
+    return [np.concatenate(o) for o in out]
+
+
+@st.composite
+def chunk_schedules(draw):
+    """Several sequences, each: a prompt in random chunks, then decode steps of one token."""
+    n_seq = draw(st.integers(1, 4))
+    prompts, schedules = [], []
+    for _ in range(n_seq):
+        chunks = draw(st.lists(st.integers(1, 9), min_size=1, max_size=3))
+        decode = draw(st.integers(0, 6))
+        schedules.append(chunks + [1] * decode)
+        prompts.append(draw(st.lists(st.integers(0, 63), min_size=sum(chunks) + decode, max_size=sum(chunks) + decode)))
+    return prompts, schedules
+
+
+@pytest.mark.exercise4
+@given(case=chunk_schedules(), block_size=st.sampled_from([1, 2, 4, 8]))
+def test_paged_model_equals_forward_dense_for_chunked_prefill_and_decode(tiny_model, case, block_size):
+    prompts, schedules = case
+    paged = run_chunked(tiny_model, prompts, schedules, block_size)
+    for prompt, got in zip(prompts, paged):
+        np.testing.assert_allclose(
+            got, tiny_model.forward_dense(prompt), atol=LOGITS_ATOL,
+            err_msg="the paged path differs from forward_dense: check slots, the write-before-read order, "
+                    "and the causal mask inside a prefill chunk",
+        )
+
+
+@pytest.mark.exercise4
+def test_decode_attends_to_the_token_it_just_wrote(tiny_model):
+    prompt = [7, 8, 9, 10, 11]
+    paged = run_chunked(tiny_model, [prompt], [[4, 1]], block_size=4)[0]
+    np.testing.assert_allclose(paged[4], tiny_model.forward_dense(prompt)[4], atol=LOGITS_ATOL,
+                               err_msg="the decode token must attend to every position up to and including itself")
+
+
+@pytest.mark.exercise4
+def test_forked_sequences_diverge_through_copy_on_write(tiny_model):
+    block_size, num_blocks = 4, 16
+    alloc = lab.BlockAllocator(num_blocks, block_size)
+    cache = lab.KVCache(tiny_model.config, num_blocks, block_size)
+    parent = lab.BlockTable(alloc)
+    prefix = [3, 1, 4, 1, 5, 9]
+    parent.append_tokens(prefix)
+    tiny_model.forward(cache, [parent], [0], [6])
+    child = parent.fork()
+    tails = {id(parent): [2, 6, 5], id(child): [35, 8, 9]}
+    for step in range(3):
+        for table in (parent, child):
+            cache.copy_blocks(table.append_tokens([tails[id(table)][step]]))
+        tiny_model.forward(cache, [parent, child], [6 + step] * 2, [1, 1])
+    for table in (parent, child):
+        tokens = prefix + tails[id(table)]
+        assert table.token_ids == tokens
+        # One more decode step through the cache must see each sequence's own past only.
+        cache.copy_blocks(table.append_tokens([0]))
+        logits = tiny_model.forward(cache, [table], [9], [1])[0]
+        np.testing.assert_allclose(logits, tiny_model.forward_dense(tokens + [0])[-1], atol=LOGITS_ATOL,
+                                   err_msg="a forked sequence saw the other's tokens: copy-on-write failed")
+    assert parent.block_ids[0] == child.block_ids[0], "the full first block stays shared"

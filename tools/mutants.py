@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Plant the classic mistakes in scratch copies of solution.py and show that the suite catches each.
+
+Every mutant is one textual edit of solution.py (it must apply exactly once). For each, the tool
+writes the mutated module to a temporary folder, runs the suite against it
+(`LAB_MODULE=<mutant>`), and reports the first test that went red. A mutant that survives is a
+hole in the students' spec.
+
+    python tools/mutants.py              # all mutants
+    python tools/mutants.py -k slot      # those whose name contains "slot"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (name, exercise marker to run, old text, new text)
+MUTANTS: list[tuple[str, str, str, str]] = [
+    ("blocks_needed rounds down", "exercise1",
+     "return (num_tokens + block_size - 1) // block_size", "return num_tokens // block_size + 1"),
+    ("free returns a shared block to the pool", "exercise1",
+     "        self._ref_counts[block_id] -= 1\n        if self._ref_counts[block_id] == 0:\n            self._free[block_id] = None",
+     "        self._ref_counts[block_id] = 0\n        self._free[block_id] = None"),
+    ("double free accepted silently", "exercise1",
+     'raise ValueError(f"block {block_id} has no reference left: double free")', "return"),
+    ("append allocates one token early", "exercise2",
+     "new_blocks = blocks_needed(self.num_tokens + len(token_ids), bs) - len(self.block_ids)",
+     "new_blocks = blocks_needed(self.num_tokens + len(token_ids) + 1, bs) - len(self.block_ids)"),
+    ("forked table writes the shared last block without a copy", "exercise2",
+     "cow = self.num_tokens % bs != 0 and self._is_shared(self.block_ids[-1])", "cow = False"),
+    ("slot = offset * block_size + block", "exercise2",
+     "return blocks * self.block_size + positions % self.block_size",
+     "return (positions % self.block_size) * self.block_size + blocks"),
+    ("truncate leaks the dropped blocks", "exercise2",
+     "        for block_id in reversed(self.block_ids[keep:]):\n            self.allocator.free(block_id)\n", ""),
+    ("block hash not chained on the parent", "exercise3",
+     "return hash((parent_hash, tuple(int(t) for t in token_ids)))", "return hash(tuple(int(t) for t in token_ids))"),
+    ("eviction in most-recently-used order", "exercise3",
+     "block_id, _ = self._free.popitem(last=False)", "block_id, _ = self._free.popitem(last=True)"),
+    ("lookup does not revive an evictable block", "exercise3",
+     "        if self._ref_counts[block_id] == 0:\n            del self._free[block_id]\n", ""),
+    ("fully cached prompt reported as needing no computation", "exercise3",
+     "return min(len(run) * bs, max(len(token_ids) - 1, 0))", "return len(run) * bs"),
+    ("attend before writing the new token's K/V", "exercise4",
+     "            k_flat[batch.slots] = k\n            v_flat[batch.slots] = v\n",
+     "            k_flat[batch.slots] = k * 0.0\n            v_flat[batch.slots] = v * 0.0\n"),
+    ("causal mask off by one inside a prefill chunk", "exercise4",
+     "mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None]",
+     "mask = np.arange(stop)[None, :] < np.arange(start, stop)[:, None] + (np.arange(start, stop)[:, None] == 0)"),
+]
+
+
+def run(name: str, marker: str, source: str, workdir: Path) -> tuple[bool, str]:
+    module = "mutant_" + "".join(c if c.isalnum() else "_" for c in name)[:40]
+    (workdir / f"{module}.py").write_text(source)
+    env = dict(os.environ, LAB_MODULE=module, PYTHONPATH=f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               HYPOTHESIS_PROFILE="ci")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-m", marker, "-p", "no:cacheprovider"],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    failed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+    return proc.returncode == 1, failed[0].split("::", 1)[1] if failed else proc.stdout.strip().splitlines()[-1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-k", default="", help="only mutants whose name contains this")
+    args = parser.parse_args(argv)
+    solution = (ROOT / "solution.py").read_text()
+    survivors = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, marker, old, new in MUTANTS:
+            if args.k not in name:
+                continue
+            if solution.count(old) != 1:
+                print(f"?? {name}: the text to mutate occurs {solution.count(old)} times in solution.py")
+                survivors += 1
+                continue
+            start = time.perf_counter()
+            caught, test = run(name, marker, solution.replace(old, new), Path(tmp))
+            survivors += not caught
+            verdict = "caught by" if caught else "SURVIVED:"
+            print(f"{'ok' if caught else '!!'} {name:<58} {verdict} {test}  ({time.perf_counter() - start:.1f}s)")
+    print(f"{survivors} mutant(s) survived")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
