@@ -22,7 +22,9 @@ import dataclasses
 import itertools
 import math
 import sys
+import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -662,6 +664,1405 @@ class _PagedBatch:
         for j, (_, table, _) in enumerate(decode):
             self.decode_tables[j, : len(table.block_ids)] = table.block_ids
         self.decode_lens = np.array([stop for _, _, stop in decode], dtype=np.int64)
+
+
+# =====================================================================================
+# 3. Continuous batching: scheduler, engine, serving metrics, the step simulator
+# =====================================================================================
+#
+# A static batch runs until its LAST sequence finishes, so one long answer holds every other
+# slot hostage. Iteration-level scheduling decides again at every step: finished sequences
+# leave at once and waiting ones take their slots. The scheduler has no prefill phase and no
+# decode phase (vLLM v1): every sequence has `num_computed_tokens`, and a step gives it
+# `min(tokens still missing K/V, token budget left)` new tokens. A decode is the case
+# "one token missing"; chunked prefill is the case "the budget ran out first".
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each output token. Temperature 0 is greedy (argmax).
+
+    A run stops after `max_tokens` output tokens, or at the first token in `stop_token_ids`
+    (that token is kept in the output, as vLLM does for its stop_token_ids).
+    """
+
+    temperature: float = 0.0
+    max_tokens: int = 16
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass
+class Request:
+    """One generation request. `arrival_time` (seconds) places it on a workload's clock for
+    the simulator; the engine stamps its own clock when the request is added."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = SamplingParams()
+    arrival_time: float = 0.0
+
+
+@dataclasses.dataclass
+class RequestMetrics:
+    """Per-request latency, with vLLM's benchmark definitions (all in seconds, or in steps
+    for the simulator's step clock).
+
+    ttft: first token time - arrival. tpot: (e2e - ttft) / (output tokens - 1), NaN with
+    fewer than 2 tokens. itl: the gaps between consecutive tokens. e2e_latency: finish - arrival.
+    """
+
+    ttft: float
+    tpot: float
+    itl: list[float]
+    e2e_latency: float
+
+    @classmethod
+    def from_times(cls, arrival: float, token_times: list[float], finish: float) -> RequestMetrics:
+        if not token_times:  # rejected: no token was ever produced
+            return cls(math.nan, math.nan, [], finish - arrival)
+        ttft, e2e = token_times[0] - arrival, finish - arrival
+        tpot = (e2e - ttft) / (len(token_times) - 1) if len(token_times) > 1 else math.nan
+        return cls(ttft, tpot, list(np.diff(token_times).tolist()), e2e)
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    """What a request produced. `finish_reason` is "stop" (a stop token), "length"
+    (max_tokens), "rejected: <why>" (it can never fit; no tokens), or None while running."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    metrics: RequestMetrics | None = None
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class SequenceState:
+    """The scheduler's record of one request: its tokens, its block table, its progress.
+
+    Invariant between steps: `block_table` holds exactly the first `num_computed_tokens`
+    tokens, whose K/V is in the cache; the tokens after them (the rest of a prompt being
+    prefilled, or the last sampled token) are still to be processed. So a block is in the
+    table, and in the prefix cache, only once its K/V is being computed.
+    """
+
+    WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+
+    def __init__(self, request: Request, allocator: BlockAllocator):
+        self.request = request
+        self.request_id = request.request_id
+        self.sampling = request.sampling
+        self.prompt_token_ids = [int(t) for t in request.prompt_token_ids]
+        self.output_token_ids: list[int] = []
+        self.block_table = BlockTable(allocator)
+        self.num_computed_tokens = 0
+        self.status = SequenceState.WAITING
+        self.finish_reason: str | None = None
+        self.num_preemptions = 0
+        # Filled in by whoever runs the steps (engine or simulator): its clock, its sampler.
+        self.arrival_time = request.arrival_time
+        self.token_times: list[float] = []
+        self.finish_time = math.nan
+        self.rng: np.random.Generator | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def to_output(self) -> RequestOutput:
+        metrics = RequestMetrics.from_times(self.arrival_time, self.token_times, self.finish_time)
+        return RequestOutput(self.request_id, list(self.prompt_token_ids), list(self.output_token_ids),
+                             metrics if self.finish_reason else None, self.finish_reason, self.num_preemptions)
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    """One step's plan: which sequences run, with how many new tokens each (in batch order),
+    which were preempted, and the copy-on-write block copies to do before the forward pass."""
+
+    scheduled: list[SequenceState] = dataclasses.field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
+    preempted: list[SequenceState] = dataclasses.field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    def add(self, seq: SequenceState, num_new_tokens: int) -> None:
+        self.scheduled.append(seq)
+        self.num_scheduled_tokens[seq.request_id] = num_new_tokens
+
+    def completes(self, seq: SequenceState) -> bool:
+        """Whether this step processes the sequence's last pending token: then its logits
+        give the next output token (a prefill chunk that stops short samples nothing)."""
+        return seq.num_computed_tokens + self.num_scheduled_tokens[seq.request_id] == seq.num_tokens
+
+
+class Scheduler:
+    """Iteration-level (continuous) batching in the style of vLLM's v1 scheduler.
+
+    Every step: running sequences first, oldest first, each gets its missing tokens (one for
+    a decode, a chunk for a prefill) within the `max_num_batched_tokens` budget; then waiting
+    ones, first come first served, while `max_num_seqs`, the budget and free blocks allow.
+    When a running sequence cannot get a block, the most recently admitted running sequence is
+    preempted by recompute: its blocks are freed and it goes back to the FRONT of the waiting
+    queue with every token it produced; readmitted, it recomputes prompt + output.
+
+    Liveness: the oldest running sequence is never preempted for a newer one, and a request
+    whose worst case cannot fit in the whole cache is rejected on arrival, so every request
+    finishes (no deadlock, no endless preemption loop).
+    """
+
+    def __init__(self, allocator: BlockAllocator, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
+                 enable_chunked_prefill: bool = True):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1, "
+                             f"got {max_num_seqs}, {max_num_batched_tokens}")
+        self.allocator = allocator
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: collections.deque[SequenceState] = collections.deque()
+        self.running: list[SequenceState] = []  # in admission order: the newest is last
+        self.num_preemptions = 0
+
+    def add_request(self, request: Request) -> SequenceState:
+        """Queue a request; one that can never run is finished at once as "rejected: ..."."""
+        seq = SequenceState(request, self.allocator)
+        reason = self._rejection(seq)
+        if reason:
+            seq.status, seq.finish_reason = SequenceState.FINISHED, f"rejected: {reason}"
+        else:
+            self.waiting.append(seq)
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _rejection(self, seq: SequenceState) -> str | None:
+        """Why this request can never finish here, or None. Judged on its worst case,
+        prompt + max_tokens, so that running alone it always fits."""
+        worst = len(seq.prompt_token_ids) + seq.sampling.max_tokens
+        need = blocks_needed(worst, self.allocator.block_size)
+        if need > self.allocator.num_blocks:
+            return (f"prompt + max_tokens = {worst} tokens need {need} KV blocks of "
+                    f"{self.allocator.block_size}, the whole cache has {self.allocator.num_blocks}")
+        if not self.enable_chunked_prefill and worst > self.max_num_batched_tokens:
+            # Recomputing after a preemption processes prompt + output in one step.
+            return (f"prompt + max_tokens = {worst} tokens exceed max_num_batched_tokens = "
+                    f"{self.max_num_batched_tokens} and chunked prefill is off")
+        return None
+
+    # --- helpers of schedule(): each asks before it acts, and changes nothing on failure ---
+
+    def _num_cached_tokens(self, token_ids: list[int]) -> int:
+        """Leading tokens whose K/V the prefix cache holds (a peek: no reference is taken).
+        As in allocate_prompt, a fully cached sequence still leaves its last token to compute."""
+        if not self.allocator.enable_prefix_caching:
+            return 0
+        bs, parent, num_cached = self.allocator.block_size, None, 0
+        while num_cached + bs <= len(token_ids):
+            parent = hash_block(parent, token_ids[num_cached : num_cached + bs])
+            if self.allocator.get_cached_block(parent) is None:
+                break
+            num_cached += bs
+        return min(num_cached, len(token_ids) - 1)
+
+    def _allocate_slots(self, seq: SequenceState, num_new_tokens: int, out: SchedulerOutput) -> bool:
+        """Put the next `num_new_tokens` tokens into the block table; False if the blocks
+        are not there (the table is unchanged)."""
+        stop = seq.num_computed_tokens + num_new_tokens
+        try:
+            out.blocks_to_copy += seq.block_table.append_tokens(seq.all_token_ids[seq.block_table.num_tokens : stop])
+        except OutOfBlocksError:
+            return False
+        return True
+
+    def _try_admit(self, seq: SequenceState, token_budget: int) -> int:
+        """Give a waiting sequence its first blocks (prefix-cache hits included) and return
+        how many tokens it runs this step; 0 if the budget or the free blocks say wait."""
+        tokens = seq.all_token_ids  # prompt + output: a preempted sequence recomputes both
+        num_cached = self._num_cached_tokens(tokens)
+        num_new = len(tokens) - num_cached
+        if self.enable_chunked_prefill:
+            num_new = min(num_new, token_budget)
+        if num_new > token_budget:
+            return 0
+        try:
+            seq.num_computed_tokens = seq.block_table.allocate_prompt(tokens[: num_cached + num_new])
+        except OutOfBlocksError:
+            return 0
+        return num_new
+
+    def _preempt(self, seq: SequenceState) -> None:
+        """Preemption by recompute: drop the K/V, keep the tokens, wait at the FRONT."""
+        # BEGIN SOLUTION: Exercise 5
+        seq.block_table.free()
+        seq.num_computed_tokens = 0
+        seq.status = SequenceState.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        # END SOLUTION
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step (see the class docstring). Never exceeds `max_num_seqs` running
+        sequences or `max_num_batched_tokens` scheduled tokens."""
+        # BEGIN SOLUTION: Exercise 5
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        # Running sequences, oldest first: a decode token or their next prefill chunk.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self._allocate_slots(seq, num_new, out):
+                victim = self.running.pop()  # the newest; never one already scheduled
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != SequenceState.RUNNING:
+                break
+            out.add(seq, num_new)
+            budget -= num_new
+            i += 1
+        # Waiting sequences, first come first served. Not after a preemption: memory is short.
+        while self.waiting and not out.preempted and len(self.running) < self.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            num_new = self._try_admit(seq, budget)
+            if num_new == 0:
+                break
+            self.waiting.popleft()
+            seq.status = SequenceState.RUNNING
+            self.running.append(seq)
+            out.add(seq, num_new)
+            budget -= num_new
+        return out
+        # END SOLUTION
+
+    def _finish(self, seq: SequenceState, reason: str) -> None:
+        seq.status, seq.finish_reason = SequenceState.FINISHED, reason
+        seq.block_table.free()
+        self.running.remove(seq)
+
+    def update(self, out: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[SequenceState]:
+        """After the step ran: advance every scheduled sequence by its tokens, append the token
+        sampled for each sequence that `out.completes`, and retire the ones that are done NOW
+        (their blocks go back to the pool before the next step is planned). Returns them."""
+        # BEGIN SOLUTION: Exercise 5
+        finished = []
+        for seq in out.scheduled:
+            seq.num_computed_tokens += out.num_scheduled_tokens[seq.request_id]
+            token = sampled_token_ids.get(seq.request_id)
+            if token is None:
+                continue
+            seq.output_token_ids.append(token)
+            if token in seq.sampling.stop_token_ids:
+                self._finish(seq, "stop")
+            elif len(seq.output_token_ids) >= seq.sampling.max_tokens:
+                self._finish(seq, "length")
+            else:
+                continue
+            finished.append(seq)
+        return finished
+        # END SOLUTION
+
+
+class StaticBatchScheduler(Scheduler):
+    """The baseline: a batch of up to `batch_size` requests runs until ALL of them finished;
+    only then does the next batch start. A finished sequence frees its blocks, but its slot
+    stays empty until the whole batch is done (head-of-line blocking).
+
+    Like the static servers it stands for, it reserves each request's worst case
+    (prompt + max_tokens) at admission, so it never preempts; prompts run whole, unchunked.
+    """
+
+    def __init__(self, allocator: BlockAllocator, batch_size: int):
+        super().__init__(allocator, max_num_seqs=batch_size, max_num_batched_tokens=sys.maxsize,
+                         enable_chunked_prefill=False)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        if not self.running:
+            self._start_batch(out)
+            return out
+        for seq in self.running:
+            num_new = seq.num_tokens - seq.num_computed_tokens
+            if not self._allocate_slots(seq, num_new, out):
+                raise RuntimeError("a static batch ran out of the blocks it reserved")
+            out.add(seq, num_new)
+        return out
+
+    def _start_batch(self, out: SchedulerOutput) -> None:
+        free, reserved = self.allocator.num_free_blocks, 0
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            worst = blocks_needed(len(seq.prompt_token_ids) + seq.sampling.max_tokens, self.allocator.block_size)
+            if reserved + worst > free:
+                break
+            num_new = self._try_admit(seq, self.max_num_batched_tokens)
+            reserved += worst
+            self.waiting.popleft()
+            seq.status = SequenceState.RUNNING
+            self.running.append(seq)
+            out.add(seq, num_new)
+
+
+# --- the engine: the scheduler driving the toy model ---------------------------------
+
+
+def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Generator | None) -> int:
+    """Greedy at temperature 0; else one draw from softmax(logits / T), computed in float64.
+
+    Each request owns its generator and draws exactly once per output token, so what it
+    samples does not depend on what it was batched with, nor on preemptions.
+    """
+    if sampling.temperature == 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / sampling.temperature
+    p = np.exp(z - z.max())
+    return int(rng.choice(p.size, p=p / p.sum()))
+
+
+def _check_request(request: Request, config: ModelConfig) -> None:
+    """A ValueError naming the request and what is wrong with it; nothing else is touched."""
+    def bad(why: str) -> ValueError:
+        return ValueError(f"request {request.request_id!r}: {why}")
+
+    s, prompt = request.sampling, request.prompt_token_ids
+    if not isinstance(s, SamplingParams):
+        raise bad(f"sampling must be a SamplingParams, got {type(s).__name__}")
+    if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__"):
+        raise bad(f"the prompt must be a list of token ids, got {type(prompt).__name__}")
+    if len(prompt) == 0:
+        raise bad("the prompt is empty; expected at least one token id")
+    for t in prompt:
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            raise bad(f"token {t!r} is a {type(t).__name__}, expected an int")
+        if not 0 <= t < config.vocab_size:
+            raise bad(f"token id {t} is outside the vocabulary 0..{config.vocab_size - 1}")
+    if isinstance(s.max_tokens, bool) or not isinstance(s.max_tokens, (int, np.integer)) or s.max_tokens < 1:
+        raise bad(f"max_tokens must be an int >= 1, got {s.max_tokens!r}")
+    if len(prompt) + s.max_tokens > config.n_positions:
+        raise bad(f"prompt ({len(prompt)} tokens) + max_tokens ({s.max_tokens}) exceeds the model's "
+                  f"n_positions = {config.n_positions}")
+    if not isinstance(s.temperature, (int, float, np.floating)) or not s.temperature >= 0:
+        raise bad(f"temperature must be a number >= 0, got {s.temperature!r}")
+
+
+class LLMEngine:
+    """Serves generation requests on a ToyTransformer with a paged KV-cache.
+
+    `num_blocks=None` sizes the cache so that `max_num_seqs` sequences of the model's full
+    length fit at once (then nothing is ever preempted); pass fewer to study memory pressure.
+    `scheduling` is "continuous" (Scheduler) or "static" (StaticBatchScheduler with
+    batch_size = max_num_seqs). Metrics are wall-clock seconds from `time.perf_counter`.
+    """
+
+    def __init__(self, model: ToyTransformer, num_blocks: int | None = None, block_size: int = 16,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512, scheduling: str = "continuous",
+                 enable_prefix_caching: bool = False, enable_chunked_prefill: bool = True):
+        if num_blocks is None:
+            num_blocks = max_num_seqs * blocks_needed(model.config.n_positions, block_size)
+        self.model = model
+        self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
+        self.kv_cache = KVCache(model.config, num_blocks, block_size)
+        self.scheduler = _make_scheduler(scheduling, self.allocator, max_num_seqs, max_num_batched_tokens,
+                                         enable_chunked_prefill)
+        self.num_steps = 0
+        self._next_id = 0
+        self._just_finished: list[SequenceState] = []  # rejected on arrival, reported by the next step
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.allocator.stats.hit_rate
+
+    def _make_request(self, prompt: Request | Sequence[int], sampling: SamplingParams | None) -> Request:
+        if isinstance(prompt, Request):
+            request = prompt
+        else:
+            request = Request(str(self._next_id), prompt, SamplingParams() if sampling is None else sampling)
+            self._next_id += 1
+        _check_request(request, self.model.config)
+        return request
+
+    def add_request(self, prompt: Request | Sequence[int], sampling: SamplingParams | None = None) -> str:
+        """Queue a Request (or a prompt with its SamplingParams); returns its request id.
+        Its arrival is now on the engine's clock."""
+        return self._add(self._make_request(prompt, sampling))
+
+    def _add(self, request: Request) -> str:
+        seq = self.scheduler.add_request(request)
+        seq.arrival_time = time.perf_counter()
+        seq.rng = np.random.default_rng(request.sampling.seed)
+        if seq.finish_reason:
+            seq.finish_time = seq.arrival_time
+            self._just_finished.append(seq)
+        return request.request_id
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._just_finished)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step on the model. Returns an output for every request that got a
+        token or finished in this step (`.finished` tells which)."""
+        out = self.scheduler.schedule()
+        done, self._just_finished = self._just_finished, []
+        if not out.scheduled:
+            if self.scheduler.has_unfinished():
+                raise RuntimeError("the scheduler planned an empty step while requests are waiting")
+            return [seq.to_output() for seq in done]
+        self.kv_cache.copy_blocks(out.blocks_to_copy)  # before the forward writes into the copies
+        num_new = [out.num_scheduled_tokens[s.request_id] for s in out.scheduled]
+        logits = self.model.forward(self.kv_cache, [s.block_table for s in out.scheduled],
+                                    [s.num_computed_tokens for s in out.scheduled], num_new)
+        last_rows = np.cumsum(num_new) - 1
+        sampled = {s.request_id: sample_token(logits[row], s.sampling, s.rng)
+                   for s, row in zip(out.scheduled, last_rows) if out.completes(s)}
+        finished = self.scheduler.update(out, sampled)
+        self.num_steps += 1
+        now = time.perf_counter()
+        for seq in out.scheduled:
+            if seq.request_id in sampled:
+                seq.token_times.append(now)
+        for seq in finished:
+            seq.finish_time = now
+        progressed = [s for s in out.scheduled if s.request_id in sampled]
+        return [seq.to_output() for seq in done + progressed]
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; one RequestOutput per prompt, in order.
+
+        `sampling` is one SamplingParams for all, or one per prompt. Every prompt is checked
+        before any work starts, so a bad one raises ValueError and nothing runs."""
+        if sampling is None or isinstance(sampling, SamplingParams):
+            sampling = [sampling or SamplingParams()] * len(prompts)
+        if len(sampling) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(sampling)} SamplingParams")
+        first_id = self._next_id
+        requests = [Request(str(first_id + i), p, s) for i, (p, s) in enumerate(zip(prompts, sampling))]
+        for request in requests:
+            _check_request(request, self.model.config)
+        self._next_id += len(requests)
+        for request in requests:
+            self._add(request)
+        results: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            results |= {o.request_id: o for o in self.step() if o.finished}
+        return [results[r.request_id] for r in requests]
+
+    def summary(self, outputs: Sequence[RequestOutput], duration: float) -> dict[str, float]:
+        """summarize_serving with this engine's preemption count and prefix-cache hit rate."""
+        return summarize_serving(outputs, duration, self.num_preemptions, self.prefix_cache_hit_rate)
+
+
+def _make_scheduler(scheduling: str, allocator: BlockAllocator, max_num_seqs: int, max_num_batched_tokens: int,
+                    enable_chunked_prefill: bool) -> Scheduler:
+    if scheduling == "continuous":
+        return Scheduler(allocator, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
+    if scheduling == "static":
+        return StaticBatchScheduler(allocator, batch_size=max_num_seqs)
+    raise ValueError(f"scheduling must be 'continuous' or 'static', got {scheduling!r}")
+
+
+def summarize_serving(outputs: Sequence[RequestOutput], duration: float, num_preemptions: int = 0,
+                      prefix_cache_hit_rate: float = 0.0) -> dict[str, float]:
+    """The numbers of a serving benchmark, named as vLLM's benchmark prints them: mean, p50
+    and p99 of TTFT, TPOT, ITL and E2E latency (in the unit of the metrics: seconds, or steps
+    for the simulator's step clock), output-token throughput per unit of `duration`, and the
+    counts. Rejected requests count as requests, not in the latencies."""
+    served = [o for o in outputs if o.metrics is not None and o.output_token_ids]
+    samples = {
+        "ttft": [o.metrics.ttft for o in served],
+        "tpot": [o.metrics.tpot for o in served if len(o.output_token_ids) > 1],
+        "itl": [gap for o in served for gap in o.metrics.itl],
+        "e2e": [o.metrics.e2e_latency for o in served],
+    }
+    num_out = sum(len(o.output_token_ids) for o in outputs)
+    summary = {"num_requests": len(outputs), "num_rejected": len(outputs) - len(served),
+               "num_output_tokens": num_out, "duration": duration,
+               "output_throughput": num_out / duration if duration > 0 else math.nan,
+               "num_preemptions": num_preemptions, "prefix_cache_hit_rate": prefix_cache_hit_rate}
+    for name, values in samples.items():
+        values = np.asarray(values, dtype=np.float64)
+        for stat, f in (("mean", np.mean), ("p50", np.median), ("p99", lambda x: np.percentile(x, 99))):
+            summary[f"{stat}_{name}"] = float(f(values)) if values.size else math.nan
+    return summary
+
+
+# --- the model-free step simulator: the same schedulers, a cost per step ------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCostModel:
+    """Seconds per engine step, as a roofline: a step is bound by memory traffic or by compute,
+    whichever is slower. The defaults are Llama-2-7B in fp16 on one A100-80GB:
+
+    - weight_read_time: every step reads all weights once, whatever the batch
+      (14 GB at ~2 TB/s = 7 ms). This fixed cost is what batching amortises.
+    - kv_read_time_per_token: attention reads each sequence's whole context
+      (0.5 MiB of K/V per token for Llama-2-7B, over ~2 TB/s).
+    - compute_time_per_token: 2 * 7e9 FLOPs per processed token at ~50% of 312 TFLOP/s.
+
+    A decode step (one token per sequence) is memory-bound; a step with a long prefill is
+    compute-bound: that is why TTFT follows prefill and TPOT follows the decode batch.
+    """
+
+    weight_read_time: float = 7e-3
+    kv_read_time_per_token: float = 2.6e-7
+    compute_time_per_token: float = 9e-5
+
+    def step_time(self, num_tokens: int, num_context_tokens: int) -> float:
+        memory = self.weight_read_time + self.kv_read_time_per_token * num_context_tokens
+        return max(memory, self.compute_time_per_token * num_tokens)
+
+
+@dataclasses.dataclass
+class ServingSimulation:
+    """What simulate_serving measured. `timeline[t]` is step t's row of slots: a request index
+    per busy slot, -1 for a slot idle while requests wait (wasted), -2 idle with nothing waiting.
+    `outputs` carry metrics in simulated seconds, `outputs_in_steps` the same in steps."""
+
+    scheduling: str
+    num_slots: int
+    num_steps: int
+    duration: float
+    num_output_tokens: int
+    wasted_slot_steps: int
+    num_preemptions: int
+    outputs: list[RequestOutput]
+    outputs_in_steps: list[RequestOutput]
+    timeline: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def throughput(self) -> float:
+        """Output tokens per simulated second."""
+        return self.num_output_tokens / self.duration
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.num_output_tokens / self.num_steps
+
+    def summary(self, in_steps: bool = False) -> dict[str, float]:
+        if in_steps:
+            return summarize_serving(self.outputs_in_steps, self.num_steps, self.num_preemptions)
+        return summarize_serving(self.outputs, self.duration, self.num_preemptions)
+
+
+def simulate_serving(workload: Sequence[tuple[float, int, int]], scheduling: str = "continuous", *,
+                     max_num_seqs: int = 16, max_num_batched_tokens: int = 512, num_blocks: int | None = None,
+                     block_size: int = 16, enable_chunked_prefill: bool = True,
+                     cost: StepCostModel = StepCostModel()) -> ServingSimulation:
+    """Run a workload through the real Scheduler (or StaticBatchScheduler with batch_size =
+    max_num_seqs) on a real BlockAllocator, with no model: each step costs
+    `cost.step_time(scheduled tokens, context tokens read)` seconds of simulated time.
+
+    workload: (arrival_time in seconds, prompt_len, output_len) per request; each request
+    produces exactly output_len tokens. `num_blocks=None` gives every slot room for the
+    longest request (no memory pressure). A slot-step is wasted when a slot is idle while an
+    arrived request waits: the cost of head-of-line blocking (or of a full cache).
+    """
+    if num_blocks is None:
+        num_blocks = max_num_seqs * max(blocks_needed(p + o, block_size) for _, p, o in workload)
+    scheduler = _make_scheduler(scheduling, BlockAllocator(num_blocks, block_size), max_num_seqs,
+                                max_num_batched_tokens, enable_chunked_prefill)
+    arrivals = collections.deque(sorted(range(len(workload)), key=lambda i: workload[i][0]))
+    seqs: list[SequenceState | None] = [None] * len(workload)
+    step_clock: dict[str, list[int]] = {}  # request id -> [arrival step, token steps...]
+    slot_of: dict[str, int] = {}
+    clock, timeline, wasted = 0.0, [], 0
+    while arrivals or scheduler.has_unfinished():
+        if not scheduler.has_unfinished() and workload[arrivals[0]][0] > clock:
+            clock = workload[arrivals[0]][0]  # idle: jump to the next arrival
+        while arrivals and workload[arrivals[0]][0] <= clock:
+            i = arrivals.popleft()
+            arrival, prompt_len, output_len = workload[i]
+            seqs[i] = scheduler.add_request(Request(str(i), [0] * prompt_len, SamplingParams(max_tokens=output_len),
+                                                    arrival))
+            step_clock[str(i)] = [len(timeline)]
+        out = scheduler.schedule()
+        if not out.scheduled:
+            raise RuntimeError("the scheduler planned an empty step while requests are waiting")
+        context = sum(s.num_computed_tokens + out.num_scheduled_tokens[s.request_id] for s in out.scheduled)
+        clock += cost.step_time(out.total_num_scheduled_tokens, context)
+        row = _occupy_slots(slot_of, scheduler.running, max_num_seqs, waiting=len(scheduler.waiting))
+        timeline.append(row)
+        wasted += min(row.count(-1), len(scheduler.waiting))
+        sampled = {s.request_id: 0 for s in out.scheduled if out.completes(s)}
+        for seq in scheduler.update(out, sampled):
+            seq.finish_time = clock
+        for rid in sampled:
+            seqs[int(rid)].token_times.append(clock)
+            step_clock[rid].append(len(timeline))
+    outputs = [s.to_output() for s in seqs]
+    in_steps = []
+    for s in seqs:
+        arrival_step, *token_steps = step_clock[s.request_id]
+        metrics = RequestMetrics.from_times(arrival_step, token_steps, token_steps[-1] if token_steps else arrival_step)
+        in_steps.append(dataclasses.replace(s.to_output(), metrics=metrics))
+    return ServingSimulation(scheduling, max_num_seqs, len(timeline), clock,
+                             sum(len(o.output_token_ids) for o in outputs), wasted, scheduler.num_preemptions,
+                             outputs, in_steps, timeline, [o for _, _, o in workload])
+
+
+def _occupy_slots(slot_of: dict[str, int], running: list[SequenceState], num_slots: int, waiting: int) -> list[int]:
+    """Give each running sequence a stable slot (the lowest free one when it enters) and
+    return this step's row of the timeline."""
+    ids = {s.request_id for s in running}
+    for rid in [r for r in slot_of if r not in ids]:
+        del slot_of[rid]  # finished or preempted: the slot is free
+    for rid in (s.request_id for s in running):
+        if rid not in slot_of:
+            slot_of[rid] = min(set(range(num_slots)) - set(slot_of.values()))
+    row = [-1 if waiting else -2] * num_slots
+    for rid, slot in slot_of.items():
+        row[slot] = int(rid)
+    return row
+
+
+def format_timeline(sim: ServingSimulation, width: int = 96) -> str:
+    """The slots x steps picture: one line per slot, one column per `ceil(steps / width)` steps
+    (the most frequent state in those steps). '#' a long request (output > 4x the median),
+    letters the others (a new letter = a new request in the slot), '.' a slot idle while
+    requests wait (wasted), ' ' idle with nothing to do."""
+    per_col = max(1, math.ceil(sim.num_steps / width))
+    long_cut = 4 * float(np.median(sim.output_lens))
+
+    def glyph(cell: int) -> str:
+        if cell < 0:
+            return "." if cell == -1 else " "
+        return "#" if sim.output_lens[cell] > long_cut else "abcdefghijklmnopqrstuvwxyz"[cell % 26]
+
+    lines = [f"{sim.scheduling}: {sim.num_slots} slots x {sim.num_steps} steps, one column = {per_col} step(s)"]
+    for slot in range(sim.num_slots):
+        cols = []
+        for c in range(0, sim.num_steps, per_col):
+            cells = [row[slot] for row in sim.timeline[c : c + per_col]]
+            cols.append(glyph(max(cells, key=cells.count)))
+        lines.append(f"slot {slot:>2} |{''.join(cols)}|")
+    return "\n".join(lines)
+
+
+def format_batching_report(static: ServingSimulation, continuous: ServingSimulation, title: str = "",
+                           timeline_width: int = 96) -> str:
+    """The design-review slide: both timelines, then the numbers side by side."""
+    rows = [("steps", "num_steps", "{:.0f}"), ("simulated time (s)", "duration", "{:.2f}"),
+            ("throughput (tokens/s)", "throughput", "{:.0f}"), ("tokens per step", "tokens_per_step", "{:.2f}"),
+            ("wasted slot-steps", "wasted_slot_steps", "{:.0f}"), ("preemptions", "num_preemptions", "{:.0f}")]
+    lines = [title] if title else []
+    lines += [format_timeline(static, timeline_width), "", format_timeline(continuous, timeline_width), ""]
+    lines.append(f"{'':<28}{'static':>12}{'continuous':>12}")
+    for label, attr, fmt in rows:
+        a, b = getattr(static, attr), getattr(continuous, attr)
+        lines.append(f"{label:<28}{fmt.format(a):>12}{fmt.format(b):>12}")
+    for unit, in_steps, scale, fmt in (("s", False, 1.0, "{:.3f}"), ("steps", True, 1.0, "{:.1f}")):
+        sa, sb = static.summary(in_steps), continuous.summary(in_steps)
+        for key in ("mean_ttft", "p99_ttft", "mean_tpot", "p99_tpot"):
+            lines.append(f"{key + ' (' + unit + ')':<28}{fmt.format(sa[key] * scale):>12}{fmt.format(sb[key] * scale):>12}")
+    lines.append(f"continuous / static throughput: {continuous.throughput / static.throughput:.2f}x")
+    return "\n".join(lines)
+
+
+# --- the scenario: defend continuous batching in a design review ----------------------
+
+
+def skewed_workload(num_short: int, long_len: int, short_len: int, prompt_len: int) -> list[tuple[float, int, int]]:
+    """The seed's workload: one long answer first, then many short ones, all queued at t=0."""
+    return [(0.0, prompt_len, long_len)] + [(0.0, prompt_len, short_len)] * num_short
+
+
+def recurring_workload(num_requests: int, long_len: int, short_len: int, prompt_len: int, rate: float,
+                       long_every: int = 8, seed: int = 0) -> list[tuple[float, int, int]]:
+    """A stream: Poisson arrivals at `rate` requests/s (rate 0: all at t=0), every
+    `long_every`-th request a long answer."""
+    gaps = np.random.default_rng(seed).exponential(1 / rate, num_requests) if rate else np.zeros(num_requests)
+    return [(float(t), prompt_len, long_len if i % long_every == 0 else short_len)
+            for i, t in enumerate(np.cumsum(gaps) - gaps[0])]
+
+
+def _measure_engine(model: ToyTransformer, workload: list[tuple[float, int, int]], scheduling: str,
+                    max_num_seqs: int) -> tuple[float, int]:
+    """Wall-clock seconds and output tokens of one engine run (greedy, every request queued at once)."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, model.config.vocab_size, p).tolist() for _, p, _ in workload]
+    sampling = [SamplingParams(max_tokens=o) for _, _, o in workload]
+    engine = LLMEngine(model, max_num_seqs=max_num_seqs, scheduling=scheduling)
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, sampling)
+    return time.perf_counter() - start, sum(len(o.output_token_ids) for o in outputs)
+
+
+def bench_batching(timeline_width: int = 96) -> str:
+    """`python solution.py bench batching`: static vs continuous batching on the seed's skewed
+    workload and on a stream where long answers recur, in the simulator at real sizes (Llama-2-7B
+    on an A100, StepCostModel) and measured wall-clock on the toy model at sizes scaled by 1/10
+    to fit its n_positions = 256 (answers of 200 and 5 tokens instead of 2000 and 50)."""
+    slots, out = 16, []
+
+    def both(workload, **kw):
+        return (simulate_serving(workload, "static", max_num_seqs=slots, **kw),
+                simulate_serving(workload, "continuous", max_num_seqs=slots, **kw))
+
+    skewed = skewed_workload(num_short=63, long_len=2000, short_len=50, prompt_len=128)
+    s, c = both(skewed)
+    out.append(format_batching_report(s, c, "== Skewed: 1 request answers 2000 tokens, 63 answer 50 "
+                                            f"(prompts 128, {slots} slots) ==", timeline_width))
+    stream = recurring_workload(256, long_len=2000, short_len=50, prompt_len=128, rate=4.0)
+    s2, c2 = both(stream)
+    out.append(format_batching_report(s2, c2, "\n== Stream: 256 requests arriving at 4/s, one in eight "
+                                              "answers 2000 tokens, the rest 50 ==", timeline_width))
+
+    out.append(
+        f"\nWhy they differ: with ONE long answer the makespan is that answer in both schedules "
+        f"({s.num_steps} vs {c.num_steps} steps), so throughput moves only {c.throughput / s.throughput:.2f}x; "
+        f"what static batching loses there is latency (mean TTFT {s.summary()['mean_ttft']:.1f} s vs "
+        f"{c.summary()['mean_ttft']:.2f} s) and {s.wasted_slot_steps} slot-steps. When long answers recur, "
+        f"nearly every static batch holds one, so every batch lasts ~2000 steps at "
+        f"{s2.tokens_per_step:.1f} tokens/step, while continuous batching refills the slots: "
+        f"{c2.tokens_per_step:.1f} tokens/step, {c2.throughput / s2.throughput:.2f}x the throughput. A step costs "
+        f"about the same either way (the weights are read once per step), so tokens per step is throughput. "
+        f"TTFT is queueing + prefill: continuous batching moves it. TPOT is the decode step: it grows a little "
+        f"with the batch ({s2.summary()['mean_tpot'] * 1e3:.1f} -> {c2.summary()['mean_tpot'] * 1e3:.1f} ms).")
+    model = ToyTransformer(ModelConfig())
+    out.append(f"\n== Toy model ({model.config.n_layer} layers, n_embd {model.config.n_embd}), wall-clock, "
+               f"{slots} slots, sizes / 10: answers of 200 and 5 tokens, prompts 13, all queued at t=0 ==")
+    out.append(f"{'workload':<34}{'static tok/s':>14}{'continuous tok/s':>18}{'measured':>10}{'simulated':>11}")
+    for name, workload in (("skewed (1 long + 63 short)", skewed_workload(63, 200, 5, 13)),
+                           ("one in eight long (128 requests)", recurring_workload(128, 200, 5, 13, rate=0))):
+        (ts, ns), (tc, nc) = (_measure_engine(model, workload, k, slots) for k in ("static", "continuous"))
+        sim_s, sim_c = both(workload)
+        out.append(f"{name:<34}{ns / ts:>14.0f}{nc / tc:>18.0f}{(nc / tc) / (ns / ts):>9.2f}x"
+                   f"{sim_c.throughput / sim_s.throughput:>10.2f}x")
+    out.append("On a CPU the toy model's step cost grows with the batch (its weights sit in cache; nothing\n"
+               "like a GPU's fixed weight read), so the measured gain is smaller than the simulated one.")
+    return "\n".join(out)
+
+
+# =====================================================================================
+# 5. Capacity planning: KV blocks, concurrency and QPS for a real GPU; KV waste; the stack
+# =====================================================================================
+#
+# Units. Sizes are bytes (int), bandwidth bytes/s, compute FLOP/s, times seconds.
+# Printouts quote sizes in GB = 1e9 bytes (the unit vendors use for bandwidth and
+# for the "80 GB" in a product name); device memory comes from what `nvidia-smi`
+# reports for the device, in MiB = 2**20 bytes, because that, not the marketing
+# figure, is the total an engine such as vLLM multiplies by gpu_memory_utilization.
+
+GB = 10**9
+MiB = 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What a decoder-only model costs to serve: parameters, and the shape of its KV cache.
+
+    `num_kv_heads` is the number of key/value heads: it equals the number of query heads
+    (`num_attention_heads`) for multi-head attention and is smaller under grouped-query
+    attention (GQA), where each KV head serves `num_attention_heads // num_kv_heads` query
+    heads. `max_position_embeddings` is the context the model was trained for (0: unknown).
+    """
+
+    name: str
+    num_params: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2
+    num_attention_heads: int | None = None
+    max_position_embeddings: int = 0
+
+    def __post_init__(self) -> None:
+        for field in ("num_params", "num_layers", "num_kv_heads", "head_dim", "dtype_bytes"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ModelSpec {self.name!r}: {field} must be a positive int, got {value!r}")
+        heads = self.num_attention_heads
+        if heads is not None and (heads < self.num_kv_heads or heads % self.num_kv_heads):
+            raise ValueError(
+                f"ModelSpec {self.name!r}: num_attention_heads ({heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads}): each KV head serves a whole group of query heads"
+            )
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights: every parameter once, at `dtype_bytes` each."""
+        return self.num_params * self.dtype_bytes
+
+
+# Presets. Shapes from each model's Hugging Face config.json (num_hidden_layers,
+# num_attention_heads, num_key_value_heads, hidden_size / num_attention_heads = head_dim,
+# max_position_embeddings); parameter counts are the safetensors totals the model pages
+# show, which equal the count the config implies (test_model_presets_match_their_configs
+# recomputes them from vocab, hidden and intermediate sizes).
+MODELS: dict[str, ModelSpec] = {
+    # huggingface.co/meta-llama/Llama-2-7b-hf config.json: 32 layers, 32 heads, 32 KV heads,
+    # hidden 4096 (head_dim 128), 4096 positions; 6,738,415,616 parameters.
+    "llama-2-7b": ModelSpec("llama-2-7b", 6_738_415_616, 32, 32, 128,
+                            num_attention_heads=32, max_position_embeddings=4096),
+    # huggingface.co/meta-llama/Llama-2-13b-hf config.json: 40 layers, 40 heads, 40 KV heads,
+    # hidden 5120 (head_dim 128), 4096 positions; 13,015,864,320 parameters.
+    "llama-2-13b": ModelSpec("llama-2-13b", 13_015_864_320, 40, 40, 128,
+                             num_attention_heads=40, max_position_embeddings=4096),
+    # huggingface.co/meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads, 8 KV heads
+    # (GQA), hidden 8192 (head_dim 128), 4096 positions; 68,976,648,192 parameters.
+    "llama-2-70b": ModelSpec("llama-2-70b", 68_976_648_192, 80, 8, 128,
+                             num_attention_heads=64, max_position_embeddings=4096),
+    # huggingface.co/meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads, 8 KV heads
+    # (GQA), hidden 4096 (head_dim 128), 8192 positions; 8,030,261,248 parameters.
+    "llama-3-8b": ModelSpec("llama-3-8b", 8_030_261_248, 32, 8, 128,
+                            num_attention_heads=32, max_position_embeddings=8192),
+    # huggingface.co/mistralai/Mistral-7B-v0.1 config.json: 32 layers, 32 heads, 8 KV heads
+    # (GQA), hidden 4096 (head_dim 128), 32768 positions, sliding_window 4096 (ignored here:
+    # the planner charges the full context, an upper bound); 7,241,732,096 parameters.
+    "mistral-7b": ModelSpec("mistral-7b", 7_241_732_096, 32, 8, 128,
+                            num_attention_heads=32, max_position_embeddings=32768),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator: device memory (bytes), peak memory bandwidth (bytes/s), and peak
+    dense BF16 tensor-core FLOP/s (no structured sparsity)."""
+
+    name: str
+    memory_bytes: int
+    bandwidth_bytes_per_s: float
+    flops: float
+
+    def __post_init__(self) -> None:
+        for field in ("memory_bytes", "bandwidth_bytes_per_s", "flops"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"GPUSpec {self.name!r}: {field} must be positive, got {getattr(self, field)!r}")
+
+
+# Presets, SXM parts where there is a choice. memory_bytes = nvidia-smi's memory.total
+# (MiB) for the device (as collected in modal-labs/modal-client PR #2797 for A100/H100/L4,
+# and nvidia-smi output for H200): e.g. the "80GB" A100 is 81920 MiB = 80 GiB = 85.9 GB.
+# Bandwidth and FLOP/s from NVIDIA's datasheets; NVIDIA quotes Hopper and Ada BF16 "with
+# sparsity", so the dense figure is half of it.
+GPUS: dict[str, GPUSpec] = {
+    # A100 datasheet (SXM4 40GB): 40 GB HBM2, 1,555 GB/s, BF16 312 TFLOPS (624 sparse).
+    # nvidia-smi: 40960 MiB.
+    "a100-40gb": GPUSpec("a100-40gb", 40_960 * MiB, 1_555e9, 312e12),
+    # A100 datasheet (SXM4 80GB): 80 GB HBM2e, 2,039 GB/s, BF16 312 TFLOPS (624 sparse).
+    # nvidia-smi: 81920 MiB.
+    "a100-80gb": GPUSpec("a100-80gb", 81_920 * MiB, 2_039e9, 312e12),
+    # H100 datasheet (SXM5): 80 GB HBM3, 3.35 TB/s, BF16 1,979 TFLOPS with sparsity -> 989
+    # dense. nvidia-smi ("NVIDIA H100 80GB HBM3"): 81559 MiB.
+    "h100-80gb": GPUSpec("h100-80gb", 81_559 * MiB, 3.35e12, 989e12),
+    # H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, BF16 1,979 TFLOPS with sparsity -> 989
+    # dense. nvidia-smi ("NVIDIA H200"): 143771 MiB.
+    "h200": GPUSpec("h200", 143_771 * MiB, 4.8e12, 989e12),
+    # L4 datasheet: 24 GB GDDR6, 300 GB/s, BF16 242 TFLOPS with sparsity -> 121 dense.
+    # nvidia-smi: 23034 MiB.
+    "l4": GPUSpec("l4", 23_034 * MiB, 300e9, 121e12),
+}
+
+
+def get_model(model: "ModelSpec | str") -> ModelSpec:
+    """A `ModelSpec` as given, or the preset of that name; an unknown name lists the known ones."""
+    if isinstance(model, ModelSpec):
+        return model
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; known models: {', '.join(MODELS)}")
+    return MODELS[model]
+
+
+def get_gpu(gpu: "GPUSpec | str") -> GPUSpec:
+    """A `GPUSpec` as given, or the preset of that name; an unknown name lists the known ones."""
+    if isinstance(gpu, GPUSpec):
+        return gpu
+    if gpu not in GPUS:
+        raise ValueError(f"unknown GPU {gpu!r}; known GPUs: {', '.join(GPUS)}")
+    return GPUS[gpu]
+
+
+def kv_bytes_per_token(model: ModelSpec) -> int:
+    """KV-cache bytes one token occupies: a key AND a value vector (the 2) of `head_dim`
+    for every KV head in every layer. GQA shrinks it by using num_kv_heads, not query heads."""
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeploymentPlan:
+    """One serving configuration, sized per GPU (a tensor-parallel group of
+    `tensor_parallel_size` GPUs holds one copy of the model and one KV cache, each split
+    evenly: every GPU holds 1/tp of the weights and 1/tp of the KV heads)."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    max_model_len: int
+    block_size: int
+    gpu_memory_utilization: float
+    activation_bytes: int
+    tensor_parallel_size: int
+    mean_prompt_len: float
+    mean_output_len: float
+    kv_bytes_per_token_per_gpu: int   # kv_bytes_per_token(model) / tp
+    block_bytes_per_gpu: int          # block_size * kv_bytes_per_token_per_gpu
+    weight_bytes_per_gpu: float       # num_params * dtype_bytes / tp
+    memory_budget_bytes: float        # gpu_memory_utilization * memory_bytes
+    num_kv_blocks: int                # physical KV blocks per GPU (same count on every GPU)
+    kv_pool_bytes: int                # num_kv_blocks * block_bytes_per_gpu
+    num_cache_tokens: int             # num_kv_blocks * block_size
+    max_concurrent_seqs: int          # sequences that can all reach max_model_len at once
+    ceiling: str                      # "kv-blocks" or "weights": see plan_deployment
+    mean_context_len: float           # context charged per sequence in a decode step
+    decode_step_s: float              # one decode step of max_concurrent_seqs sequences
+    decode_bound: str                 # "memory-bandwidth" or "compute"
+    prefill_s: float                  # prefill of one mean prompt
+    request_latency_s: float          # mean time a request holds its slot (Little's W)
+    qps: float                        # requests/s per tensor-parallel group (Little's law)
+    output_tokens_per_s: float        # qps * mean_output_len
+    notes: tuple[str, ...] = ()
+
+
+# The PagedAttention paper's ShareGPT means (see SHAREGPT below), as default traffic.
+_DEFAULT_PROMPT_LEN = 161.31
+_DEFAULT_OUTPUT_LEN = 337.99
+
+
+def _check_plan_inputs(model: ModelSpec, max_model_len: int, block_size: int,
+                       gpu_memory_utilization: float, activation_bytes: int,
+                       tensor_parallel_size: int, mean_prompt_len: float,
+                       mean_output_len: float) -> None:
+    """plan_deployment's argument checks: a ValueError that names the bad argument."""
+    for name, value in (("max_model_len", max_model_len), ("block_size", block_size),
+                        ("tensor_parallel_size", tensor_parallel_size)):
+        _check_positive_int(name, value)
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    if activation_bytes < 0:
+        raise ValueError(f"activation_bytes must be >= 0, got {activation_bytes!r}")
+    if model.num_kv_heads % tensor_parallel_size:
+        raise ValueError(f"tensor_parallel_size {tensor_parallel_size} must divide {model.name}'s "
+                         f"{model.num_kv_heads} KV heads: each GPU holds whole KV heads")
+    if not (mean_prompt_len > 0 and mean_output_len > 0):
+        raise ValueError(f"mean_prompt_len and mean_output_len must be > 0, "
+                         f"got {mean_prompt_len!r} and {mean_output_len!r}")
+    if mean_prompt_len + mean_output_len > max_model_len:
+        raise ValueError(f"mean prompt + output ({mean_prompt_len + mean_output_len:g} tokens) "
+                         f"exceeds max_model_len {max_model_len}: the mean request would not fit")
+
+
+def plan_deployment(
+    model: "ModelSpec | str",
+    gpu: "GPUSpec | str",
+    max_model_len: int,
+    block_size: int = 16,
+    gpu_memory_utilization: float = 0.9,
+    activation_bytes: int = 0,
+    tensor_parallel_size: int = 1,
+    mean_prompt_len: float = _DEFAULT_PROMPT_LEN,
+    mean_output_len: float = _DEFAULT_OUTPUT_LEN,
+) -> DeploymentPlan:
+    """Size a vLLM-style deployment of `model` on GPUs of type `gpu`, per GPU of a
+    tensor-parallel group of `tensor_parallel_size` (tp) GPUs.
+
+    Memory (per GPU). The engine may use `gpu_memory_utilization * memory_bytes`; the weights
+    (`num_params * dtype_bytes / tp`) and the activation peak (`activation_bytes`, already
+    per GPU) come off first, and what is left is cut into KV blocks of
+    `block_bytes_per_gpu = block_size * kv_bytes_per_token(model) / tp` bytes:
+
+        num_kv_blocks = floor((util * memory - weight_bytes / tp - activation_bytes)
+                              / (block_bytes / tp))
+
+    The cache holds `num_kv_blocks * block_size` tokens. `max_concurrent_seqs` is how many
+    sequences can ALL grow to `max_model_len` at once: a sequence owns whole blocks, so it is
+    `num_kv_blocks // blocks_needed(max_model_len, block_size)` (not cache tokens //
+    max_model_len, which forgets that a last block is only partly used).
+    `ceiling` is "kv-blocks" when the KV pool gets more bytes than the weights: then deleting
+    the weights altogether buys fewer blocks than halving the KV bytes per sequence (half the
+    context, GQA, an 8-bit KV cache) does; otherwise "weights".
+
+    Time (roofline, peak figures, so lower bounds). A decode step of B = max_concurrent_seqs
+    sequences reads the weights once plus every sequence's KV at `mean_context_len =
+    mean_prompt_len + mean_output_len / 2` (the context averaged over a request's decode
+    steps); it takes max(bytes / bandwidth, 2 * num_params * B / (tp * flops)) and
+    `decode_bound` says which term won. Prefilling one mean prompt takes
+    `2 * num_params * mean_prompt_len / (tp * flops)` (attention's quadratic FLOPs ignored).
+    While a request lives, its slot and the B - 1 others each turn over once on average, so
+    the GPU runs B prefills between its decode steps: the request holds its slot for
+    `request_latency_s = mean_output_len * decode_step_s + B * prefill_s`, and Little's law
+    gives `qps = B / request_latency_s` per tensor-parallel group.
+
+    Raises ValueError for a non-positive length or block size, a utilisation outside (0, 1],
+    a negative activation reserve, tp < 1 or tp not dividing the KV heads, traffic whose mean
+    prompt + output exceeds `max_model_len`, weights (plus activations) that do not fit the
+    budget (saying by how many GB), and a cache too small for one `max_model_len` sequence.
+    `model` and `gpu` may be presets' names.
+    """
+    # BEGIN SOLUTION: Exercise 8
+    model, gpu = get_model(model), get_gpu(gpu)
+    _check_plan_inputs(model, max_model_len, block_size, gpu_memory_utilization,
+                       activation_bytes, tensor_parallel_size, mean_prompt_len, mean_output_len)
+    tp = tensor_parallel_size
+    kv_token = kv_bytes_per_token(model) // tp
+    block_bytes = block_size * kv_token
+    weight_bytes = model.weight_bytes / tp
+    budget = gpu_memory_utilization * gpu.memory_bytes
+    free = budget - weight_bytes - activation_bytes
+    if free < 0:
+        raise ValueError(
+            f"{model.name} does not fit on {gpu.name} with tp={tp}: weights need "
+            f"{weight_bytes / GB:.2f} GB and activations {activation_bytes / GB:.2f} GB per GPU, "
+            f"but the budget is {budget / GB:.2f} GB ({gpu_memory_utilization:g} x "
+            f"{gpu.memory_bytes / GB:.2f} GB): short by {-free / GB:.2f} GB"
+        )
+    num_kv_blocks = math.floor(free / block_bytes)
+    per_seq_blocks = blocks_needed(max_model_len, block_size)
+    max_seqs = num_kv_blocks // per_seq_blocks
+    if max_seqs == 0:
+        raise ValueError(
+            f"one {max_model_len}-token sequence needs {per_seq_blocks} KV blocks but only "
+            f"{num_kv_blocks} fit ({num_kv_blocks * block_size} tokens): lower max_model_len "
+            f"or raise tensor_parallel_size")
+    kv_pool = num_kv_blocks * block_bytes
+
+    context = mean_prompt_len + mean_output_len / 2
+    step_bytes = weight_bytes + max_seqs * context * kv_token
+    memory_s = step_bytes / gpu.bandwidth_bytes_per_s
+    compute_s = 2 * model.num_params * max_seqs / (tp * gpu.flops)
+    decode_s = max(memory_s, compute_s)
+    prefill_s = 2 * model.num_params * mean_prompt_len / (tp * gpu.flops)
+    latency = mean_output_len * decode_s + max_seqs * prefill_s
+    qps = max_seqs / latency
+
+    notes = []
+    if model.max_position_embeddings and max_model_len > model.max_position_embeddings:
+        notes.append(f"{model.name} was trained for {model.max_position_embeddings} positions; "
+                     f"{max_model_len} needs a long-context variant (the memory arithmetic is the same)")
+    return DeploymentPlan(
+        model=model, gpu=gpu, max_model_len=max_model_len, block_size=block_size,
+        gpu_memory_utilization=gpu_memory_utilization, activation_bytes=activation_bytes,
+        tensor_parallel_size=tp, mean_prompt_len=mean_prompt_len, mean_output_len=mean_output_len,
+        kv_bytes_per_token_per_gpu=kv_token, block_bytes_per_gpu=block_bytes,
+        weight_bytes_per_gpu=weight_bytes, memory_budget_bytes=budget,
+        num_kv_blocks=num_kv_blocks, kv_pool_bytes=kv_pool,
+        num_cache_tokens=num_kv_blocks * block_size, max_concurrent_seqs=max_seqs,
+        ceiling="kv-blocks" if kv_pool > weight_bytes else "weights",
+        mean_context_len=context, decode_step_s=decode_s,
+        decode_bound="memory-bandwidth" if memory_s >= compute_s else "compute",
+        prefill_s=prefill_s, request_latency_s=latency, qps=qps,
+        output_tokens_per_s=qps * mean_output_len, notes=tuple(notes),
+    )
+    # END SOLUTION
+
+
+# The seed's sizing scenario: "a 13B model, 80 GB GPU, 8k context".
+SEED_SIZING = {"model": "llama-2-13b", "gpu": "a100-80gb", "max_model_len": 8192}
+
+
+def format_plan(plan: DeploymentPlan) -> str:
+    """A design-review printout of `plan`: the memory split, the concurrency and the QPS, and
+    the evidence for which consumer sets the concurrency ceiling (re-planned variants: zero
+    weights, half the context, the mean request's length, an 8-KV-head GQA twin)."""
+    m, g, tp = plan.model, plan.gpu, plan.tensor_parallel_size
+    per_seq = blocks_needed(plan.max_model_len, plan.block_size)
+
+    def variant(**changes) -> DeploymentPlan:
+        args = dict(model=m, gpu=g, max_model_len=plan.max_model_len, block_size=plan.block_size,
+                    gpu_memory_utilization=plan.gpu_memory_utilization,
+                    activation_bytes=plan.activation_bytes, tensor_parallel_size=tp,
+                    mean_prompt_len=plan.mean_prompt_len, mean_output_len=plan.mean_output_len)
+        args.update(changes)
+        return plan_deployment(**args)
+
+    def pct(part: float) -> str:
+        return f"{100 * part / plan.memory_budget_bytes:.0f}%"
+
+    gpus = f"{tp} x {g.name}" if tp > 1 else g.name
+    lines = [
+        f"Sizing {m.name} on {gpus}, max_model_len {plan.max_model_len}, block_size "
+        f"{plan.block_size}, gpu_memory_utilization {plan.gpu_memory_utilization:g}",
+        f"  per GPU: memory {g.memory_bytes / GB:.2f} GB ({g.memory_bytes // MiB} MiB, nvidia-smi) "
+        f"-> budget {plan.memory_budget_bytes / GB:.2f} GB",
+        f"  weights      {plan.weight_bytes_per_gpu / GB:7.2f} GB  ({pct(plan.weight_bytes_per_gpu)} of budget)",
+        f"  activations  {plan.activation_bytes / GB:7.2f} GB  (reserve; vLLM measures the peak "
+        f"with a profiling run at start-up)",
+        f"  KV pool      {plan.kv_pool_bytes / GB:7.2f} GB  ({pct(plan.kv_pool_bytes)}): "
+        f"{plan.num_kv_blocks} blocks x {plan.block_bytes_per_gpu / 2**20:g} MiB "
+        f"= {plan.num_cache_tokens} tokens",
+        f"  KV per token {kv_bytes_per_token(m) / 2**10:g} KiB = 2 (K,V) x {m.num_layers} layers x "
+        f"{m.num_kv_heads} KV heads x {m.head_dim} x {m.dtype_bytes} B"
+        + (f", / tp {tp} = {plan.kv_bytes_per_token_per_gpu / 2**10:g} KiB per GPU" if tp > 1 else ""),
+        f"  max concurrent sequences at {plan.max_model_len} tokens: {plan.num_kv_blocks} // "
+        f"{per_seq} blocks = {plan.max_concurrent_seqs}",
+        f"  decode step {plan.decode_step_s * 1e3:.1f} ms ({plan.decode_bound}-bound; context "
+        f"charged {plan.mean_context_len:.0f} tokens), prefill {plan.prefill_s * 1e3:.1f} ms per "
+        f"{plan.mean_prompt_len:g}-token prompt",
+        f"  QPS (Little's law) = {plan.max_concurrent_seqs} / {plan.request_latency_s:.2f} s = "
+        f"{plan.qps:.2f} requests/s, {plan.output_tokens_per_s:.0f} output tokens/s"
+        + (f" per {tp}-GPU group" if tp > 1 else " per GPU"),
+    ]
+    lines += [f"  note: {note}" for note in plan.notes]
+
+    no_weights = variant(model=dataclasses.replace(m, num_params=1))
+    evidence = [f"deleting the weights altogether -> {no_weights.max_concurrent_seqs}"]
+    if plan.max_model_len >= 2 * plan.block_size:
+        half = variant(max_model_len=plan.max_model_len // 2,
+                       mean_prompt_len=min(plan.mean_prompt_len, plan.max_model_len // 4),
+                       mean_output_len=min(plan.mean_output_len, plan.max_model_len // 4))
+        evidence.append(f"half the context ({plan.max_model_len // 2}) -> {half.max_concurrent_seqs}")
+    if m.num_kv_heads > 8 and m.num_kv_heads % 8 == 0 and 8 % tp == 0:
+        gqa = variant(model=dataclasses.replace(m, name=m.name + "-gqa8", num_kv_heads=8))
+        evidence.append(f"a GQA twin with 8 KV heads -> {gqa.max_concurrent_seqs}")
+    mean_len = math.ceil(plan.mean_prompt_len + plan.mean_output_len)
+    typical = variant(max_model_len=mean_len)
+    if plan.ceiling == "kv-blocks":
+        lines.append(
+            f"  The KV blocks, not the weights, set the ceiling: the weights take "
+            f"{plan.weight_bytes_per_gpu / GB:.1f} GB and fit with {plan.kv_pool_bytes / GB:.1f} GB "
+            f"to spare, yet each {plan.max_model_len}-token sequence needs {per_seq} blocks "
+            f"({per_seq * plan.block_bytes_per_gpu / GB:.2f} GB), so only "
+            f"{plan.max_concurrent_seqs} fit.")
+    else:
+        lines.append(
+            f"  The weights set the ceiling here: they take {plan.weight_bytes_per_gpu / GB:.1f} GB "
+            f"and leave the KV pool only {plan.kv_pool_bytes / GB:.1f} GB "
+            f"({plan.max_concurrent_seqs} sequences); quantise the weights or raise tp.")
+    lines.append(f"  Concurrency instead of {plan.max_concurrent_seqs}: " + "; ".join(evidence) + ".")
+    lines.append(
+        f"  Paging allocates blocks as tokens arrive: a mean request ({mean_len} tokens, "
+        f"{blocks_needed(mean_len, plan.block_size)} blocks) leaves room for "
+        f"{typical.max_concurrent_seqs} at once ({typical.qps:.1f} QPS); "
+        f"{plan.max_concurrent_seqs} is the guarantee if every request grows to {plan.max_model_len}.")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# KV memory waste: a max_len slab per request vs paged blocks
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LengthStats:
+    """Mean request lengths a paper reports for a trace, and where."""
+
+    name: str
+    mean_prompt_len: float
+    mean_output_len: float
+    source: str
+
+
+# Kwon et al., "Efficient Memory Management for Large Language Model Serving with
+# PagedAttention", SOSP 2023, Fig. 11 (input/output length distributions, means in its
+# legends) and §6.1: "the ShareGPT dataset has 8.4x longer input prompts and 5.8x longer
+# outputs than the Alpaca dataset" (161.31 / 19.31 = 8.4, 337.99 / 58.45 = 5.8).
+SHAREGPT = LengthStats("ShareGPT", 161.31, 337.99, "Kwon et al. SOSP'23, Fig. 11a")
+ALPACA = LengthStats("Alpaca", 19.31, 58.45, "Kwon et al. SOSP'23, Fig. 11b")
+# The same paper, Fig. 2: existing systems keep 20.4%-38.2% of KV memory holding token
+# states (Orca Max / Pow2 / Oracle); vLLM 96.3%.
+
+# ASSUMPTION, not from the paper: lengths are lognormal with this shape (right-skewed with
+# a long tail, like Fig. 11's histograms), its location set so the mean matches the paper.
+LENGTH_SIGMA = 1.0
+
+
+def sample_request_lengths(stats: LengthStats, num_requests: int, seed: int = 0,
+                           max_model_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt_lens, output_lens), int64 arrays of `num_requests` lengths >= 1, drawn
+    independently from lognormals (sigma LENGTH_SIGMA) whose means are the reported ones.
+    Deterministic for a seed. With `max_model_len`, a request longer than it is truncated
+    (prompt first kept, output cut) as the paper truncates ShareGPT to the model's context."""
+    _check_positive_int("num_requests", num_requests)
+    rng = np.random.default_rng(seed)
+
+    def draw(mean: float) -> np.ndarray:
+        mu = math.log(mean) - LENGTH_SIGMA**2 / 2  # E[lognormal] = exp(mu + sigma^2 / 2)
+        return np.maximum(1, np.rint(rng.lognormal(mu, LENGTH_SIGMA, num_requests))).astype(np.int64)
+
+    prompts, outputs = draw(stats.mean_prompt_len), draw(stats.mean_output_len)
+    if max_model_len is not None:
+        _check_positive_int("max_model_len", max_model_len)
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must leave room for a prompt and an output token, got {max_model_len}")
+        prompts = np.minimum(prompts, max_model_len - 1)
+        outputs = np.minimum(outputs, max_model_len - prompts)
+    return prompts, outputs
+
+
+class KVUtilization(NamedTuple):
+    """Fraction of reserved KV memory that holds real tokens, under each allocation policy."""
+
+    slab: float
+    paged: float
+
+
+def kv_memory_utilization(lengths, max_model_len: int, block_size: int) -> KVUtilization:
+    """Tokens held / token slots reserved, for sequences of `lengths` tokens each:
+    (a) `slab`: the naive allocator reserves a contiguous `max_model_len` slab per request up
+    front; (b) `paged`: PagedAttention reserves `blocks_needed(length, block_size)` whole
+    blocks, so each sequence wastes fewer than `block_size` slots, all in its last block.
+    Every length must be in 1..max_model_len (a slab cannot hold more)."""
+    _check_positive_int("max_model_len", max_model_len)
+    _check_positive_int("block_size", block_size)
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or lengths.size == 0 or not np.issubdtype(lengths.dtype, np.integer):
+        raise ValueError(f"lengths must be a non-empty 1-D sequence of ints, got {lengths!r}")
+    if lengths.min() < 1 or lengths.max() > max_model_len:
+        raise ValueError(f"every length must be in 1..max_model_len={max_model_len}, "
+                         f"got {lengths.min()}..{lengths.max()}")
+    held = int(lengths.sum())
+    paged_slots = int((-(-lengths // block_size)).sum()) * block_size  # ceil: whole blocks
+    return KVUtilization(slab=held / (lengths.size * max_model_len), paged=held / paged_slots)
+
+
+def format_waste(max_model_len: int = 2048, block_size: int = 16,
+                 num_requests: int = 10_000, seed: int = 0) -> str:
+    """KV memory utilisation for ShareGPT- and Alpaca-like traffic (sample_request_lengths),
+    each request at its final length, under a max_len slab vs paged blocks."""
+    lines = [f"KV memory holding real tokens, {num_requests} requests per trace, "
+             f"max_model_len {max_model_len}, block_size {block_size}",
+             f"  (lengths: lognormal, sigma {LENGTH_SIGMA:g}, matched to the means Kwon et al. "
+             f"SOSP'23 report; each request at its final length)",
+             f"  {'trace':<9} {'paper means (in/out)':>21} {'sample mean':>12} {'slab':>7} {'paged':>7}"]
+    for stats in (SHAREGPT, ALPACA):
+        prompts, outputs = sample_request_lengths(stats, num_requests, seed, max_model_len)
+        total = prompts + outputs
+        util = kv_memory_utilization(total, max_model_len, block_size)
+        means = f"{stats.mean_prompt_len:g} / {stats.mean_output_len:g}"
+        lines.append(f"  {stats.name:<9} {means:>21} {total.mean():12.1f} "
+                     f"{100 * util.slab:6.1f}% {100 * util.paged:6.1f}%")
+    lines.append("  A slab is sized for the longest request and a request is mostly far shorter; paging "
+                 f"wastes under one block ({block_size} slots) per sequence, which short requests feel most.")
+    lines.append("  The paper measured 20.4%-38.2% for Orca's slab variants and 96.3% for vLLM (its Fig. 2).")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# The stack choice: vLLM vs TensorRT-LLM vs SGLang, as data
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ServingStack:
+    """What a serving stack runs on and what it is built to be best at. All three do
+    continuous batching, a paged KV cache, prefix caching and speculative decoding; what
+    separates them is hardware reach and design centre."""
+
+    name: str
+    hardware: frozenset
+    design_center: str
+    prefix_reuse: str
+    setup: str
+    source: str
+
+
+STACKS: dict[str, ServingStack] = {
+    "vllm": ServingStack(
+        name="vLLM",
+        # docs.vllm.ai Installation: NVIDIA CUDA, AMD ROCm, Intel XPU, CPU (x86, ARM, Apple
+        # silicon, IBM Z), Google TPU, Intel Gaudi, AWS Neuron; Ascend via the vllm-ascend plugin.
+        hardware=frozenset({"nvidia", "amd", "intel", "tpu", "cpu", "aws-neuron", "ascend"}),
+        design_center="throughput on open-weights models: PagedAttention, continuous batching, "
+                      "the widest model and hardware coverage",
+        prefix_reuse="automatic prefix caching (hash of each full block)",
+        setup="pip install; loads a Hugging Face checkpoint directly",
+        source="Kwon et al. SOSP'23; docs.vllm.ai getting_started/installation"),
+    "tensorrt-llm": ServingStack(
+        name="TensorRT-LLM",
+        # NVIDIA/TensorRT-LLM README: "inference efficiently on NVIDIA GPUs".
+        hardware=frozenset({"nvidia"}),
+        design_center="lowest latency on NVIDIA GPUs: NVIDIA's own kernels and low-precision "
+                      "(FP8/FP4) paths tuned per GPU generation",
+        prefix_reuse="KV cache block reuse",
+        # nvidia.github.io/TensorRT-LLM: the classic path builds a TensorRT engine per model,
+        # GPU and max shapes (trtllm-build); the PyTorch backend (0.17+) loads HF checkpoints,
+        # and the newest releases remove the engine backend.
+        setup="NVIDIA containers; classic path compiles an engine per GPU and max shapes, "
+              "newer releases load HF checkpoints via a PyTorch backend",
+        source="nvidia.github.io/TensorRT-LLM (torch.html, legacy/tensorrt-backend-removal)"),
+    "sglang": ServingStack(
+        name="SGLang",
+        # docs.sglang.io Hardware Platforms: NVIDIA GPUs, AMD GPUs, Ascend NPUs, CPU servers,
+        # TPU, Intel XPU.
+        hardware=frozenset({"nvidia", "amd", "ascend", "cpu", "tpu", "intel"}),
+        design_center="prefix-heavy and structured workloads: RadixAttention keeps shared "
+                      "prefixes' KV in a radix tree across requests; compressed-FSM constrained decoding",
+        prefix_reuse="RadixAttention (radix tree over token prefixes, LRU eviction)",
+        setup="pip install; loads a Hugging Face checkpoint directly",
+        source="Zheng et al., SGLang (NeurIPS 2024); docs.sglang.io"),
+}
+
+
+class StackChoice(NamedTuple):
+    stack: str                # a key of STACKS
+    deciding_constraint: str  # the constraint that settled it, in a sentence
+
+
+def choose_stack(hardware: str = "nvidia", priority: str = "throughput",
+                 prefix_sharing: bool = False, structured_output: bool = False) -> StackChoice:
+    """Pick a stack from STACKS for a workload. Rules, in order:
+    1. hardware filters (TensorRT-LLM runs on NVIDIA only);
+    2. heavy prefix sharing or constrained (JSON/regex) output -> SGLang, if it runs there;
+    3. priority "latency" -> TensorRT-LLM, if the fleet is NVIDIA;
+    4. otherwise vLLM. The deciding constraint is the rule that fired, or the hardware when
+    it ruled out the stack the priority asked for."""
+    if priority not in ("throughput", "latency"):
+        raise ValueError(f"priority must be 'throughput' or 'latency', got {priority!r}")
+    known = set().union(*(s.hardware for s in STACKS.values()))
+    if hardware not in known:
+        raise ValueError(f"unknown hardware {hardware!r}; known: {', '.join(sorted(known))}")
+    runs = {key for key, stack in STACKS.items() if hardware in stack.hardware}
+    if (prefix_sharing or structured_output) and "sglang" in runs:
+        why = ("heavy prefix sharing: RadixAttention reuses the shared prefixes' KV across requests"
+               if prefix_sharing else "constrained output: compressed-FSM decoding for JSON/regex")
+        return StackChoice("sglang", why)
+    if priority == "latency":
+        if "tensorrt-llm" in runs:
+            return StackChoice("tensorrt-llm", "lowest latency on an NVIDIA-only fleet")
+        return StackChoice("vllm", f"hardware: {hardware} rules out TensorRT-LLM (NVIDIA-only)")
+    return StackChoice("vllm", "throughput on open weights, with the broadest model and hardware support")
+
+
+# Example workloads for the design review: (description, choose_stack keyword arguments).
+STACK_WORKLOADS = (
+    ("batch summarisation with an open-weights Llama on A100s, throughput first",
+     {"hardware": "nvidia", "priority": "throughput"}),
+    ("voice assistant on H100s, tight per-token latency SLO, short distinct prompts",
+     {"hardware": "nvidia", "priority": "latency"}),
+    ("agent with a 4k-token shared system prompt and tools, JSON replies, on H100s",
+     {"hardware": "nvidia", "priority": "latency", "prefix_sharing": True, "structured_output": True}),
+    ("chat endpoint on AMD MI300X, latency first",
+     {"hardware": "amd", "priority": "latency"}),
+)
+
+
+def format_stack_choice(workloads=STACK_WORKLOADS) -> str:
+    """The stacks as a table, then each workload with the chosen stack and deciding constraint."""
+    lines = ["Serving stacks (all three do continuous batching - TensorRT-LLM calls it in-flight "
+             "batching -, a paged KV cache, prefix caching and speculative decoding)"]
+    for stack in STACKS.values():
+        lines.append(f"  {stack.name:<13} runs on {', '.join(sorted(stack.hardware))}")
+        lines.append(f"  {'':<13} best at: {stack.design_center}")
+        lines.append(f"  {'':<13} prefix reuse: {stack.prefix_reuse}; setup: {stack.setup}")
+    lines.append("Workloads:")
+    for description, constraints in workloads:
+        choice = choose_stack(**constraints)
+        lines.append(f"  {description}\n    -> {STACKS[choice.stack].name}: {choice.deciding_constraint}")
+    return "\n".join(lines)
 
 
 # =====================================================================================

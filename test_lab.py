@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
+import time
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
 
@@ -690,3 +692,712 @@ def test_forked_sequences_diverge_through_copy_on_write(tiny_model):
         np.testing.assert_allclose(logits, tiny_model.forward_dense(tokens + [0])[-1], atol=LOGITS_ATOL,
                                    err_msg="a forked sequence saw the other's tokens: copy-on-write failed")
     assert parent.block_ids[0] == child.block_ids[0], "the full first block stays shared"
+
+
+# =====================================================================================
+# Exercise 5: continuous batching
+# =====================================================================================
+
+ENGINE_TINY = dict(vocab_size=64, n_positions=128, n_embd=32, n_layer=2, n_head=4)
+
+
+@pytest.fixture(scope="module")
+def engine_model():
+    return lab.ToyTransformer(lab.ModelConfig(**ENGINE_TINY), seed=0)
+
+
+def greedy_alone(model, prompt, max_tokens, stop_token_ids=()):
+    """The reference: one prompt, no cache, no batch: argmax of forward_dense, token by token."""
+    tokens, out = list(prompt), []
+    for _ in range(max_tokens):
+        token = int(np.argmax(model.forward_dense(tokens)[-1]))
+        out.append(token)
+        tokens.append(token)
+        if token in stop_token_ids:
+            break
+    return out
+
+
+def random_prompts(n, seed, low=1, high=40, vocab=64):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, int(rng.integers(low, high))).tolist() for _ in range(n)]
+
+
+def record_schedules(engine):
+    """Wrap the engine's scheduler so every SchedulerOutput it plans is kept."""
+    plans, schedule = [], engine.scheduler.schedule
+
+    def recording():
+        plan = schedule()
+        plans.append((plan, {s.request_id: s.num_computed_tokens for s in plan.scheduled}))
+        return plan
+
+    engine.scheduler.schedule = recording
+    return plans
+
+
+def drive(scheduler, max_steps=10_000):
+    """Run a scheduler without a model: every sequence that completes samples token 1."""
+    plans = []
+    while scheduler.has_unfinished():
+        plan = scheduler.schedule()
+        plans.append(plan)
+        scheduler.update(plan, {s.request_id: 1 for s in plan.scheduled if plan.completes(s)})
+        assert len(plans) < max_steps, "the scheduler never finished: deadlock or endless preemption"
+    return plans
+
+
+def request(rid, prompt_len, max_tokens):
+    return lab.Request(str(rid), [2] * prompt_len, lab.SamplingParams(max_tokens=max_tokens))
+
+
+@pytest.mark.exercise5
+def test_batched_engine_outputs_equal_greedy_decoding_of_each_prompt_alone(engine_model):
+    prompts = random_prompts(24, seed=1)
+    max_tokens = [1 + i % 9 for i in range(24)]
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_seqs=8, max_num_batched_tokens=64)
+    outputs = engine.generate(prompts, [lab.SamplingParams(max_tokens=m) for m in max_tokens])
+    assert [o.request_id for o in outputs] == [str(i) for i in range(24)], "outputs must come back in prompt order"
+    for i, (out, prompt, m) in enumerate(zip(outputs, prompts, max_tokens)):
+        assert out.prompt_token_ids == prompt
+        assert out.output_token_ids == greedy_alone(engine_model, prompt, m), (
+            f"prompt {i}: batching changed the tokens; a batch must change nothing but speed")
+        assert out.finish_reason == "length"
+
+
+@pytest.mark.exercise5
+def test_a_stop_token_ends_the_request_and_is_kept(engine_model):
+    prompt = random_prompts(1, seed=2)[0]
+    free_run = greedy_alone(engine_model, prompt, 12)
+    stop = free_run[4]
+    out = lab.LLMEngine(engine_model).generate([prompt], lab.SamplingParams(max_tokens=12, stop_token_ids=(stop,)))[0]
+    assert out.output_token_ids == free_run[: free_run.index(stop) + 1]
+    assert out.finish_reason == "stop"
+
+
+@pytest.mark.exercise5
+def test_cache_ten_times_too_small_still_gives_identical_outputs_with_preemptions_and_no_leak(engine_model):
+    prompts = random_prompts(30, seed=3, low=8, high=30)
+    sampling = lab.SamplingParams(max_tokens=20)
+    need = sum(lab.blocks_needed(len(p) + 20, 4) for p in prompts)
+    engine = lab.LLMEngine(engine_model, num_blocks=need // 10, block_size=4, max_num_seqs=16,
+                           max_num_batched_tokens=64)
+    outputs = engine.generate(prompts, sampling)
+    for i, (out, prompt) in enumerate(zip(outputs, prompts)):
+        assert out.output_token_ids == greedy_alone(engine_model, prompt, 20), (
+            f"request {i} changed under preemption: a preempted sequence must keep its tokens and "
+            "recompute prompt + output")
+    assert engine.num_preemptions > 0, "a cache a tenth of the load's size must force preemptions"
+    assert sum(o.num_preemptions for o in outputs) == engine.num_preemptions
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, (
+        "blocks leaked: every finished or preempted sequence must free its blocks")
+
+
+@pytest.mark.exercise5
+def test_seeded_sampling_under_memory_pressure_gives_the_same_tokens_as_with_ample_memory(engine_model):
+    prompts = random_prompts(24, seed=12, low=8, high=30)
+    sampling = [lab.SamplingParams(temperature=1.0, max_tokens=16, seed=s) for s in range(24)]
+    ample = lab.LLMEngine(engine_model, block_size=4).generate(prompts, sampling)
+    tight = lab.LLMEngine(engine_model, num_blocks=24, block_size=4, max_num_seqs=12, max_num_batched_tokens=48)
+    squeezed = tight.generate(prompts, sampling)
+    assert tight.num_preemptions > 0
+    for i, (a, b) in enumerate(zip(ample, squeezed)):
+        assert a.output_token_ids == b.output_token_ids, (
+            f"request {i} ({b.num_preemptions} preemptions) sampled other tokens: a preempted sequence "
+            "must keep what it produced, or it draws again from its generator")
+
+
+@pytest.mark.exercise5
+def test_a_request_that_can_never_fit_is_rejected_while_the_others_complete(engine_model):
+    prompts = random_prompts(6, seed=4, low=4, high=12)
+    prompts.insert(2, list(range(60)))  # 60 + 8 tokens need 17 blocks of 4; the cache has 12
+    engine = lab.LLMEngine(engine_model, num_blocks=12, block_size=4, max_num_seqs=4)
+    outputs = engine.generate(prompts, lab.SamplingParams(max_tokens=8))
+    rejected = outputs[2]
+    assert rejected.output_token_ids == [] and rejected.finish_reason.startswith("rejected"), (
+        "a request that cannot fit even alone must be rejected, not retried forever")
+    assert "17" in rejected.finish_reason and "12" in rejected.finish_reason, (
+        f"the reason should say what it needs and what the cache has: {rejected.finish_reason!r}")
+    for out, prompt in zip(outputs[:2] + outputs[3:], prompts[:2] + prompts[3:]):
+        assert out.output_token_ids == greedy_alone(engine_model, prompt, 8)
+    assert engine.allocator.num_free_blocks == 12
+
+
+@pytest.mark.exercise5
+@settings(max_examples=25)
+@given(
+    jobs=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12)), min_size=1, max_size=25),
+    max_num_seqs=st.integers(1, 6),
+    budget=st.integers(1, 48),
+    num_blocks=st.integers(16, 60),
+    chunked=st.booleans(),
+)
+def test_every_step_respects_max_num_seqs_and_the_token_budget(jobs, max_num_seqs, budget, num_blocks, chunked):
+    allocator = lab.BlockAllocator(num_blocks, 4)
+    scheduler = lab.Scheduler(allocator, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                              enable_chunked_prefill=chunked)
+    seqs = [scheduler.add_request(request(i, p, m)) for i, (p, m) in enumerate(jobs)]
+    for plan in drive(scheduler):
+        assert len(plan.scheduled) <= max_num_seqs, f"{len(plan.scheduled)} sequences in one step"
+        assert len(scheduler.running) <= max_num_seqs
+        assert plan.total_num_scheduled_tokens <= budget, (
+            f"{plan.total_num_scheduled_tokens} tokens scheduled, the budget is {budget}")
+        assert all(n >= 1 for n in plan.num_scheduled_tokens.values())
+        assert len({s.request_id for s in plan.scheduled}) == len(plan.scheduled)
+    for seq, (p, m) in zip(seqs, jobs):
+        if not seq.finish_reason.startswith("rejected"):
+            assert seq.output_token_ids == [1] * m, "every admitted request produces exactly max_tokens tokens"
+    assert allocator.num_free_blocks == num_blocks, "blocks leaked"
+
+
+@pytest.mark.exercise5
+def test_without_chunked_prefill_a_prompt_that_does_not_fit_the_budget_waits():
+    scheduler = lab.Scheduler(lab.BlockAllocator(64, 4), max_num_batched_tokens=10, enable_chunked_prefill=False)
+    for rid, prompt_len in ((0, 6), (1, 6)):
+        scheduler.add_request(request(rid, prompt_len, 3))
+    plan = scheduler.schedule()
+    assert plan.num_scheduled_tokens == {"0": 6}, (
+        "without chunked prefill a prompt runs whole or waits: 6 + 6 tokens exceed the budget of 10")
+
+
+@pytest.mark.exercise5
+def test_chunked_prefill_splits_a_long_prompt_and_matches_unchunked(engine_model):
+    prompts = [random_prompts(1, seed=5, low=50, high=51)[0]] + random_prompts(3, seed=6, low=2, high=6)
+    sampling = lab.SamplingParams(max_tokens=6)
+    chunked = lab.LLMEngine(engine_model, block_size=4, max_num_batched_tokens=8)
+    plans = record_schedules(chunked)
+    out_chunked = chunked.generate(prompts, sampling)
+    out_whole = lab.LLMEngine(engine_model, block_size=4, max_num_batched_tokens=128,
+                              enable_chunked_prefill=False).generate(prompts, sampling)
+    long_chunks = [plan.num_scheduled_tokens["0"] for plan, _ in plans if "0" in plan.num_scheduled_tokens]
+    assert long_chunks[:7] == [8] * 6 + [2], f"a 50-token prompt in a budget of 8 runs as 8+8+...+2, got {long_chunks}"
+    assert any(len(plan.scheduled) > 1 and plan.num_scheduled_tokens.get("0", 0) > 1 for plan, _ in plans[1:]), (
+        "a step may mix a prefill chunk with other sequences' decodes")
+    assert [o.output_token_ids for o in out_chunked] == [o.output_token_ids for o in out_whole]
+    assert out_chunked[0].output_token_ids == greedy_alone(engine_model, prompts[0], 6)
+
+
+@pytest.mark.exercise5
+@pytest.mark.parametrize("budget, num_blocks", [(512, None), (12, 40)])
+def test_prefix_caching_changes_no_output_and_hits_on_shared_prefixes(engine_model, budget, num_blocks):
+    system = list(range(3, 27))  # a 24-token shared "system prompt": 6 full blocks of 4
+    prompts = [system + p for p in random_prompts(12, seed=7, low=1, high=9)]
+    sampling = lab.SamplingParams(max_tokens=10)
+    kw = dict(block_size=4, max_num_seqs=6, max_num_batched_tokens=budget, num_blocks=num_blocks)
+    cached = lab.LLMEngine(engine_model, enable_prefix_caching=True, **kw)
+    out_cached = cached.generate(prompts, sampling)
+    for i, (out, prompt) in enumerate(zip(out_cached, prompts)):
+        assert out.output_token_ids == greedy_alone(engine_model, prompt, 10), (
+            f"request {i}: a prefix-cache hit must hold exactly the K/V the prompt would compute")
+    assert cached.prefix_cache_hit_rate > 0, "prompts sharing 6 full blocks must hit the prefix cache"
+    assert cached.allocator.num_free_blocks == cached.allocator.num_blocks
+
+
+@pytest.mark.exercise5
+def test_a_seeded_sampled_request_gives_the_same_tokens_alone_and_in_a_large_batch(engine_model):
+    prompt = random_prompts(1, seed=8)[0]
+    mine = lab.SamplingParams(temperature=1.0, max_tokens=20, seed=1234)
+    alone = lab.LLMEngine(engine_model).generate([prompt], mine)[0].output_token_ids
+    others = random_prompts(40, seed=9)
+    crowd = [lab.SamplingParams(temperature=0.8, max_tokens=15, seed=s) for s in range(40)]
+    for engine in (lab.LLMEngine(engine_model, block_size=4),
+                   lab.LLMEngine(engine_model, block_size=4, num_blocks=40, max_num_batched_tokens=32)):
+        outputs = engine.generate(others[:20] + [prompt] + others[20:], crowd[:20] + [mine] + crowd[20:])
+        assert outputs[20].output_token_ids == alone, (
+            "a request's samples must come from its own seeded generator, one draw per token, "
+            f"whatever it is batched with (preemptions here: {engine.num_preemptions})")
+    assert alone != greedy_alone(engine_model, prompt, 20), "temperature 1 should not be greedy"
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize(
+    "prompt, params, why",
+    [
+        ([], {}, "empty"),
+        ([1, 64, 3], {}, "vocabulary"),
+        ([1, -1], {}, "vocabulary"),
+        ([1] * 100, {"max_tokens": 29}, "n_positions"),
+        ([1, 2], {"max_tokens": 0}, "max_tokens"),
+        ([1, 2], {"temperature": -0.5}, "temperature"),
+        ([1, 2.5], {}, "int"),
+        ("hello", {}, "list of token ids"),
+    ],
+)
+def test_bad_input_is_a_value_error_that_names_the_request_and_runs_nothing(engine_model, prompt, params, why):
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
+    prompts = [[1, 2, 3], [4, 5], prompt]
+    with pytest.raises(ValueError, match=why) as info:
+        good = lab.SamplingParams(max_tokens=4)
+        engine.generate(prompts, [good, good, lab.SamplingParams(**{"max_tokens": 4, **params})])
+    assert "'2'" in str(info.value), f"the message must name the request (id '2'): {info.value}"
+    assert not engine.has_unfinished() and engine.allocator.num_free_blocks == 64, (
+        "a bad request must be caught before any work starts")
+
+
+@pytest.mark.exercise5
+def test_a_finished_sequence_leaves_and_frees_its_blocks_in_the_step_it_finishes():
+    allocator = lab.BlockAllocator(64, 4)
+    scheduler = lab.Scheduler(allocator, max_num_seqs=2)
+    short, long, waiting = (scheduler.add_request(request(i, 4, m)) for i, m in enumerate((2, 10, 3)))
+    plans = [scheduler.schedule()]
+    scheduler.update(plans[0], {"0": 1, "1": 1})
+    plans.append(scheduler.schedule())
+    finished = scheduler.update(plans[1], {"0": 1, "1": 1})
+    assert finished == [short] and short.finish_reason == "length"
+    assert short.block_table.block_ids == [], "a finished sequence must free its blocks at once"
+    assert short not in scheduler.running, "a finished sequence must leave the batch in the step it finishes"
+    assert allocator.num_free_blocks == 64 - len(long.block_table.block_ids)
+    plan = scheduler.schedule()
+    assert waiting in plan.scheduled, "the freed slot must be refilled at the very next step"
+
+
+def preemption_scene():
+    """Blocks of 4, 5 in the pool. A and B (prompts of 4) run in lockstep; C waits. When both
+    cross into their third block there is one block left: A (older) gets it, B is preempted."""
+    allocator = lab.BlockAllocator(5, 4)
+    scheduler = lab.Scheduler(allocator, max_num_seqs=2)
+    a, b = scheduler.add_request(request("A", 4, 8)), scheduler.add_request(request("B", 4, 8))
+    plan = scheduler.schedule()  # A and B prefill: one block each
+    scheduler.update(plan, {"A": 7, "B": 8})
+    c = scheduler.add_request(request("C", 4, 2))
+    for step in range(6):  # decodes fill the second blocks of A and B; then each needs a third
+        plan = scheduler.schedule()
+        if plan.preempted:
+            return allocator, scheduler, plan, a, b, c
+        scheduler.update(plan, {s.request_id: 10 + step for s in plan.scheduled})
+    raise AssertionError("the scene should have forced a preemption")
+
+
+@pytest.mark.exercise5
+def test_preemption_takes_the_newest_frees_its_blocks_and_keeps_its_tokens():
+    allocator, scheduler, plan, a, b, c = preemption_scene()
+    assert plan.preempted == [b], "the most recently admitted running sequence is the one preempted"
+    assert a in plan.scheduled and b not in plan.scheduled
+    assert b.block_table.block_ids == [], "a preempted sequence must free its blocks"
+    assert allocator.num_free_blocks == 5 - len(a.block_table.block_ids), "preemption leaked blocks"
+    assert b.output_token_ids == [8, 10, 11, 12, 13], (
+        "preemption by recompute keeps every token the sequence produced")
+    assert b.num_computed_tokens == 0
+
+
+@pytest.mark.exercise5
+def test_a_preempted_sequence_goes_to_the_front_of_the_queue_and_recomputes_prompt_and_output():
+    allocator, scheduler, plan, a, b, c = preemption_scene()
+    assert list(scheduler.waiting)[:2] == [b, c], "the preempted sequence waits at the FRONT, before C"
+    scheduler.update(plan, {"A": 1})
+    while a in scheduler.running:  # A finishes, then the next admission must be B, not C
+        plan = scheduler.schedule()
+        assert c not in plan.scheduled, "C was admitted before the preempted B"
+        scheduler.update(plan, {s.request_id: 1 for s in plan.scheduled if plan.completes(s)})
+    plan = scheduler.schedule()
+    assert plan.scheduled[0] is b
+    assert plan.num_scheduled_tokens["B"] == 4 + 5, (
+        "readmitted, a preempted sequence recomputes its prompt and every token it produced")
+
+
+@pytest.mark.exercise5
+def test_a_static_batch_starts_only_when_every_sequence_of_the_last_one_finished():
+    allocator = lab.BlockAllocator(64, 4)
+    scheduler = lab.StaticBatchScheduler(allocator, batch_size=2)
+    for i, m in enumerate((1, 4, 1)):
+        scheduler.add_request(request(i, 4, m))
+    plans = drive(scheduler)
+    batches = [sorted(p.num_scheduled_tokens) for p in plans]
+    assert batches == [["0", "1"], ["1"], ["1"], ["1"], ["2"]], (
+        f"request 2 must wait for the whole first batch, which request 1 holds for 4 steps: {batches}")
+    assert allocator.num_free_blocks == 64
+
+
+@pytest.mark.exercise5
+def test_engine_metrics_follow_the_vllm_benchmark_definitions(engine_model):
+    engine = lab.LLMEngine(engine_model, max_num_seqs=4)
+    outputs = engine.generate(random_prompts(8, seed=10), lab.SamplingParams(max_tokens=6))
+    for out in outputs:
+        m = out.metrics
+        assert 0 < m.ttft <= m.e2e_latency
+        assert len(m.itl) == len(out.output_token_ids) - 1 and all(gap > 0 for gap in m.itl)
+        assert m.tpot == pytest.approx((m.e2e_latency - m.ttft) / (len(out.output_token_ids) - 1))
+        assert m.ttft + sum(m.itl) == pytest.approx(m.e2e_latency)
+    summary = engine.summary(outputs, duration=1.0)
+    assert summary["num_output_tokens"] == 48 and summary["output_throughput"] == 48
+    assert summary["p50_ttft"] <= summary["p99_ttft"]
+
+
+@pytest.mark.provided
+def test_summarize_serving_statistics_on_hand_made_metrics():
+    outs = [lab.RequestOutput(str(i), [1], [1] * n, lab.RequestMetrics.from_times(0.0, times, times[-1]), "length")
+            for i, (n, times) in enumerate(((3, [1.0, 2.0, 4.0]), (1, [2.0])))]
+    assert outs[0].metrics.tpot == 1.5 and outs[0].metrics.itl == [1.0, 2.0]
+    summary = lab.summarize_serving(outs, duration=4.0)
+    assert summary["mean_ttft"] == 1.5 and summary["p50_e2e"] == 3.0
+    assert summary["mean_tpot"] == 1.5, "a one-token request has no TPOT and is left out of it"
+    assert summary["output_throughput"] == 1.0
+
+
+@pytest.mark.exercise5
+def test_simulator_counts_steps_and_wasted_slot_steps_of_a_hand_traced_workload():
+    workload = [(0.0, 4, 1), (0.0, 4, 3), (0.0, 4, 1)]
+    static = lab.simulate_serving(workload, "static", max_num_seqs=2)
+    continuous = lab.simulate_serving(workload, "continuous", max_num_seqs=2)
+    # static: {0,1} prefill (0 done) | 1 | 1 (done) | {2} -- slot of 0 idle for 2 steps while 2 waits
+    assert (static.num_steps, static.wasted_slot_steps) == (4, 2)
+    # continuous: {0,1} (0 done) | 1 + 2's prefill (2 done) | 1 (done)
+    assert (continuous.num_steps, continuous.wasted_slot_steps) == (3, 0)
+    assert static.num_output_tokens == continuous.num_output_tokens == 5
+    assert [o.metrics.ttft for o in continuous.outputs_in_steps] == [1, 1, 2]
+
+
+@pytest.mark.exercise5
+def test_simulator_shows_head_of_line_blocking_on_the_skewed_workload():
+    workload = [(0.0, 16, 400)] + [(0.0, 16, 10)] * 31
+    static = lab.simulate_serving(workload, "static", max_num_seqs=8)
+    continuous = lab.simulate_serving(workload, "continuous", max_num_seqs=8)
+    assert static.wasted_slot_steps > 50 * continuous.wasted_slot_steps + 1000
+    assert continuous.summary()["mean_ttft"] < static.summary()["mean_ttft"] / 5
+    picture = lab.format_timeline(static, width=40)
+    assert "#" in picture and "." in picture, "the static timeline shows the long request and idle slots"
+    report = lab.format_batching_report(static, continuous)
+    assert "wasted slot-steps" in report and "throughput" in report
+
+
+@pytest.mark.exercise5
+def test_hundreds_of_requests_under_memory_pressure_finish_in_seconds(engine_model):
+    prompts = random_prompts(300, seed=11, low=4, high=24)
+    engine = lab.LLMEngine(engine_model, num_blocks=60, block_size=4, max_num_seqs=32, max_num_batched_tokens=128)
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, lab.SamplingParams(max_tokens=8))
+    elapsed = time.perf_counter() - start
+    assert all(len(o.output_token_ids) == 8 for o in outputs)
+    assert engine.num_preemptions > 0 and engine.allocator.num_free_blocks == 60
+    assert elapsed < 10, f"300 requests took {elapsed:.1f} s"
+
+
+# =====================================================================================
+# Exercise 8: capacity planning
+# =====================================================================================
+
+MiB = 2**20
+
+
+# --- presets and KV bytes per token (provided) ---------------------------------
+
+@pytest.mark.provided
+def test_kv_bytes_per_token_matches_hand_arithmetic():
+    # 2 (K and V) x layers x KV heads x head_dim x 2 bytes (bf16)
+    expected = {
+        "llama-2-7b": 2 * 32 * 32 * 128 * 2,   # 524,288 B = 512 KiB (MHA)
+        "llama-2-13b": 2 * 40 * 40 * 128 * 2,  # 819,200 B = 800 KiB (MHA)
+        "llama-2-70b": 2 * 80 * 8 * 128 * 2,   # 327,680 B = 320 KiB (GQA: 8 of 64 heads)
+        "llama-3-8b": 2 * 32 * 8 * 128 * 2,    # 131,072 B = 128 KiB (GQA: 8 of 32 heads)
+        "mistral-7b": 2 * 32 * 8 * 128 * 2,    # 131,072 B (GQA: 8 of 32 heads)
+    }
+    assert expected["llama-2-13b"] == 819_200 and expected["llama-2-70b"] == 327_680
+    for name, value in expected.items():
+        got = lab.kv_bytes_per_token(lab.MODELS[name])
+        assert got == value, f"{name}: KV bytes/token {got}, hand arithmetic says {value}"
+
+
+@pytest.mark.provided
+def test_model_presets_match_their_configs():
+    # (vocab_size, hidden_size, intermediate_size, heads, kv_heads) from each config.json;
+    # a Llama/Mistral block has q,o (H x H), k,v (H x kv*hd), a gated MLP (3 x H x I) and
+    # two RMSNorm vectors; embeddings and LM head are untied; one final norm.
+    configs = {
+        "llama-2-7b": (32000, 4096, 11008, 32, 32),
+        "llama-2-13b": (32000, 5120, 13824, 40, 40),
+        "llama-2-70b": (32000, 8192, 28672, 64, 8),
+        "llama-3-8b": (128256, 4096, 14336, 32, 8),
+        "mistral-7b": (32000, 4096, 14336, 32, 8),
+    }
+    for name, (vocab, hidden, inter, heads, kv_heads) in configs.items():
+        m = lab.MODELS[name]
+        head_dim = hidden // heads
+        assert (m.head_dim, m.num_kv_heads, m.num_attention_heads) == (head_dim, kv_heads, heads), name
+        per_layer = 2 * hidden * hidden + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter + 2 * hidden
+        params = 2 * vocab * hidden + m.num_layers * per_layer + hidden
+        assert m.num_params == params, f"{name}: preset has {m.num_params} parameters, its config implies {params}"
+
+
+@pytest.mark.provided
+def test_gpu_presets_use_nvidia_smi_memory_and_dense_datasheet_figures():
+    g = lab.GPUS
+    assert g["a100-80gb"].memory_bytes == 81920 * MiB == 85_899_345_920, "A100 80GB: nvidia-smi reports 81920 MiB"
+    assert g["h100-80gb"].memory_bytes == 81559 * MiB
+    assert g["a100-40gb"].memory_bytes == 40960 * MiB
+    assert g["h200"].memory_bytes == 143771 * MiB and g["l4"].memory_bytes == 23034 * MiB
+    assert g["a100-80gb"].bandwidth_bytes_per_s == 2.039e12 and g["h100-80gb"].bandwidth_bytes_per_s == 3.35e12
+    assert g["a100-40gb"].flops == g["a100-80gb"].flops == 312e12, "A100 dense BF16 is 312 TFLOPS"
+    assert g["l4"].flops == 121e12, "L4's 242 BF16 TFLOPS is with sparsity: dense is half"
+
+
+@pytest.mark.provided
+def test_unknown_preset_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match="llama-2-13b"):
+        lab.get_model("gpt-5")
+    with pytest.raises(ValueError, match="a100-80gb"):
+        lab.get_gpu("tpu-v9")
+
+
+# --- Exercise 8: plan_deployment ---------------------------------------------
+
+SEED_BUDGET = 0.9 * 81920 * MiB          # 77,309,411,328 B usable on an A100 80GB
+LLAMA13_WEIGHTS = 13_015_864_320 * 2     # 26,031,728,640 B in bf16
+
+
+@pytest.mark.exercise8
+def test_plan_seed_scenario_13b_on_a100_80gb_8k_hand_computed():
+    plan = lab.plan_deployment("llama-2-13b", "a100-80gb", 8192)
+    block = 16 * 819_200                                   # 13,107,200 B per 16-token block
+    free = SEED_BUDGET - LLAMA13_WEIGHTS                   # 51,277,682,688 B
+    assert free == 51_277_682_688
+    assert block * 3912 <= free < block * 3913             # floor(free / block) = 3912
+    assert plan.block_bytes_per_gpu == block
+    assert plan.weight_bytes_per_gpu == LLAMA13_WEIGHTS
+    assert plan.num_kv_blocks == 3912, f"KV blocks {plan.num_kv_blocks}, hand arithmetic says 3912"
+    assert plan.num_cache_tokens == 3912 * 16 == 62_592
+    # an 8192-token sequence needs 8192 / 16 = 512 blocks; 3912 // 512 = 7
+    assert plan.max_concurrent_seqs == 7
+    assert plan.ceiling == "kv-blocks", "51 GB of KV pool vs 26 GB of weights: the KV blocks set the ceiling"
+
+
+@pytest.mark.exercise8
+def test_plan_gqa_llama3_8b_on_a100_40gb_with_and_without_tensor_parallelism():
+    budget = 0.9 * 40960 * MiB                             # 38,654,705,664 B
+    weights = 8_030_261_248 * 2                            # 16,060,522,496 B
+    # tp=1: block = 16 x 131,072 = 2,097,152 B; (38,654,705,664 - 16,060,522,496) / 2,097,152 = 10773.9
+    plan1 = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192)
+    assert math.floor((budget - weights) / 2_097_152) == 10773
+    assert plan1.num_kv_blocks == 10773
+    assert plan1.max_concurrent_seqs == 10773 // 512 == 21
+    # tp=2: each GPU holds half the weights (8,030,261,248 B) and 4 of the 8 KV heads, so a
+    # block is 1,048,576 B per GPU: (38,654,705,664 - 8,030,261,248) / 1,048,576 = 29205.7
+    plan2 = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2)
+    assert plan2.weight_bytes_per_gpu == weights / 2
+    assert plan2.kv_bytes_per_token_per_gpu == 65_536 and plan2.block_bytes_per_gpu == 1_048_576, \
+        "under tensor parallelism every GPU holds only its share of the KV heads"
+    assert math.floor((budget - weights / 2) / 1_048_576) == 29205
+    assert plan2.num_kv_blocks == 29205, f"tp=2 gives {plan2.num_kv_blocks} blocks per GPU, hand arithmetic says 29205"
+    assert plan2.max_concurrent_seqs == 29205 // 512 == 57
+
+
+@pytest.mark.exercise8
+def test_plan_llama2_70b_on_two_h100s_hand_computed():
+    plan = lab.plan_deployment("llama-2-70b", "h100-80gb", 4096, tensor_parallel_size=2)
+    budget = 0.9 * 81559 * MiB                             # 76,968,728,985.6 B
+    weights_per_gpu = 68_976_648_192 * 2 / 2               # 68,976,648,192 B
+    block = 16 * (2 * 80 * 8 * 128 * 2) // 2               # 2,621,440 B: 4 of 8 KV heads per GPU
+    assert math.floor((budget - weights_per_gpu) / block) == 3048
+    assert plan.num_kv_blocks == 3048
+    assert plan.max_concurrent_seqs == 3048 // 256 == 11   # 4096 tokens = 256 blocks
+    assert plan.ceiling == "weights", "69 GB of weights vs 8 GB of KV pool per GPU: the weights set the ceiling"
+
+
+@pytest.mark.exercise8
+def test_plan_ceiling_names_the_bigger_consumer_of_the_budget():
+    # llama-2-7b on an A100 40GB with a 10 GB activation reserve: budget 38,654,705,664 B,
+    # weights 13,476,831,232 B, free 15,177,874,432 B = 1809 blocks of 8,388,608 B
+    plan = lab.plan_deployment("llama-2-7b", "a100-40gb", 4096, activation_bytes=10 * 10**9)
+    assert plan.num_kv_blocks == 1809
+    assert plan.kv_pool_bytes == 1809 * 8_388_608 == 15_174_991_872
+    assert plan.ceiling == "kv-blocks", \
+        "15.2 GB of KV pool > 13.5 GB of weights: halving KV bytes per sequence beats deleting the weights"
+    tight = lab.plan_deployment("llama-2-7b", "a100-40gb", 4096, activation_bytes=14 * 10**9)
+    assert tight.kv_pool_bytes < tight.weight_bytes_per_gpu and tight.ceiling == "weights"
+
+
+@pytest.mark.exercise8
+def test_plan_weights_that_do_not_fit_say_by_how_many_gb():
+    # 137,953,296,384 B of weights vs a 76,968,728,985.6 B budget: short by 60.98 GB
+    with pytest.raises(ValueError, match=r"60\.98 GB"):
+        lab.plan_deployment("llama-2-70b", "h100-80gb", 4096)
+
+
+@pytest.mark.exercise8
+def test_plan_activation_reserve_reduces_blocks():
+    plan = lab.plan_deployment("llama-2-13b", "a100-80gb", 8192, activation_bytes=2 * 10**9)
+    # (51,277,682,688 - 2,000,000,000) / 13,107,200 = 3759.5 -> 3759 (3912 without the reserve)
+    assert plan.num_kv_blocks == 3759, f"a 2 GB activation reserve should leave 3759 blocks, got {plan.num_kv_blocks}"
+
+
+@pytest.mark.exercise8
+def test_plan_max_concurrent_seqs_counts_whole_blocks():
+    plan = lab.plan_deployment("llama-2-13b", "a100-80gb", 20, mean_prompt_len=10, mean_output_len=10)
+    # a 20-token sequence occupies 2 blocks of 16: 3912 // 2 = 1956, not 62,592 tokens // 20 = 3129
+    assert plan.max_concurrent_seqs == 1956, \
+        "a sequence owns whole blocks: its last block is only partly full"
+
+
+@pytest.mark.exercise8
+def test_plan_decode_prefill_and_qps_hand_computed():
+    plan = lab.plan_deployment("llama-2-13b", "a100-80gb", 8192, mean_prompt_len=1024, mean_output_len=256)
+    B = 7
+    context = 1024 + 256 / 2                               # 1152 tokens charged per sequence
+    step_bytes = LLAMA13_WEIGHTS + B * context * 819_200   # 32,637,757,440 B
+    decode = step_bytes / 2.039e12                         # 16.0 ms, memory-bound
+    assert 2 * 13_015_864_320 * B / 312e12 < decode        # compute would take 0.58 ms
+    prefill = 2 * 13_015_864_320 * 1024 / 312e12           # 85.4 ms
+    latency = 256 * decode + B * prefill                   # 4.70 s
+    assert plan.mean_context_len == pytest.approx(context)
+    assert plan.decode_step_s == pytest.approx(decode, rel=1e-9)
+    assert plan.decode_bound == "memory-bandwidth"
+    assert plan.prefill_s == pytest.approx(prefill, rel=1e-9)
+    assert plan.request_latency_s == pytest.approx(latency, rel=1e-9)
+    assert plan.qps == pytest.approx(B / latency, rel=1e-9), "Little's law: QPS = concurrency / latency"
+    assert plan.qps == pytest.approx(1.4907, rel=1e-4)
+
+
+@pytest.mark.exercise8
+def test_plan_decode_step_is_the_roofline_maximum():
+    # short context, many sequences: 912 x 2 x 8.03e9 FLOPs outweigh the bytes
+    plan = lab.plan_deployment("llama-3-8b", "a100-80gb", 512, mean_prompt_len=100, mean_output_len=50)
+    B = (math.floor((0.9 * 81920 * MiB - 8_030_261_248 * 2) / 2_097_152)) // 32
+    assert plan.max_concurrent_seqs == B == 912
+    memory = (8_030_261_248 * 2 + B * 125 * 131_072) / 2.039e12    # 14.8 ms
+    compute = 2 * 8_030_261_248 * B / 312e12                       # 46.9 ms
+    assert plan.decode_bound == "compute"
+    assert plan.decode_step_s == pytest.approx(max(memory, compute), rel=1e-9)
+
+
+@pytest.mark.exercise8
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"max_model_len": 0}, "max_model_len"),
+    ({"block_size": 0}, "block_size"),
+    ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+    ({"tensor_parallel_size": 3}, "KV heads"),
+    ({"activation_bytes": -1}, "activation_bytes"),
+    ({"mean_prompt_len": 0}, "mean_prompt_len"),
+    ({"mean_prompt_len": 8000, "mean_output_len": 500}, "max_model_len"),
+    ({"max_model_len": 400_000, "mean_prompt_len": 10, "mean_output_len": 10}, "blocks"),
+])
+def test_plan_rejects_bad_input_with_a_clear_message(kwargs, fragment):
+    args = {"model": "llama-3-8b", "gpu": "a100-40gb", "max_model_len": 8192}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=fragment):
+        lab.plan_deployment(**args)
+
+
+@pytest.mark.exercise8
+@settings(max_examples=40)
+@given(model=st.sampled_from(["llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b"]),
+       gpu=st.sampled_from(["a100-40gb", "a100-80gb", "h100-80gb", "h200"]),
+       max_model_len=st.integers(600, 4096),
+       block_size=st.sampled_from([8, 16, 32]),
+       util=st.floats(0.5, 1.0))
+def test_plan_blocks_are_the_floor_and_tensor_parallelism_at_least_doubles_them(
+        model, gpu, max_model_len, block_size, util):
+    try:
+        plan = lab.plan_deployment(model, gpu, max_model_len, block_size=block_size,
+                                   gpu_memory_utilization=util)
+    except ValueError:
+        return  # this combination does not fit; other tests check that message
+    m, g = lab.MODELS[model], lab.GPUS[gpu]
+    free = util * g.memory_bytes - m.num_params * m.dtype_bytes
+    block = block_size * lab.kv_bytes_per_token(m)
+    assert plan.num_kv_blocks * block <= free < (plan.num_kv_blocks + 1) * block, "blocks = floor(free / block)"
+    per_seq = -(-max_model_len // block_size)
+    assert plan.max_concurrent_seqs == plan.num_kv_blocks // per_seq
+    plan2 = lab.plan_deployment(model, gpu, max_model_len, block_size=block_size,
+                                gpu_memory_utilization=util, tensor_parallel_size=2)
+    assert plan2.num_kv_blocks >= 2 * plan.num_kv_blocks, \
+        "two GPUs hold half the weights and half of each block each: per-GPU blocks at least double"
+
+
+@pytest.mark.exercise8
+def test_format_plan_shows_the_kv_blocks_set_the_ceiling():
+    text = lab.format_plan(lab.plan_deployment(**lab.SEED_SIZING))
+    assert "The KV blocks, not the weights, set the ceiling" in text
+    assert "3912" in text and "// 512 blocks = 7" in text
+    assert "deleting the weights altogether -> 11" in text, "zero-byte weights only lift 7 to 11 sequences"
+    assert "QPS" in text
+
+
+# --- KV memory waste (provided) -------------------------------------------------
+
+@pytest.mark.provided
+def test_kv_utilization_small_example_by_hand():
+    # lengths 1, 16, 17 with blocks of 16: paged reserves 16 + 16 + 32 = 64 slots, slabs 3 x 32 = 96
+    util = lab.kv_memory_utilization([1, 16, 17], max_model_len=32, block_size=16)
+    assert util.paged == pytest.approx(34 / 64)
+    assert util.slab == pytest.approx(34 / 96)
+
+
+@pytest.mark.provided
+@settings(max_examples=50)
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=40), block_size=st.sampled_from([1, 4, 16, 32]))
+def test_paged_waste_is_under_one_block_per_sequence(lengths, block_size):
+    util = lab.kv_memory_utilization(lengths, max_model_len=300, block_size=block_size)
+    held, n = sum(lengths), len(lengths)
+    assert held / (held + n * (block_size - 1)) <= util.paged + 1e-12, "paging wastes < block_size slots per sequence"
+    assert util.paged <= 1.0
+    assert util.slab == pytest.approx(held / (n * 300))
+
+
+@pytest.mark.provided
+def test_sampled_lengths_match_the_paper_means_and_are_deterministic():
+    prompts, outputs = lab.sample_request_lengths(lab.SHAREGPT, 20_000, seed=0)
+    assert prompts.mean() == pytest.approx(161.31, rel=0.05) and outputs.mean() == pytest.approx(337.99, rel=0.05)
+    again = lab.sample_request_lengths(lab.SHAREGPT, 20_000, seed=0)
+    assert np.array_equal(prompts, again[0]) and np.array_equal(outputs, again[1])
+    p, o = lab.sample_request_lengths(lab.ALPACA, 1000, seed=1, max_model_len=64)
+    assert p.min() >= 1 and o.min() >= 1 and (p + o).max() <= 64
+
+
+@pytest.mark.provided
+def test_paged_above_95_percent_and_slab_far_lower_on_sharegpt():
+    prompts, outputs = lab.sample_request_lengths(lab.SHAREGPT, 10_000, seed=0, max_model_len=2048)
+    util = lab.kv_memory_utilization(prompts + outputs, max_model_len=2048, block_size=16)
+    assert util.paged > 0.95, f"paged blocks should hold > 95% real tokens, got {util.paged:.3f}"
+    assert util.slab < 0.35, f"a 2048-token slab per request should waste most of itself, got {util.slab:.3f}"
+    assert "ShareGPT" in lab.format_waste() and "Alpaca" in lab.format_waste()
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("lengths", [[], [0, 5], [5, 3000], [1.5, 2.0]])
+def test_kv_utilization_rejects_lengths_outside_one_to_max(lengths):
+    with pytest.raises(ValueError):
+        lab.kv_memory_utilization(lengths, max_model_len=2048, block_size=16)
+
+
+# --- the stack choice (provided) -----------------------------------------------
+
+@pytest.mark.provided
+@pytest.mark.parametrize("constraints, stack, deciding", [
+    ({"hardware": "nvidia", "priority": "throughput"}, "vllm", "throughput"),
+    ({"hardware": "nvidia", "priority": "latency"}, "tensorrt-llm", "latency"),
+    ({"hardware": "nvidia", "prefix_sharing": True}, "sglang", "prefix"),
+    ({"hardware": "amd", "priority": "latency"}, "vllm", "hardware"),
+    ({"hardware": "tpu", "priority": "throughput"}, "vllm", "throughput"),
+])
+def test_choose_stack_clear_cut_workloads(constraints, stack, deciding):
+    choice = lab.choose_stack(**constraints)
+    assert choice.stack == stack, f"{constraints}: expected {stack}, got {choice.stack}"
+    assert deciding in choice.deciding_constraint
+    name, reason = choice  # also a (stack, deciding_constraint) pair
+    assert (name, reason) == (choice.stack, choice.deciding_constraint)
+
+
+@pytest.mark.provided
+def test_tensorrt_llm_is_never_chosen_off_nvidia():
+    hardware = set().union(*(s.hardware for s in lab.STACKS.values())) - {"nvidia"}
+    for hw in hardware:
+        for priority in ("throughput", "latency"):
+            for prefix in (False, True):
+                choice = lab.choose_stack(hardware=hw, priority=priority, prefix_sharing=prefix)
+                assert choice.stack != "tensorrt-llm" and hw in lab.STACKS[choice.stack].hardware
+
+
+@pytest.mark.provided
+def test_choose_stack_rejects_unknown_constraints():
+    with pytest.raises(ValueError, match="priority"):
+        lab.choose_stack(priority="cheapest")
+    with pytest.raises(ValueError, match="nvidia"):
+        lab.choose_stack(hardware="abacus")
+
+
+@pytest.mark.provided
+def test_format_stack_choice_names_each_stack_and_deciding_constraint():
+    text = lab.format_stack_choice()
+    for name in ("vLLM", "TensorRT-LLM", "SGLang"):
+        assert f"-> {name}:" in text, f"the example workloads should include one that picks {name}"
