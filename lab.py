@@ -22,6 +22,7 @@ import collections
 import dataclasses
 import itertools
 import math
+import numbers
 import sys
 import time
 from collections.abc import Sequence
@@ -830,6 +831,21 @@ class StaticBatchScheduler(Scheduler):
 # --- the engine: the scheduler driving the toy model ---------------------------------
 
 
+def token_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """The distribution a sampler draws from: softmax(logits / T) in float64, one-hot at T = 0.
+
+    Writing greedy decoding as a one-hot distribution lets one accept/resample rule serve both:
+    with one-hot p and q, min(1, p/q) accepts exactly when the draft equals the target's argmax,
+    and the residual is the target's argmax.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        probs = np.zeros(logits.shape)
+        np.put_along_axis(probs, logits.argmax(axis=-1)[..., None], 1.0, axis=-1)
+        return probs
+    return _softmax(logits / temperature)
+
+
 def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Generator | None) -> int:
     """Greedy at temperature 0; else one draw from softmax(logits / T), computed in float64.
 
@@ -838,9 +854,8 @@ def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Ge
     """
     if sampling.temperature == 0:
         return int(np.argmax(logits))
-    z = logits.astype(np.float64) / sampling.temperature
-    p = np.exp(z - z.max())
-    return int(rng.choice(p.size, p=p / p.sum()))
+    p = token_probs(logits, sampling.temperature)
+    return int(rng.choice(p.size, p=p))
 
 
 def _check_request(request: Request, config: ModelConfig) -> None:
@@ -1261,6 +1276,332 @@ def bench_batching(timeline_width: int = 96) -> str:
     out.append("On a CPU the toy model's step cost grows with the batch (its weights sit in cache; nothing\n"
                "like a GPU's fixed weight read), so the measured gain is smaller than the simulated one.")
     return "\n".join(out)
+
+
+# =====================================================================================
+# 4. Speculative decoding: accept/resample, its exact distribution, the speedup algebra, and
+#    draft -> verify on the paged model
+# =====================================================================================
+#
+# References: Leviathan, Kalman, Matias 2023, "Fast Inference from Transformers via Speculative
+# Decoding" (ICML); Chen, Borgeaud, Irving, Lespiau, Sifre, Jumper 2023, "Accelerating Large
+# Language Model Decoding with Speculative Sampling" (arXiv:2302.01318).
+
+# A row is a probability distribution when it is finite, non-negative and sums to 1 within
+# PROB_ATOL. 1e-5 admits float32 softmax rows over a large vocabulary (their sums drift by a few
+# float32 ulps per term) and still rejects logits, counts or a forgotten normalisation. Accepted
+# rows are renormalised in float64 before any arithmetic, because `Generator.choice` itself
+# insists on a sum within ~1.5e-8.
+PROB_ATOL = 1e-5
+
+
+def _as_distributions(name: str, probs, ndim: int) -> np.ndarray:
+    """`probs` as float64 rows that sum to exactly 1, or a ValueError naming the first bad row."""
+    arr = np.asarray(probs, dtype=np.float64)
+    if arr.ndim != ndim:
+        expected = "a 1-D row (V,)" if ndim == 1 else "a 2-D array of rows (n, V)"
+        raise ValueError(f"{name} must be {expected} of probabilities, got shape {arr.shape}")
+    if arr.shape[-1] == 0:
+        raise ValueError(f"{name} has an empty vocabulary axis, shape {arr.shape}")
+    rows = arr.reshape(-1, arr.shape[-1])
+    sums = rows.sum(axis=1)
+    # One cheap test on the common path; the diagnosis below runs only for bad input. NaN fails
+    # every comparison, so `not (... <= ...)` also catches it.
+    if rows.size and not (rows.min() >= 0.0 and np.abs(sums - 1.0).max() <= PROB_ATOL):
+        problems = [
+            (~np.isfinite(rows).all(axis=1), "contains NaN or inf"),
+            ((rows < 0).any(axis=1), "has a negative entry (did you pass logits?)"),
+            (~(np.abs(sums - 1.0) <= PROB_ATOL),
+             f"does not sum to 1 within {PROB_ATOL:g} (apply softmax / normalise first)"),
+        ]
+        for bad, why in problems:
+            if bad.any():
+                i = int(np.argmax(bad))
+                where = name if ndim == 1 else f"{name}[{i}]"
+                raise ValueError(f"{where} {why}; expected a probability distribution over "
+                                 f"the vocabulary, got {np.array2string(rows[i], precision=4)}")
+    return arr / sums.reshape(arr.shape[:-1] + (1,))
+
+
+def _check_same_vocab(p: np.ndarray, q: np.ndarray) -> None:
+    if p.shape != q.shape:
+        raise ValueError(f"target p has shape {p.shape} but draft q has shape {q.shape}; "
+                         "both must be rows over the same vocabulary")
+
+
+def residual_distribution(p, q) -> np.ndarray:
+    """The distribution a rejected draft token is replaced from: `max(0, p - q)` normalised.
+
+    `p` is the target row, `q` the draft row (1-D, same vocabulary). The residual puts mass
+    exactly where the draft under-proposes (p > q), which is the mass the accept test could not
+    deliver. Where it has no mass (p == q), rejection never happens and the result is `p`.
+    Returns a float64 row summing to 1; never divides by zero.
+    """
+    raise NotImplementedError("Exercise 6: residual_distribution")
+
+
+def _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs, rng) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The draft tokens, q (k, V) and p (k+1, V) as float64 distributions, or a ValueError (see below)."""
+    q = _as_distributions("draft_probs", draft_probs, ndim=2)
+    p = _as_distributions("target_probs", target_probs, ndim=2)
+    k, vocab_size = q.shape
+    if p.shape != (k + 1, vocab_size):
+        raise ValueError(f"target_probs must have shape (k+1, V) = {(k + 1, vocab_size)} for "
+                         f"draft_probs of shape {q.shape}; got {p.shape}")
+    draft = list(draft_token_ids)
+    if len(draft) != k:
+        raise ValueError(f"got {len(draft)} draft tokens but draft_probs has k = {k} rows")
+    for i, x in enumerate(draft):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+            raise ValueError(f"draft token {i} is {x!r}; expected an int token id")
+        if not 0 <= x < vocab_size:
+            raise ValueError(f"draft token {i} is {x}; expected an id in [0, {vocab_size})")
+        if q[i, x] == 0.0:
+            raise ValueError(f"draft token {i} is {x} but draft_probs[{i}][{x}] == 0: the draft "
+                             "could not have sampled it, so p/q is undefined")
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a numpy Generator (np.random.default_rng(seed)), "
+                         f"got {type(rng).__name__}")
+    return [int(x) for x in draft], q, p
+
+
+def accept_or_resample(draft_token_ids, draft_probs, target_probs,
+                       rng: np.random.Generator) -> list[int]:
+    """Verify `k` draft tokens against the target: the speculative-sampling accept/resample rule.
+
+    `draft_token_ids` (k ints) were sampled from `draft_probs` (k, V): token i from row i, the
+    draft's distribution at that position. `target_probs` (k+1, V) are the target's rows at the
+    same positions plus one more, all from ONE target pass. Draft token x_i is accepted with
+    probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection one token is drawn from
+    `residual_distribution(p_i, q_i)` and the step ends; if all k are accepted a bonus token is
+    drawn from `target_probs[k]`. Returns the 1 to k+1 emitted token ids (accepted drafts, then
+    the resampled or bonus token).
+
+    Invariant: whatever q is, each emitted token is distributed exactly as the target would have
+    sampled it (see `speculative_output_distribution`).
+
+    Random draws, in this order, so a seeded run is reproducible: one `rng.random()` per draft
+    token considered (x_i is accepted iff that u < min(1, p_i/q_i)), up to and including the
+    first rejection; then exactly one `rng.choice(V, p=...)` for the residual or bonus token.
+
+    Raises ValueError, before drawing anything, for: shapes other than (k, V) and (k+1, V),
+    `len(draft_token_ids) != k`, a token id outside [0, V), a row that is not a probability
+    distribution (see PROB_ATOL), or a draft token with q_i(x_i) == 0 (it could not have been
+    drawn, so the ratio p/q is meaningless).
+    """
+    raise NotImplementedError("Exercise 6: accept_or_resample")
+
+
+def speculative_output_distribution(p, q) -> np.ndarray:
+    """Exact distribution of the first token one accept/resample step emits, for a draft x ~ q.
+
+    Computed in closed form, not sampled: draft x is proposed with probability q(x) and kept with
+    probability min(1, p(x)/q(x)), which together contribute q(x)*min(1, p/q) = min(p(x), q(x));
+    the rest, 1 - sum(min(p, q)), goes to the residual. Their sum is min(p, q) + max(0, p - q) = p:
+    the output equals the target row whatever the draft.
+    """
+    p = _as_distributions("p", p, ndim=1)
+    q = _as_distributions("q", q, ndim=1)
+    _check_same_vocab(p, q)
+    # q(x) == 0 means x is never proposed; keep those terms at 0 without dividing by 0.
+    ratio = np.divide(p, q, out=np.ones_like(p), where=q > 0)
+    kept = q * np.minimum(1.0, ratio)
+    rejected = 1.0 - kept.sum()
+    return kept + rejected * residual_distribution(p, q)
+
+
+def acceptance_rate(p, q) -> float:
+    """alpha = sum(min(p, q)): the probability one draft token from q is accepted (1 - TV(p, q))."""
+    p = _as_distributions("p", p, ndim=1)
+    q = _as_distributions("q", q, ndim=1)
+    _check_same_vocab(p, q)
+    return float(np.minimum(p, q).sum())
+
+
+def _check_alpha_k(alpha: float, k: int) -> None:
+    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real) \
+            or not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha is the acceptance rate, a probability in [0, 1]; got {alpha!r}")
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
+        raise ValueError(f"k is the number of draft tokens per step, an int >= 1; got {k!r}")
+
+
+def _check_cost(name: str, value: float, allow_zero: bool) -> None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) \
+        and np.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} is a cost relative to one target decode step, a finite number "
+                         f"{bound}; got {value!r}")
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Expected tokens one draft+verify step emits: (1 - alpha**(k+1)) / (1 - alpha).
+
+    Treating acceptances as independent with rate alpha, the step emits j+1 tokens when the first
+    j drafts are kept, so the mean is 1 + alpha + ... + alpha**k; summed that way it is exact at
+    alpha = 1 (k+1) and needs no 0/0 special case.
+    """
+    _check_alpha_k(alpha, k)
+    return float(sum(float(alpha) ** j for j in range(int(k) + 1)))
+
+
+def speculative_speedup(alpha: float, k: int, c: float) -> float:
+    """Leviathan et al.'s walltime improvement: (1 - alpha**(k+1)) / ((1 - alpha) * (k*c + 1)).
+
+    c = cost of one draft step / cost of one target step. A step costs k draft steps plus ONE
+    target pass, and that pass is assumed to cost one decode step although it scores k+1 tokens
+    (true while decode is bandwidth-bound; see `predicted_speedup`).
+    """
+    _check_cost("c", c, allow_zero=True)
+    return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
+
+
+def breakeven_draft_cost(alpha: float, k: int) -> float:
+    """The draft cost c at which `speculative_speedup(alpha, k, c) == 1`; cheaper drafts win.
+
+    Solves E/(k*c + 1) = 1 for c: c = (E - 1)/k = (alpha + ... + alpha**k)/k, the mean acceptance
+    probability of the k positions; 0 at alpha = 0 (no draft, however cheap, pays off), 1 at
+    alpha = 1 (a perfect draft pays while it is cheaper than the target).
+    """
+    return (expected_tokens_per_step(alpha, k) - 1.0) / k
+
+
+def predicted_speedup(alpha: float, k: int, c: float, verify_cost: float) -> float:
+    """Speedup when the target pass over k+1 tokens costs `verify_cost` one-token decode steps.
+
+    E / (k*c + verify_cost). `speculative_speedup` is the case verify_cost = 1, which holds only
+    while the pass is bandwidth-bound (reading the weights dominates); measure verify_cost on the
+    real model. Compute-bound (prefill, large batch) it tends to k+1 and the speedup drops below 1.
+    """
+    _check_cost("verify_cost", verify_cost, allow_zero=False)
+    _check_cost("c", c, allow_zero=True)
+    return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
+
+
+def format_speculation_table(c: float, alphas=(0.5, 0.6, 0.7, 0.8, 0.9),
+                             ks=(1, 2, 3, 4, 5, 6, 8)) -> str:
+    """The design-review table "should we add speculative decoding?" for a draft of cost c.
+
+    Rows alpha, columns k: expected speedup (`speculative_speedup`), then the best k, its speedup
+    and its breakeven draft cost. Followed by why it helps decode but not prefill or large batches.
+    """
+    _check_cost("c", c, allow_zero=True)
+    if not alphas or not ks:
+        raise ValueError("alphas and ks must be non-empty")
+    for alpha in alphas:
+        for k in ks:
+            _check_alpha_k(alpha, k)
+    head = f"{'alpha':>6} |" + "".join(f"{'k=' + str(k):>7}" for k in ks) \
+        + f" | {'best k':>6} {'speedup':>8} {'breakeven c':>12}"
+    lines = [f"Expected speedup of speculative decoding, draft cost c = {c:g} target steps "
+             "(verify pass = 1 decode step)",
+             head, "-" * len(head)]
+    for alpha in alphas:
+        speedups = [speculative_speedup(alpha, k, c) for k in ks]
+        best = int(np.argmax(speedups))
+        lines.append(f"{alpha:>6.2f} |" + "".join(f"{s:>7.2f}" for s in speedups)
+                     + f" | {ks[best]:>6d} {speedups[best]:>8.2f}"
+                     + f" {breakeven_draft_cost(alpha, ks[best]):>12.3f}")
+    lines.append("(< 1 is a slowdown. Breakeven c = the dearest draft that still pays at that k;"
+                 " it is largest, c = alpha, at k = 1)")
+
+    alpha, k = max(alphas), max(ks)
+    tokens = expected_tokens_per_step(alpha, k)
+    compute_bound = predicted_speedup(alpha, k, c, verify_cost=k + 1)
+    lines += [
+        "",
+        "Why it helps decode: a decode step reads every weight (and the KV-cache) to produce",
+        "ONE token per sequence, so it is memory-bandwidth-bound and the arithmetic units mostly",
+        "idle. Scoring k+1 tokens in that pass reads the same bytes and costs about one step, so",
+        f"at alpha = {alpha:g}, k = {k} a target pass yields {tokens:.2f} tokens instead of 1, "
+        "for the price of k draft steps.",
+        "Why not prefill: the prompt's tokens are all known and already go through one parallel,",
+        "compute-bound pass; there are no sequential steps to save and no idle FLOPs to spend.",
+        "When a pass is compute-bound, k+1 tokens cost ~k+1 steps and the speedup",
+        f"E/(k*c + k+1) = {compute_bound:.2f} < 1 here: speculation can only lose.",
+        "Why less at large batch: B sequences per step already use the idle compute; a verify",
+        "pass of B*(k+1) tokens turns compute-bound, verify_cost grows toward k+1 and",
+        "`predicted_speedup` toward (then below) 1; rejected drafts waste FLOPs the batch needs.",
+        "Sources: Leviathan et al. 2023, Fast Inference from Transformers via Speculative",
+        "Decoding; Chen et al. 2023, Accelerating Large Language Model Decoding with",
+        "Speculative Sampling.",
+    ]
+    return "\n".join(lines)
+
+
+# --- draft -> verify on the paged model (Exercise 7) ----------------------------------
+
+
+@dataclasses.dataclass
+class SpeculativeOutput:
+    """What `speculative_generate` produced and how the draft fared."""
+
+    token_ids: list[int]
+    num_target_passes: int  # verification passes (the prompt's prefill is not counted)
+    num_draft_tokens: int
+    num_accepted: int
+    accepted_per_pass: list[int]
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+class PagedSequence:
+    """One model's private paged cache for one sequence, with what it has computed so far."""
+
+    def __init__(self, model: ToyTransformer, block_size: int = 16):
+        num_blocks = blocks_needed(model.config.n_positions, block_size)
+        self.model = model
+        self.table = BlockTable(BlockAllocator(num_blocks, block_size))
+        self.cache = KVCache(model.config, num_blocks, block_size)
+        self.num_computed = 0
+
+    def extend(self, token_ids: Sequence[int]) -> None:
+        self.cache.copy_blocks(self.table.append_tokens(token_ids))
+
+    def run(self) -> np.ndarray:
+        """Process every token not computed yet; logits for each of them."""
+        start, n = self.num_computed, self.table.num_tokens - self.num_computed
+        self.num_computed += n
+        return self.model.forward(self.cache, [self.table], [start], [n])
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forget tokens past `num_tokens`: their blocks go back, their K/V is never read again."""
+        self.table.truncate(num_tokens)
+        self.num_computed = min(self.num_computed, num_tokens)
+
+
+def make_self_draft(target: ToyTransformer, num_layers: int) -> ToyTransformer:
+    """A self-speculative draft: the target's first `num_layers` blocks with its embeddings and head.
+
+    It costs about num_layers / n_layer of a target step and needs no training; how often it
+    agrees with the target (alpha) is measured, not assumed.
+    """
+    if not 1 <= num_layers <= target.config.n_layer:
+        raise ValueError(f"a self-draft keeps 1..{target.config.n_layer} layers, got {num_layers}")
+    config = dataclasses.replace(target.config, n_layer=num_layers)
+    keep = gpt2_weight_shapes(config)
+    return ToyTransformer(config, {name: w for name, w in target.weights.items() if name in keep})
+
+
+def speculative_generate(
+    target: ToyTransformer,
+    draft: ToyTransformer,
+    prompt_token_ids: Sequence[int],
+    sampling: SamplingParams,
+    k: int = 4,
+) -> SpeculativeOutput:
+    """Generate with a draft that proposes `k` tokens and a target that verifies them in ONE pass.
+
+    Invariant at the top of every round: both caches hold K/V for every committed token but the
+    last one. A round: the draft proposes d_1..d_k autoregressively; the target runs over
+    [last, d_1..d_k] in one paged forward pass, which yields its distributions p_0..p_k;
+    accept/resample emits 1..k+1 tokens; both caches are truncated back to the accepted tokens.
+    The output has the target's distribution (greedy: exactly the target's greedy tokens).
+    """
+    raise NotImplementedError("Exercise 7: speculative_generate")
 
 
 # =====================================================================================

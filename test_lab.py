@@ -6,6 +6,7 @@ Each test checks one idea against an independent reference written plainly here.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -612,7 +613,7 @@ def test_bad_weights_are_a_value_error_naming_the_tensor(edit, name):
         lab.ToyTransformer(config, weights)
 
 
-def run_chunked(model, prompts, schedules, block_size, num_blocks=64):
+def run_chunked(model, prompts, schedules, block_size, num_blocks=256):
     """Feed every sequence through `forward` in the given chunk sizes, all sequences in one batch
     per step. Returns each sequence's logits, concatenated in position order."""
     alloc = lab.BlockAllocator(num_blocks, block_size)
@@ -1401,3 +1402,557 @@ def test_format_stack_choice_names_each_stack_and_deciding_constraint():
     text = lab.format_stack_choice()
     for name in ("vLLM", "TensorRT-LLM", "SGLang"):
         assert f"-> {name}:" in text, f"the example workloads should include one that picks {name}"
+
+
+# =====================================================================================
+# Exercise 6: speculative sampling
+# =====================================================================================
+
+# -- helpers: a Generator the test scripts, exact enumeration, a sampling bound -----------------
+
+class ScriptedGenerator(np.random.Generator):
+    """A numpy Generator whose draws the test dictates, following accept_or_resample's documented
+    order: `random()` returns the scripted uniforms one by one; `choice(V, p=dist)` records `dist`
+    (the distribution the function chose to sample from) and returns `choice_token`."""
+
+    def __init__(self, uniforms, choice_token=0):
+        super().__init__(np.random.PCG64(0))
+        self.uniforms = list(uniforms)
+        self.choice_token = choice_token
+        self.choice_probs = []
+
+    def random(self, size=None, dtype=np.float64, out=None):
+        assert size is None, "draw one scalar uniform per draft token: rng.random()"
+        assert self.uniforms, "drew more uniforms than the documented one per draft considered"
+        return self.uniforms.pop(0)
+
+    def uniform(self, *args, **kwargs):
+        raise AssertionError("draw the accept test's uniform with rng.random(), as documented")
+
+    def integers(self, *args, **kwargs):
+        raise AssertionError("draw the residual/bonus token with rng.choice(V, p=dist)")
+
+    def choice(self, a, size=None, replace=True, p=None, axis=0, shuffle=True):
+        assert p is not None and size is None, \
+            "the residual/bonus token is documented as one rng.choice(V, p=dist)"
+        self.choice_probs.append(np.array(p, dtype=np.float64))
+        return np.int64(self.choice_token)
+
+
+BRANCH_EPS = 1e-10   # branches lighter than this are not run; the enumeration is exact to ~1e-10
+
+
+def first_token_distribution_by_branches(p, q, bonus_row):
+    """Run lab.accept_or_resample (k = 1) down every branch and weight what each one emits.
+
+    For each draft token x (proposed with probability q(x)), the reference acceptance probability
+    t = min(1, p(x)/q(x)) is checked against the real function: it must accept for scripted
+    uniforms u = 0 and u = t - eps and reject for u = t + eps and u just below 1, so its
+    acceptance set is [0, t) to within eps. An accept branch emits x; a reject branch emits one
+    token drawn from whatever distribution the function passed to rng.choice, which is recorded.
+    """
+    vocab_size = len(p)
+    target = np.stack([p, bonus_row])
+    dist = np.zeros(vocab_size)
+    for x in range(vocab_size):
+        if q[x] == 0.0:
+            continue
+        t = min(1.0, p[x] / q[x])
+        if t > BRANCH_EPS:
+            for u in (0.0, t - BRANCH_EPS):
+                rng = ScriptedGenerator([u], choice_token=0)
+                out = lab.accept_or_resample([x], q[None, :], target, rng)
+                assert out[0] == x and len(out) == 2, (
+                    f"draft {x} (accept probability {t:.6g}) must be accepted at u = {u:.6g}, "
+                    f"followed by the bonus token; got {out}")
+                assert not rng.uniforms and len(rng.choice_probs) == 1
+                np.testing.assert_allclose(
+                    rng.choice_probs[0], bonus_row, atol=1e-12,
+                    err_msg="after all k drafts are accepted the bonus comes from target_probs[k]")
+            dist[x] += q[x] * t
+        if 1.0 - t > BRANCH_EPS:
+            residuals = []
+            for u in (t + BRANCH_EPS, 1.0 - 2.0 ** -53):
+                rng = ScriptedGenerator([u], choice_token=0)
+                out = lab.accept_or_resample([x], q[None, :], target, rng)
+                assert out == [0], (
+                    f"draft {x} (accept probability {t:.6g}) must be rejected at u = {u:.6g} and "
+                    f"the step must emit just the resampled token; got {out}")
+                assert not rng.uniforms and len(rng.choice_probs) == 1
+                residuals.append(rng.choice_probs[0])
+            np.testing.assert_allclose(residuals[0], residuals[1], atol=1e-12)
+            dist += q[x] * (1.0 - t) * residuals[0]
+    return dist
+
+
+SAMPLED_COMPARISONS = 12          # 3 sampled tests x 4 values of k
+
+
+def l1_bound(n, num_cells, delta=1e-6 / SAMPLED_COMPARISONS):
+    """lambda with P(||empirical - true||_1 >= lambda) <= delta for n multinomial samples over
+    num_cells cells (Bretagnolle-Huber-Carol: that probability is <= 2**m * exp(-n lambda**2/2)).
+    With delta = 1e-6 / 12 per comparison, a correct sampler fails any of them with probability
+    < 1e-6 (and, seeded, either always or never)."""
+    return math.sqrt(2.0 * (num_cells * math.log(2.0) + math.log(1.0 / delta)) / n)
+
+
+def normalised(weights):
+    w = np.asarray(weights, dtype=np.float64)
+    return w / w.sum()
+
+
+@st.composite
+def target_and_draft(draw):
+    """(p, q) over 1..6 tokens: independent rows with zeros, disjoint supports, or p == q."""
+    vocab_size = draw(st.integers(1, 6))
+    weight = st.one_of(st.just(0.0), st.floats(1e-3, 1.0))
+    kind = draw(st.sampled_from(["independent", "disjoint", "equal"]))
+    if kind == "disjoint" and vocab_size >= 2:
+        cut = draw(st.integers(1, vocab_size - 1))
+        pw = draw(st.lists(st.floats(1e-3, 1.0), min_size=cut, max_size=cut))
+        qw = draw(st.lists(st.floats(1e-3, 1.0), min_size=vocab_size - cut,
+                           max_size=vocab_size - cut))
+        return normalised(pw + [0.0] * (vocab_size - cut)), normalised([0.0] * cut + qw)
+    row = st.lists(weight, min_size=vocab_size, max_size=vocab_size).filter(lambda w: sum(w) > 0)
+    p = normalised(draw(row))
+    q = p.copy() if kind == "equal" else normalised(draw(row))
+    return p, q
+
+
+# Sampled tests: a fixed Markov chain over V = 8 tokens stands in for the target (next-token row
+# TARGET[c] after token c) and a different chain for the draft (DRAFT[c]). Target rows prefer
+# high ids, draft rows low ids, each rolled by the context so rows differ: a wrong row or context
+# (e.g. drafts kept after a rejection changed the context) shows in the pair distribution.
+V8 = 8
+START = 0
+_BASE_P = normalised([1, 1, 2, 2, 3, 4, 5, 6])
+_BASE_Q = normalised([6, 5, 4, 3, 2, 2, 1, 1])
+TARGET = np.stack([np.roll(_BASE_P, c) for c in range(V8)])
+DRAFT = np.stack([np.roll(_BASE_Q, 3 * c) for c in range(V8)])
+NUM_SAMPLES = 4000
+
+
+@functools.lru_cache(maxsize=None)
+def sampled_runs(k, seed=1234):
+    """Generate NUM_SAMPLES two-token continuations of START with lab.accept_or_resample.
+
+    Each step drafts k tokens from the DRAFT chain (x_0 ~ DRAFT[last], x_1 ~ DRAFT[x_0], ...),
+    passes the draft rows DRAFT[last], DRAFT[x_0], ... and the target rows TARGET[last],
+    TARGET[x_0], ..., TARGET[x_{k-1}], and appends what it emits; steps repeat until two tokens
+    exist (a step whose first draft is rejected emits one). The exact reference for the pair is
+    TARGET[START, a] * TARGET[a, b]. Returns the pairs and the number of tokens of each first
+    step."""
+    rng = np.random.default_rng(seed)
+    draft_cdf = np.cumsum(DRAFT, axis=1)
+    draft_cdf /= draft_cdf[:, -1:]          # last entry exactly 1: u < 1 never runs past V-1
+    pairs = np.empty((NUM_SAMPLES, 2), dtype=np.int64)
+    first_step_len = np.empty(NUM_SAMPLES, dtype=np.int64)
+    for s in range(NUM_SAMPLES):
+        out = []
+        while len(out) < 2:
+            contexts = [out[-1] if out else START]
+            for u in rng.random(k):
+                contexts.append(int((u >= draft_cdf[contexts[-1]]).sum()))
+            drafts = contexts[1:]
+            step = lab.accept_or_resample(drafts, DRAFT[contexts[:-1]], TARGET[contexts], rng)
+            if not out:
+                first_step_len[s] = len(step)
+            out += step
+        pairs[s] = out[:2]
+    return pairs, first_step_len
+
+
+# -- Exercise 6: residual_distribution ----------------------------------------------------------
+
+@pytest.mark.exercise6
+def test_residual_is_positive_part_of_p_minus_q_normalised():
+    p = np.array([0.6, 0.4, 0.0])
+    q = np.array([0.1, 0.2, 0.7])
+    expected = np.array([0.5, 0.2, 0.0]) / 0.7
+    np.testing.assert_allclose(lab.residual_distribution(p, q), expected, atol=1e-12,
+                               err_msg="residual = max(0, p - q) / sum(max(0, p - q))")
+
+
+@pytest.mark.exercise6
+def test_residual_falls_back_to_p_when_p_equals_q():
+    p = np.array([0.25, 0.25, 0.5, 0.0])
+    with np.errstate(all="raise"):      # a 0/0 normalisation would raise here
+        r = lab.residual_distribution(p, p.copy())
+    assert np.all(np.isfinite(r)), "p == q leaves no residual mass: fall back to p, never 0/0"
+    np.testing.assert_allclose(r, p, atol=1e-12)
+
+
+# -- Exercise 6: exact preservation -------------------------------------------------------------
+
+@pytest.mark.exercise6
+@settings(max_examples=60)
+@given(target_and_draft())
+def test_output_distribution_equals_target_exactly(pq):
+    p, q = pq
+    np.testing.assert_allclose(
+        lab.speculative_output_distribution(p, q), p, rtol=0, atol=1e-9,
+        err_msg="min(p, q) kept drafts + rejected mass * residual must add up to p, for any q")
+
+
+@pytest.mark.exercise6
+@settings(max_examples=40)
+@given(target_and_draft())
+def test_accept_or_resample_branches_reproduce_target_exactly(pq):
+    p, q = pq
+    vocab_size = len(p)
+    bonus_row = normalised(p + np.eye(vocab_size)[vocab_size - 1])
+    enumerated = first_token_distribution_by_branches(p, q, bonus_row)
+    np.testing.assert_allclose(
+        enumerated, p, rtol=0, atol=1e-9,
+        err_msg="summed over every branch, the first emitted token must be distributed as p")
+    np.testing.assert_allclose(
+        enumerated, lab.speculative_output_distribution(p, q), rtol=0, atol=1e-9,
+        err_msg="accept_or_resample disagrees with the closed form speculative_output_distribution")
+
+
+# -- Exercise 6: branch behaviour, deterministic ------------------------------------------------
+
+@pytest.mark.exercise6
+def test_all_accepted_emits_drafts_then_bonus_from_last_target_row():
+    k = 3
+    rows = np.tile(normalised([1, 2, 3, 4]), (k, 1))
+    target = np.vstack([rows, np.eye(4)[2]])        # p == q: every draft is accepted
+    out = lab.accept_or_resample([3, 0, 1], rows, target, np.random.default_rng(0))
+    assert out == [3, 0, 1, 2], (
+        f"with p == q every draft is kept and the bonus comes from target_probs[k] "
+        f"(one-hot on 2); got {out}")
+
+
+@pytest.mark.exercise6
+def test_first_rejection_ends_step_with_residual_token():
+    q = np.tile(normalised([1, 1, 1, 1]), (3, 1))
+    target = np.tile(normalised([1, 1, 1, 1]), (4, 1))
+    target[0] = [0.0, 0.0, 1.0, 0.0]                # p_0(draft 0) = 0: always rejected
+    out = lab.accept_or_resample([0, 1, 2], q, target, np.random.default_rng(0))
+    assert out == [2], (
+        f"draft 0 has p = 0, so it is rejected, replaced from the residual (one-hot on 2) and "
+        f"the step ends there; got {out}")
+
+
+@pytest.mark.exercise6
+def test_draws_follow_documented_order():
+    q = np.tile(normalised([1, 1, 1, 1]), (3, 1))
+    target = np.tile(normalised([1, 1, 1, 1]), (4, 1))
+    target[2] = normalised([1, 1, 0, 2])            # draft 2 (token 2) has accept prob 0
+    rng = ScriptedGenerator([0.5, 0.5, 0.5], choice_token=3)
+    out = lab.accept_or_resample([0, 1, 2], q, target, rng)
+    assert out == [0, 1, 3] and not rng.uniforms and len(rng.choice_probs) == 1, (
+        "expected one rng.random() per draft considered (3) then one rng.choice for the residual")
+    np.testing.assert_allclose(rng.choice_probs[0], [0, 0, 0, 1], atol=1e-12,
+                               err_msg="the residual max(0, p - q) here is one-hot on token 3")
+
+
+@pytest.mark.exercise6
+def test_rejection_resamples_from_the_rejected_positions_rows():
+    q = np.array([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]])   # rows differ: row 0 is no stand-in
+    p = np.array([[0.25, 0.25, 0.25, 0.25], [0.4, 0.3, 0.2, 0.1], [0.0, 0.0, 0.0, 1.0]])
+    rng = ScriptedGenerator([0.0, 1.0 - 2.0 ** -53], choice_token=0)   # keep draft 0, reject 1
+    out = lab.accept_or_resample([2, 3], q, p, rng)
+    expected = np.maximum(p[1] - q[1], 0.0) / np.maximum(p[1] - q[1], 0.0).sum()
+    assert out == [2, 0] and len(rng.choice_probs) == 1, f"expected [draft 0, resampled]; got {out}"
+    np.testing.assert_allclose(rng.choice_probs[0], expected, atol=1e-12,
+                               err_msg="a rejection at position 1 resamples from max(0, p_1 - q_1)")
+
+
+@pytest.mark.exercise6
+def test_seeded_runs_are_reproducible():
+    q, p = DRAFT[[0, 5]], TARGET[[0, 5, 4]]
+    a = [lab.accept_or_resample([5, 4], q, p, np.random.default_rng(7)) for _ in range(3)]
+    rng1, rng2 = np.random.default_rng(11), np.random.default_rng(11)
+    b1 = [lab.accept_or_resample([5, 4], q, p, rng1) for _ in range(50)]
+    b2 = [lab.accept_or_resample([5, 4], q, p, rng2) for _ in range(50)]
+    assert a[0] == a[1] == a[2] and b1 == b2, "same seed, same inputs: same emitted tokens"
+
+
+# -- Exercise 6: sampled preservation -----------------------------------------------------------
+
+@pytest.mark.exercise6
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_sampled_first_token_matches_target(k):
+    pairs, _ = sampled_runs(k)
+    empirical = np.bincount(pairs[:, 0], minlength=V8) / NUM_SAMPLES
+    l1, bound = np.abs(empirical - TARGET[START]).sum(), l1_bound(NUM_SAMPLES, V8)
+    assert l1 < bound, (
+        f"first emitted token: L1 distance {l1:.3f} from the target row exceeds {bound:.3f}, "
+        f"the bound a correct sampler stays under with probability 1 - 1e-7 (n = {NUM_SAMPLES})")
+
+
+@pytest.mark.exercise6
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_sampled_first_two_tokens_match_target(k):
+    pairs, _ = sampled_runs(k)
+    empirical = np.bincount(pairs[:, 0] * V8 + pairs[:, 1], minlength=V8 * V8) / NUM_SAMPLES
+    exact = (TARGET[START][:, None] * TARGET).ravel()   # P(a, b) = T[START, a] * T[a, b]
+    l1, bound = np.abs(empirical - exact).sum(), l1_bound(NUM_SAMPLES, V8 * V8)
+    assert l1 < bound, (
+        f"first two emitted tokens: L1 distance {l1:.3f} from the target's pair distribution "
+        f"exceeds {bound:.3f} (n = {NUM_SAMPLES}, 64 cells)")
+
+
+@pytest.mark.exercise6
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_sampled_tokens_per_step_match_acceptance(k):
+    _, lengths = sampled_runs(k)
+    # P(the first j drafts are all kept) = sum over draft paths of prod q*min(1, p/q)
+    # = e_START^T M^j 1 with M = min(TARGET, DRAFT) elementwise.
+    kept = np.minimum(TARGET, DRAFT)
+    all_kept = [np.linalg.matrix_power(kept, j)[START].sum() for j in range(k + 2)]
+    exact = np.array([all_kept[j] - all_kept[j + 1] for j in range(k)] + [all_kept[k]])
+    empirical = np.bincount(lengths - 1, minlength=k + 1)[:k + 1] / NUM_SAMPLES
+    l1, bound = np.abs(empirical - exact).sum(), l1_bound(NUM_SAMPLES, k + 1)
+    assert lengths.max() <= k + 1 and l1 < bound, (
+        f"tokens per step: empirical {np.round(empirical, 3)} vs exact {np.round(exact, 3)} "
+        f"(L1 {l1:.3f} > {bound:.3f}); a step emits j+1 tokens when j drafts are kept, k+1 "
+        f"with the bonus")
+
+
+# -- Exercise 6: input validation ---------------------------------------------------------------
+
+def _valid_step():
+    q = np.tile(normalised([1, 2, 3, 4]), (2, 1))
+    p = np.tile(normalised([4, 3, 2, 1]), (3, 1))
+    return [1, 2], q, p
+
+
+@pytest.mark.exercise6
+@pytest.mark.parametrize("case", ["target rows != k+1", "draft_probs 1-D", "vocab mismatch",
+                                  "too few draft ids", "id out of range", "negative id"])
+def test_accept_or_resample_rejects_bad_shapes_and_ids(case):
+    draft, q, p = _valid_step()
+    if case == "target rows != k+1":
+        p = p[:2]
+    elif case == "draft_probs 1-D":
+        draft, q = [1], q[0]
+    elif case == "vocab mismatch":
+        p = np.tile(normalised([1, 1, 1, 1, 1]), (3, 1))
+    elif case == "too few draft ids":
+        draft = [1]
+    elif case == "id out of range":
+        draft = [1, 4]
+    elif case == "negative id":
+        draft = [-1, 2]
+    rng = np.random.default_rng(0)
+    before = rng.bit_generator.state
+    with pytest.raises(ValueError):
+        lab.accept_or_resample(draft, q, p, rng)
+    assert rng.bit_generator.state == before, "validate everything before drawing anything"
+
+
+@pytest.mark.exercise6
+@pytest.mark.parametrize("which", ["draft_probs", "target_probs"])
+@pytest.mark.parametrize("bad_row", [[0.5, 0.6, 0.0, -0.1], [0.5, 0.5, 0.1, 0.0],
+                                     [0.5, 0.5, np.nan, 0.0], [2.0, 1.0, 0.5, -2.5]])
+def test_accept_or_resample_rejects_rows_that_are_not_distributions(which, bad_row):
+    draft, q, p = _valid_step()
+    (q if which == "draft_probs" else p)[1] = bad_row
+    with pytest.raises(ValueError):
+        lab.accept_or_resample(draft, q, p, np.random.default_rng(0))
+
+
+@pytest.mark.exercise6
+def test_accept_or_resample_rejects_draft_token_with_zero_draft_probability():
+    q = np.array([[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.5, 0.0]])
+    p = np.tile(normalised([1, 1, 1, 1]), (3, 1))
+    with pytest.raises(ValueError, match="3"):      # the message must name the impossible token
+        lab.accept_or_resample([1, 3], q, p, np.random.default_rng(0))
+
+
+@pytest.mark.exercise6
+def test_residual_rejects_mismatched_or_invalid_rows():
+    with pytest.raises(ValueError):
+        lab.residual_distribution([0.5, 0.5], [0.2, 0.3, 0.5])
+    with pytest.raises(ValueError):
+        lab.residual_distribution([0.7, 0.7], [0.5, 0.5])
+
+
+# -- provided: acceptance rate and the speedup algebra ------------------------------------------
+
+@pytest.mark.provided
+def test_acceptance_rate_is_overlap_of_p_and_q():
+    p, q = np.array([0.6, 0.4, 0.0]), np.array([0.1, 0.2, 0.7])
+    assert lab.acceptance_rate(p, q) == pytest.approx(0.3, abs=1e-12)
+    assert lab.acceptance_rate(p, p) == pytest.approx(1.0)
+    assert lab.acceptance_rate([1.0, 0.0], [0.0, 1.0]) == pytest.approx(0.0)
+
+
+@pytest.mark.provided
+def test_expected_tokens_per_step_limits_and_hand_value():
+    for k in (1, 4, 7):
+        assert lab.expected_tokens_per_step(0.0, k) == pytest.approx(1.0), \
+            "alpha = 0: every first draft is rejected, the step still emits the resampled token"
+        assert lab.expected_tokens_per_step(1.0, k) == pytest.approx(k + 1), \
+            "alpha = 1: all k drafts plus the bonus token"
+    assert lab.expected_tokens_per_step(0.8, 4) == pytest.approx(1 + 0.8 + 0.64 + 0.512 + 0.4096)
+    assert lab.expected_tokens_per_step(0.5, 3) == pytest.approx((1 - 0.5 ** 4) / 0.5)
+
+
+@pytest.mark.provided
+def test_speedup_formula_values():
+    assert lab.speculative_speedup(0.8, 4, 0.05) == pytest.approx(3.3616 / 1.2)
+    assert lab.speculative_speedup(1.0, 3, 0.1) == pytest.approx(4 / 1.3), "alpha = 1: (k+1)/(kc+1)"
+    assert lab.speculative_speedup(0.0, 2, 0.0) == pytest.approx(1.0)
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.6, 0.8, 0.95, 1.0])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_speedup_is_one_at_breakeven_draft_cost(alpha, k):
+    c = lab.breakeven_draft_cost(alpha, k)
+    assert c >= 0
+    assert lab.speculative_speedup(alpha, k, c) == pytest.approx(1.0, abs=1e-12)
+    assert lab.speculative_speedup(alpha, k, c + 0.01) < 1.0, "a dearer draft than breakeven loses"
+
+
+@pytest.mark.provided
+def test_predicted_speedup_extends_paper_formula_with_verify_cost():
+    assert lab.predicted_speedup(0.7, 4, 0.1, 1.0) == pytest.approx(
+        lab.speculative_speedup(0.7, 4, 0.1)), "verify_cost = 1 is the paper's assumption"
+    assert lab.predicted_speedup(0.7, 4, 0.1, 2.0) < lab.predicted_speedup(0.7, 4, 0.1, 1.0)
+    assert lab.predicted_speedup(0.99, 4, 0.0, 5.0) < 1.0, \
+        "compute-bound (verify of k+1 tokens costs k+1 steps): speculation cannot win"
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("args", [(-0.1, 2, 0.1), (1.1, 2, 0.1), (float("nan"), 2, 0.1),
+                                  (0.5, 0, 0.1), (0.5, 1.5, 0.1), (0.5, 2, -0.1)])
+def test_speedup_formulas_reject_bad_parameters(args):
+    alpha, k, c = args
+    with pytest.raises(ValueError):
+        lab.speculative_speedup(alpha, k, c)
+    with pytest.raises(ValueError):
+        lab.predicted_speedup(alpha, k, c, 1.0)
+    if c >= 0:
+        with pytest.raises(ValueError):
+            lab.expected_tokens_per_step(alpha, k)
+        with pytest.raises(ValueError):
+            lab.breakeven_draft_cost(alpha, k)
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("verify_cost", [0.0, -1.0, float("inf")])
+def test_predicted_speedup_rejects_non_positive_verify_cost(verify_cost):
+    with pytest.raises(ValueError):
+        lab.predicted_speedup(0.5, 2, 0.1, verify_cost)
+
+
+@pytest.mark.provided
+def test_speculation_table_shows_speedups_breakeven_and_reasons():
+    text = lab.format_speculation_table(0.05, alphas=(0.6, 0.8), ks=(1, 4))
+    assert f"{lab.speculative_speedup(0.8, 4, 0.05):.2f}" in text
+    assert f"{lab.breakeven_draft_cost(0.8, 4):.3f}" in text
+    for needle in ("prefill", "batch", "bandwidth", "Leviathan", "Chen"):
+        assert needle in text, f"the design-review table should mention {needle!r}"
+
+
+# =====================================================================================
+# Exercise 7: speculative generation on the paged models
+# =====================================================================================
+
+SPEC_TARGET = dict(vocab_size=64, n_positions=64, n_embd=32, n_layer=4, n_head=4)
+
+
+@pytest.fixture(scope="module")
+def spec_target():
+    return lab.ToyTransformer(lab.ModelConfig(**SPEC_TARGET), seed=1)
+
+
+def greedy_reference(model, prompt, n):
+    tokens = list(prompt)
+    for _ in range(n):
+        tokens.append(int(np.argmax(model.forward_dense(tokens)[-1])))
+    return tokens[len(prompt):]
+
+
+@pytest.mark.exercise4
+def test_rollback_frees_blocks_and_leaves_no_stale_kv(spec_target):
+    seq = lab.PagedSequence(spec_target, block_size=4)
+    prompt, drafts = [5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15]
+    seq.extend(prompt)
+    seq.run()
+    seq.extend(drafts)
+    seq.run()
+    seq.rollback(7)  # keep one draft token
+    assert len(seq.table.block_ids) == 2 and seq.table.allocator.num_free_blocks == seq.table.allocator.num_blocks - 2, (
+        "rolling back to 7 tokens in blocks of 4 must keep exactly 2 blocks")
+    seq.extend([40])
+    logits = seq.run()
+    np.testing.assert_allclose(logits[-1], spec_target.forward_dense(prompt + [11, 40])[-1], atol=LOGITS_ATOL,
+                               err_msg="after a rollback the next step must see only the kept tokens")
+
+
+@pytest.mark.exercise7
+def test_greedy_speculation_with_a_good_draft_equals_the_targets_greedy_output(spec_target):
+    draft = lab.make_self_draft(spec_target, 2)
+    out = lab.speculative_generate(spec_target, draft, [1, 2, 3], lab.SamplingParams(max_tokens=24), k=3)
+    assert out.token_ids == greedy_reference(spec_target, [1, 2, 3], 24), (
+        "greedy speculative decoding must reproduce the target's own greedy tokens exactly")
+    assert out.num_accepted > 0, "a self-draft with half the target's layers should get some tokens accepted"
+
+
+@pytest.mark.exercise7
+def test_greedy_speculation_with_an_always_wrong_draft_still_equals_the_target(spec_target):
+    wrong = lab.ToyTransformer(lab.ModelConfig(**{**SPEC_TARGET, "n_layer": 1}), seed=99)
+    out = lab.speculative_generate(spec_target, wrong, [4, 5, 6], lab.SamplingParams(max_tokens=20), k=3)
+    assert out.num_accepted == 0, "this draft never agrees with the target (the test relies on it)"
+    assert out.token_ids == greedy_reference(spec_target, [4, 5, 6], 20), (
+        "with every draft rejected, each round must still emit the target's token (the residual)")
+    assert out.num_target_passes == 20, "every round emits exactly one token when nothing is accepted"
+
+
+@pytest.mark.exercise7
+@pytest.mark.parametrize("k, max_tokens", [(1, 9), (3, 17), (4, 30)])
+def test_target_passes_match_the_accept_counts(spec_target, k, max_tokens):
+    draft = lab.make_self_draft(spec_target, 1)
+    out = lab.speculative_generate(spec_target, draft, [9, 8, 7], lab.SamplingParams(temperature=0.8, seed=k,
+                                                                                        max_tokens=max_tokens), k=k)
+    assert out.num_target_passes == len(out.accepted_per_pass), "one target pass per round"
+    assert out.num_accepted == sum(out.accepted_per_pass)
+    assert out.num_draft_tokens == k * out.num_target_passes, "every round drafts k tokens (none near the end here)"
+    emitted = sum(a + 1 for a in out.accepted_per_pass)
+    assert len(out.token_ids) == max_tokens and emitted - k <= max_tokens <= emitted, (
+        "each round emits its accepted drafts plus one token; only the last round may be cut at max_tokens")
+    assert out.acceptance_rate == pytest.approx(out.num_accepted / out.num_draft_tokens)
+
+
+@pytest.mark.exercise7
+def test_stop_token_ends_speculative_generation(spec_target):
+    full = greedy_reference(spec_target, [1, 2, 3], 12)
+    stop = full[5]
+    out = lab.speculative_generate(spec_target, lab.make_self_draft(spec_target, 2), [1, 2, 3],
+                                   lab.SamplingParams(max_tokens=12, stop_token_ids=(stop,)), k=4)
+    assert out.token_ids == full[: full.index(stop) + 1], "generation ends with the first stop token, kept"
+
+
+SPEC_TINY = dict(vocab_size=8, n_positions=16, n_embd=16, n_head=2)
+
+
+@pytest.mark.exercise7
+def test_sampled_speculation_matches_the_targets_exact_sequence_probabilities():
+    """Two tokens sampled at temperature 0.8 after a fixed prompt, 2000 seeded runs, against the
+    exact joint p(a | prompt) p(b | prompt, a) from forward_dense. Bound: Bretagnolle-Huber-Carol, L1 over
+    64 cells exceeds sqrt(2 (64 ln 2 + ln 1e6) / n) with probability < 1e-6."""
+    target = lab.ToyTransformer(lab.ModelConfig(**SPEC_TINY, n_layer=2), seed=5)
+    draft = lab.ToyTransformer(lab.ModelConfig(**SPEC_TINY, n_layer=1), seed=6)  # alpha ~0.7
+    prompt, n, V = [1, 2], 2000, 8
+
+    def probs(logits):
+        e = np.exp(logits.astype(np.float64) - logits.max())
+        return e / e.sum()
+
+    temperature = 0.8
+    first = probs(target.forward_dense(prompt)[-1] / temperature)
+    exact = np.array([first[a] * probs(target.forward_dense(prompt + [a])[-1] / temperature) for a in range(V)]).ravel()
+    counts = np.zeros(V * V)
+    for seed in range(n):
+        sampling = lab.SamplingParams(temperature=temperature, max_tokens=2, seed=seed)
+        out = lab.speculative_generate(target, draft, prompt, sampling, k=2)
+        counts[out.token_ids[0] * V + out.token_ids[1]] += 1
+    l1 = np.abs(counts / n - exact).sum()
+    bound = math.sqrt(2 * (V * V * math.log(2) + math.log(1e6)) / n)
+    assert l1 < bound, (f"sampled speculative sequences are off the target's distribution: L1 {l1:.3f} >= "
+                        f"{bound:.3f}; check which rows p and q come from and the temperature on both")
