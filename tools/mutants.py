@@ -55,6 +55,37 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("causal mask off by one inside a prefill chunk", "exercise4",
      "mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None]",
      "mask = np.arange(stop)[None, :] < np.arange(start, stop)[:, None] + (np.arange(start, stop)[:, None] == 0)"),
+    ("a preempted sequence goes to the back of the queue", "exercise5",
+     "        self.waiting.appendleft(seq)\n        # END SOLUTION", "        self.waiting.append(seq)\n        # END SOLUTION"),
+    ("preempting without freeing blocks", "exercise5",
+     "        seq.block_table.free()\n        seq.num_computed_tokens = 0\n",
+     "        seq.block_table = BlockTable(self.allocator)\n        seq.num_computed_tokens = 0\n"),
+    ("losing generated tokens on preemption", "exercise5",
+     "        seq.num_computed_tokens = 0\n        seq.status = SequenceState.WAITING\n",
+     "        seq.num_computed_tokens = 0\n        seq.output_token_ids.clear()\n        seq.status = SequenceState.WAITING\n"),
+    ("admitting past the token budget", "exercise5",
+     "            num_new = min(num_new, token_budget)\n        if num_new > token_budget:\n            return 0\n",
+     "            pass\n"),
+    ("accept with min(1, q/p)", "exercise6",
+     "if rng.random() < min(1.0, p[i, x] / q[i, x]):", "if rng.random() < min(1.0, q[i, x] / p[i, x]):"),
+    ("resample from p instead of the residual", "exercise6",
+     "p=residual_distribution(p[i], q[i])", "p=p[i]"),
+    ("no bonus token after k acceptances", "exercise6",
+     "    emitted.append(int(rng.choice(vocab_size, p=p[-1])))\n", ""),
+    ("verification reads the target rows one position late", "exercise7",
+     "emitted = accept_or_resample(drafts, np.array(q_rows), p_rows, rng)",
+     "emitted = accept_or_resample(drafts, np.array(q_rows), np.vstack([p_rows[1:], p_rows[-1:]]), rng)"),
+    ("draft rows q one position early", "exercise7",
+     "emitted = accept_or_resample(drafts, np.array(q_rows), p_rows, rng)",
+     "emitted = accept_or_resample(drafts, np.array(q_rows[:1] + q_rows[:-1]), p_rows, rng)"),
+    ("draft cache not rolled back", "exercise7",
+     "            seq.rollback(committed + len(emitted) - 1)\n",
+     "            seq.rollback(committed + len(emitted) - 1) if seq is tgt else None\n"),
+    ("KV bytes not split across tensor-parallel GPUs", "exercise8",
+     "kv_token = kv_bytes_per_token(model) // tp", "kv_token = kv_bytes_per_token(model)"),
+    ("KV blocks rounded up", "exercise8",
+     "num_kv_blocks = math.floor(free / block_bytes)", "num_kv_blocks = math.ceil(free / block_bytes)"),
+
 ]
 
 
@@ -66,7 +97,9 @@ def run(name: str, marker: str, source: str, workdir: Path) -> tuple[bool, str]:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-m", marker, "-p", "no:cacheprovider"],
                           cwd=ROOT, env=env, capture_output=True, text=True)
     failed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
-    return proc.returncode == 1, failed[0].split("::", 1)[1] if failed else proc.stdout.strip().splitlines()[-1]
+    if failed:
+        return proc.returncode == 1, failed[0].split("::", 1)[1]
+    return False, (proc.stdout + proc.stderr).strip().splitlines()[-1:] or f"pytest exited {proc.returncode}"
 
 
 def main(argv: list[str] | None = None) -> int:
