@@ -17,6 +17,7 @@ The three mechanisms behind vLLM, TensorRT-LLM and SGLang, on a NumPy GPT-2:
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import itertools
@@ -1425,37 +1426,48 @@ def _measure_engine(model: ToyTransformer, workload: list[tuple[float, int, int]
     return time.perf_counter() - start, sum(len(o.output_token_ids) for o in outputs)
 
 
-def bench_batching(timeline_width: int = 96) -> str:
-    """`python solution.py bench batching`: static vs continuous batching on the seed's skewed
-    workload and on a stream where long answers recur, in the simulator at real sizes (Llama-2-7B
-    on an A100, StepCostModel) and measured wall-clock on the toy model at sizes scaled by 1/10
-    to fit its n_positions = 256 (answers of 200 and 5 tokens instead of 2000 and 50)."""
-    slots, out = 16, []
+def _static_and_continuous(workload, slots: int) -> tuple[ServingSimulation, ServingSimulation]:
+    return (simulate_serving(workload, "static", max_num_seqs=slots),
+            simulate_serving(workload, "continuous", max_num_seqs=slots))
 
-    def both(workload, **kw):
-        return (simulate_serving(workload, "static", max_num_seqs=slots, **kw),
-                simulate_serving(workload, "continuous", max_num_seqs=slots, **kw))
 
-    skewed = skewed_workload(num_short=63, long_len=2000, short_len=50, prompt_len=128)
+def scenario_batching(slots: int = 16, long_len: int = 2000, short_len: int = 50, num_short: int = 63,
+                      timeline_width: int = 96) -> str:
+    """The design review "defend continuous batching", in the simulator at real sizes (Llama-2-7B
+    on an A100, StepCostModel): the seed's skewed workload, then a stream where long answers recur."""
+    out = []
+
+    def both(workload):
+        return _static_and_continuous(workload, slots)
+
+    skewed = skewed_workload(num_short=num_short, long_len=long_len, short_len=short_len, prompt_len=128)
     s, c = both(skewed)
     out.append(format_batching_report(s, c, "== Skewed: 1 request answers 2000 tokens, 63 answer 50 "
                                             f"(prompts 128, {slots} slots) ==", timeline_width))
-    stream = recurring_workload(256, long_len=2000, short_len=50, prompt_len=128, rate=4.0)
+    stream = recurring_workload(256, long_len=long_len, short_len=short_len, prompt_len=128, rate=4.0)
     s2, c2 = both(stream)
     out.append(format_batching_report(s2, c2, "\n== Stream: 256 requests arriving at 4/s, one in eight "
-                                              "answers 2000 tokens, the rest 50 ==", timeline_width))
+                                              f"answers {long_len} tokens, the rest {short_len} ==", timeline_width))
 
     out.append(
         f"\nWhy they differ: with ONE long answer the makespan is that answer in both schedules "
         f"({s.num_steps} vs {c.num_steps} steps), so throughput moves only {c.throughput / s.throughput:.2f}x; "
         f"what static batching loses there is latency (mean TTFT {s.summary()['mean_ttft']:.1f} s vs "
         f"{c.summary()['mean_ttft']:.2f} s) and {s.wasted_slot_steps} slot-steps. When long answers recur, "
-        f"nearly every static batch holds one, so every batch lasts ~2000 steps at "
+        f"nearly every static batch holds one, so every batch lasts ~{long_len} steps at "
         f"{s2.tokens_per_step:.1f} tokens/step, while continuous batching refills the slots: "
         f"{c2.tokens_per_step:.1f} tokens/step, {c2.throughput / s2.throughput:.2f}x the throughput. A step costs "
         f"about the same either way (the weights are read once per step), so tokens per step is throughput. "
         f"TTFT is queueing + prefill: continuous batching moves it. TPOT is the decode step: it grows a little "
         f"with the batch ({s2.summary()['mean_tpot'] * 1e3:.1f} -> {c2.summary()['mean_tpot'] * 1e3:.1f} ms).")
+    return "\n".join(out)
+
+
+def bench_batching(slots: int = 16) -> str:
+    """`python solution.py bench batching`: the scenario in the simulator, then measured wall-clock
+    on the toy model at sizes scaled by 1/10 to fit its n_positions = 256 (answers of 200 and 5
+    tokens instead of 2000 and 50), beside the simulator's prediction for the same workloads."""
+    out = [scenario_batching(slots)]
     model = ToyTransformer(ModelConfig())
     out.append(f"\n== Toy model ({model.config.n_layer} layers, n_embd {model.config.n_embd}), wall-clock, "
                f"{slots} slots, sizes / 10: answers of 200 and 5 tokens, prompts 13, all queued at t=0 ==")
@@ -1463,7 +1475,7 @@ def bench_batching(timeline_width: int = 96) -> str:
     for name, workload in (("skewed (1 long + 63 short)", skewed_workload(63, 200, 5, 13)),
                            ("one in eight long (128 requests)", recurring_workload(128, 200, 5, 13, rate=0))):
         (ts, ns), (tc, nc) = (_measure_engine(model, workload, k, slots) for k in ("static", "continuous"))
-        sim_s, sim_c = both(workload)
+        sim_s, sim_c = _static_and_continuous(workload, slots)
         out.append(f"{name:<34}{ns / ts:>14.0f}{nc / tc:>18.0f}{(nc / tc) / (ns / ts):>9.2f}x"
                    f"{sim_c.throughput / sim_s.throughput:>10.2f}x")
     out.append("On a CPU the toy model's step cost grows with the batch (its weights sit in cache; nothing\n"
@@ -2502,18 +2514,156 @@ def unsolved_exercises(module_name: str | None = None) -> dict[int, list[str]]:
     return stubs
 
 
-def print_status() -> None:
-    stubs = unsolved_exercises()
+def status_report() -> str:
+    """Which exercises this file still stubs (`python lab.py status`)."""
     import os
 
-    print(f"{os.path.basename(sys.modules[__name__].__file__)}: the inference-serving lab")
+    stubs = unsolved_exercises()
+    lines = [f"{os.path.basename(sys.modules[__name__].__file__)}: the inference-serving lab"]
     for number, title in EXERCISES.items():
         state = "to do: " + ", ".join(stubs[number]) if number in stubs else "done"
-        print(f"  Exercise {number}  {title:<75} {state}")
+        lines.append(f"  Exercise {number}  {title:<75} {state}")
+    return "\n".join(lines)
+
+
+def scenario_size(model: str = "llama-2-13b", gpu: str = "a100-80gb", max_model_len: int = 8192,
+                  block_size: int = 16, gpu_memory_utilization: float = 0.9, activation_gb: float = 0.0,
+                  tensor_parallel_size: int = 1, prompt_len: float | None = None,
+                  output_len: float | None = None) -> str:
+    """Size a vLLM deployment (the seed's default: a 13B model on an 80 GB GPU at 8k context),
+    then the KV waste a paged cache removes."""
+    lengths = {k: v for k, v in (("mean_prompt_len", prompt_len), ("mean_output_len", output_len)) if v is not None}
+    plan = plan_deployment(model, gpu, max_model_len, block_size=block_size,
+                           gpu_memory_utilization=gpu_memory_utilization,
+                           activation_bytes=int(activation_gb * GB), tensor_parallel_size=tensor_parallel_size,
+                           **lengths)
+    return format_plan(plan) + "\n\n" + format_waste(block_size=block_size)
+
+
+def scenario_speculate(alpha: float | None = None, k: int | None = None, c: float = 0.05) -> str:
+    """Decide whether to add speculative decoding: the speedup table for a draft of cost c, and
+    the verdict for one (alpha, k) when given."""
+    text = format_speculation_table(c)
+    if alpha is not None:
+        ks = [k] if k is not None else list(range(1, 9))
+        best = max(ks, key=lambda kk: speculative_speedup(alpha, kk, c))
+        speedup = speculative_speedup(alpha, best, c)
+        text += (f"\n\nYour draft: alpha {alpha:g}, c {c:g}, k {best}: expected "
+                 f"{expected_tokens_per_step(alpha, best):.2f} tokens per target pass, speedup {speedup:.2f}x "
+                 f"({'worth adding' if speedup > 1 else 'not worth it'}); breakeven draft cost at this alpha and k: "
+                 f"c = {breakeven_draft_cost(alpha, best):.3f}.")
+    return text
+
+
+def scenario_stack(hardware: str | None = None, priority: str = "throughput", prefix_sharing: bool = False,
+                   structured_output: bool = False) -> str:
+    """Pick a stack: the example workloads, and the answer for yours when a hardware is given."""
+    text = format_stack_choice()
+    if hardware is not None:
+        choice = choose_stack(hardware=hardware, priority=priority, prefix_sharing=prefix_sharing,
+                              structured_output=structured_output)
+        text += f"\n\nYour workload: {choice.stack}, decided by: {choice.deciding_constraint}"
+    return text
+
+
+BENCHMARKS = {
+    "attention": lambda: bench_attention(),
+    "decode": lambda: bench_decode(),
+    "batching": lambda: bench_batching(),
+    "speculative": lambda: bench_speculative(),
+}
+
+
+def run_all_scenarios() -> str:
+    sections = [
+        ("1. Size a vLLM deployment", scenario_size),
+        ("2. Defend continuous batching", scenario_batching),
+        ("3. Decide whether to add speculative decoding", scenario_speculate),
+        ("4. Pick a stack", scenario_stack),
+    ]
+    bar = "=" * 100
+    return "\n\n".join(f"{bar}\n{title}\n{bar}\n{make()}" for title, make in sections)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `solution.py size: error: ...`, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="The design-review scenarios of the inference-serving lab. "
+                                            "With no command: all four scenarios in order.")
+    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
+    size = commands.add_parser("size", help="size a deployment: KV blocks, concurrency, QPS, KV waste")
+    size.add_argument("--model", default="llama-2-13b", help=f"one of: {', '.join(MODELS)}")
+    size.add_argument("--gpu", default="a100-80gb", help=f"one of: {', '.join(GPUS)}")
+    size.add_argument("--max-model-len", type=_positive(int), default=8192)
+    size.add_argument("--block-size", type=_positive(int), default=16)
+    size.add_argument("--gpu-memory-utilization", type=_positive(float), default=0.9)
+    size.add_argument("--activation-gb", type=float, default=0.0, help="per-GPU activation reserve, GB")
+    size.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel GPUs")
+    size.add_argument("--prompt-len", type=_positive(float), help="mean prompt tokens (default: ShareGPT)")
+    size.add_argument("--output-len", type=_positive(float), help="mean output tokens (default: ShareGPT)")
+    batching = commands.add_parser("batching", help="static vs continuous batching on a skewed workload")
+    batching.add_argument("--slots", type=_positive(int), default=16)
+    batching.add_argument("--long", type=_positive(int), default=2000, help="tokens of the long answer")
+    batching.add_argument("--short", type=_positive(int), default=50, help="tokens of each short answer")
+    batching.add_argument("--num-short", type=_positive(int), default=63)
+    speculate = commands.add_parser("speculate", help="expected speedup of speculative decoding")
+    speculate.add_argument("--alpha", type=float, help="acceptance rate of your draft, 0..1")
+    speculate.add_argument("--k", type=_positive(int), help="draft tokens per step (default: the best)")
+    speculate.add_argument("--c", type=float, default=0.05, help="draft step cost / target step cost")
+    stack = commands.add_parser("stack", help="vLLM vs TensorRT-LLM vs SGLang")
+    stack.add_argument("--hardware", help="the fleet, e.g. nvidia, amd")
+    stack.add_argument("--priority", choices=("throughput", "latency"), default="throughput")
+    stack.add_argument("--prefix-sharing", action="store_true", help="heavy shared prefixes")
+    stack.add_argument("--structured-output", action="store_true", help="JSON / regex constrained output")
+    bench = commands.add_parser("bench", help="measure on this machine, side by side")
+    bench.add_argument("which", nargs="?", choices=(*BENCHMARKS, "all"), default="all")
+    commands.add_parser("status", help="which exercises are done")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    print_status()
+    import os
+
+    prog = os.path.basename(sys.modules[__name__].__file__)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        if args.command is None:
+            print(run_all_scenarios())
+        elif args.command == "size":
+            print(scenario_size(args.model, args.gpu, args.max_model_len, args.block_size,
+                                args.gpu_memory_utilization, args.activation_gb, args.tp, args.prompt_len,
+                                args.output_len))
+        elif args.command == "batching":
+            print(scenario_batching(args.slots, args.long, args.short, args.num_short))
+        elif args.command == "speculate":
+            print(scenario_speculate(args.alpha, args.k, args.c))
+        elif args.command == "stack":
+            print(scenario_stack(args.hardware, args.priority, args.prefix_sharing, args.structured_output))
+        elif args.command == "bench":
+            for name in BENCHMARKS if args.which == "all" else [args.which]:
+                print(BENCHMARKS[name](), flush=True)
+        else:
+            print(status_report())
+    except ValueError as exc:
+        parser.exit(2, f"{prog} {args.command or ''}: error: {exc}\n".replace("  ", " "))
+    except NotImplementedError as exc:
+        parser.exit(1, f"{prog}: {exc} is still a stub: write it (see `python {prog} status`)\n")
     return 0
 
 
