@@ -2218,7 +2218,7 @@ def scenario_size(model: str = "llama-2-13b", gpu: str = "a100-80gb", max_model_
     """Size a vLLM deployment (the seed's default: a 13B model on an 80 GB GPU at 8k context),
     then the KV waste a paged cache removes."""
     lengths = {k: v for k, v in (("mean_prompt_len", prompt_len), ("mean_output_len", output_len)) if v is not None}
-    plan = plan_deployment(model, gpu, max_model_len, block_size=block_size,
+    plan = plan_deployment(get_model(model), get_gpu(gpu), max_model_len, block_size=block_size,
                            gpu_memory_utilization=gpu_memory_utilization,
                            activation_bytes=int(activation_gb * GB), tensor_parallel_size=tensor_parallel_size,
                            **lengths)
