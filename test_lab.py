@@ -517,6 +517,186 @@ TestPagedCacheMachine = pytest.mark.exercise3(PagedCacheMachine.TestCase)
 
 
 # =====================================================================================
+# Exercise 4: paged attention
+# =====================================================================================
+
+
+def dense_attention_reference(q, keys, values):
+    """Plain softmax attention for ONE sequence, in float64: q (H, D), keys/values (T, H, D)."""
+    q, keys, values = (np.asarray(a, np.float64) for a in (q, keys, values))
+    out = np.empty(q.shape)
+    for h in range(q.shape[0]):
+        scores = keys[:, h, :] @ q[h] / math.sqrt(q.shape[1])
+        weights = np.exp(scores - scores.max())
+        out[h] = (weights / weights.sum()) @ values[:, h, :]
+    return out
+
+
+def scatter_into_paged_cache(seqs_k, seqs_v, block_size, rng, fill=np.nan, spare_blocks=3,
+                             extra_columns=1, padding="garbage"):
+    """Lay each sequence's (T, H, D) K/V out in shuffled physical blocks of a fresh cache.
+
+    Every slot no sequence owns (spare blocks, the tail of each last block) holds `fill`, and
+    every table entry past a sequence's blocks is padding: "garbage" (random ints, -1, huge
+    ids, ids of other sequences' blocks), "zero" or "minus_one".
+    """
+    n_head, head_dim = seqs_k[0].shape[1:]
+    needed = [-(-len(k) // block_size) for k in seqs_k]
+    num_blocks = sum(needed) + spare_blocks
+    physical = rng.permutation(num_blocks)
+    k_cache = np.full((num_blocks, block_size, n_head, head_dim), fill, np.float32)
+    v_cache = np.full_like(k_cache, fill)
+    max_blocks = max(needed) + extra_columns
+    if padding == "garbage":
+        tables = rng.choice(np.array([-1, 0, num_blocks, 10**9, -(10**9)]), size=(len(seqs_k), max_blocks))
+        tables = np.where(rng.random(tables.shape) < 0.3, rng.integers(0, num_blocks, tables.shape), tables)
+    else:
+        tables = np.full((len(seqs_k), max_blocks), 0 if padding == "zero" else -1)
+    used = 0
+    for b, (k, v) in enumerate(zip(seqs_k, seqs_v)):
+        tables[b, :needed[b]] = physical[used:used + needed[b]]
+        used += needed[b]
+        for i in range(len(k)):
+            k_cache[tables[b, i // block_size], i % block_size] = k[i]
+            v_cache[tables[b, i // block_size], i % block_size] = v[i]
+    return k_cache, v_cache, tables
+
+
+@st.composite
+def paged_batches(draw):
+    batch = draw(st.integers(1, 4))
+    block_size = draw(st.sampled_from([1, 2, 3, 4, 8, 16]))
+    lens = draw(st.lists(st.integers(1, 40), min_size=batch, max_size=batch))
+    n_head = draw(st.integers(1, 3))
+    head_dim = draw(st.sampled_from([1, 4, 8]))
+    fill = draw(st.sampled_from([np.nan, 1e30, -1e30, np.inf]))
+    padding = draw(st.sampled_from(["garbage", "zero", "minus_one"]))
+    extra_columns = draw(st.integers(0, 2))
+    seed = draw(st.integers(0, 2**32 - 1))
+    return batch, block_size, lens, n_head, head_dim, fill, padding, extra_columns, seed
+
+
+@pytest.mark.exercise4
+@settings(max_examples=60)
+@given(paged_batches())
+def test_paged_attention_equals_dense_attention_on_contiguous_kv(case):
+    batch, block_size, lens, n_head, head_dim, fill, padding, extra_columns, seed = case
+    rng = np.random.default_rng(seed)
+    seqs_k = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
+    seqs_v = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
+    q = rng.standard_normal((batch, n_head, head_dim)).astype(np.float32)
+    k_cache, v_cache, tables = scatter_into_paged_cache(seqs_k, seqs_v, block_size, rng, fill,
+                                                        extra_columns=extra_columns, padding=padding)
+    with np.errstate(all="ignore"):  # a kernel that reads the NaN/huge fill should fail below, not warn
+        out = lab.paged_attention(q, k_cache, v_cache, tables, np.array(lens))
+    assert out.shape == (batch, n_head, head_dim)
+    assert np.all(np.isfinite(out)), (
+        "non-finite output: the kernel read a slot past context_lens (stale slots hold NaN/inf) "
+        "or let 0 * NaN through (mask by position, do not multiply by a 0/1 mask)")
+    for b in range(batch):
+        expected = dense_attention_reference(q[b], seqs_k[b], seqs_v[b])
+        np.testing.assert_allclose(
+            out[b], expected, rtol=1e-4, atol=1e-5,
+            err_msg=f"sequence {b} (context {lens[b]}, block size {block_size}): paged attention "
+                    "differs from plain softmax attention over its first context_lens[b] tokens; "
+                    "token i lives at block_tables[b, i // block_size], offset i % block_size")
+
+
+def random_case(lens, block_size=4, n_head=2, head_dim=8, seed=0, fill=np.nan, **kwargs):
+    rng = np.random.default_rng(seed)
+    seqs_k = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
+    seqs_v = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
+    q = rng.standard_normal((len(lens), n_head, head_dim)).astype(np.float32)
+    k_cache, v_cache, tables = scatter_into_paged_cache(seqs_k, seqs_v, block_size, rng, fill, **kwargs)
+    return q, seqs_k, seqs_v, k_cache, v_cache, tables
+
+
+@pytest.mark.exercise4
+def test_paged_attention_is_stable_with_huge_logits():
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case([7, 13, 1], seed=1)
+    # Scaled so q.k / sqrt(D) is ~1e4: exp() of that overflows float32 (and float64) unless the
+    # max is subtracted first.
+    q = q * np.float32(100.0)
+    k_cache = k_cache * np.float32(100.0)
+    seqs_k = [k * np.float32(100.0) for k in seqs_k]
+    logits = [np.abs(seqs_k[b][:, 0] @ q[b, 0]).max() / math.sqrt(8) for b in range(2)]
+    assert min(logits) > 1e3, "test setup: the logits should be huge"
+    with np.errstate(all="ignore"):
+        out = lab.paged_attention(q, k_cache, v_cache, tables, np.array([7, 13, 1]))
+    assert np.all(np.isfinite(out)), "overflow: subtract the running max before exp (stable softmax)"
+    for b in range(3):
+        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]),
+                                   rtol=1e-4, atol=1e-4, err_msg="huge logits: wrong attention")
+
+
+@pytest.mark.exercise4
+def test_paged_attention_with_context_length_one_returns_that_tokens_value():
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case([1, 1], block_size=4, seed=2)
+    with np.errstate(all="ignore"):
+        out = lab.paged_attention(q, k_cache, v_cache, tables, np.array([1, 1]))
+    np.testing.assert_allclose(out, np.stack([v[0] for v in seqs_v]), rtol=1e-6, atol=1e-6,
+                               err_msg="with one token in context, its weight is 1: the output is its v")
+
+
+@pytest.mark.exercise4
+@pytest.mark.parametrize("extra_columns", [0, 2])
+def test_paged_attention_reads_a_last_block_that_is_exactly_full(extra_columns):
+    lens = [8, 12, 4]  # all multiples of block_size 4: every last block is full
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size=4, seed=3,
+                                                              extra_columns=extra_columns)
+    with np.errstate(all="ignore"):
+        out = lab.paged_attention(q, k_cache, v_cache, tables, np.array(lens))
+    for b in range(len(lens)):
+        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]),
+                                   rtol=1e-4, atol=1e-5,
+                                   err_msg=f"sequence {b} fills its last block exactly: its last "
+                                           "token (offset block_size - 1) must be attended to")
+
+
+@pytest.mark.exercise4
+def test_paged_attention_returns_float32_without_reading_spare_blocks():
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case([5, 9], fill=np.nan, spare_blocks=6)
+    with np.errstate(all="ignore"):
+        out = lab.paged_attention(q, k_cache, v_cache, tables, np.array([5, 9]))
+    assert out.dtype == np.float32, (
+        f"output is {out.dtype}: a float64 scalar such as np.sqrt(head_dim) promotes float32 "
+        "arrays under NumPy 2; scale by a Python float or np.float32")
+    assert out.shape == q.shape
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("bad", ["q_float64", "q_2d", "cache_heads", "k_v_shapes", "len_zero",
+                                 "len_too_long", "lens_shape", "table_rows", "table_float",
+                                 "entry_out_of_range"])
+def test_paged_attention_rejects_bad_input(bad):
+    q, _, _, k_cache, v_cache, tables = random_case([5, 9], block_size=4, fill=0.0)
+    lens = np.array([5, 9])
+    if bad == "q_float64":
+        q = q.astype(np.float64)
+    elif bad == "q_2d":
+        q = q[0]
+    elif bad == "cache_heads":
+        k_cache = v_cache = k_cache[:, :, :1]
+    elif bad == "k_v_shapes":
+        v_cache = v_cache[:-1]
+    elif bad == "len_zero":
+        lens = np.array([0, 9])
+    elif bad == "len_too_long":
+        lens = np.array([5, tables.shape[1] * 4 + 1])
+    elif bad == "lens_shape":
+        lens = np.array([5])
+    elif bad == "table_rows":
+        tables = tables[:1]
+    elif bad == "table_float":
+        tables = tables.astype(np.float64)
+    elif bad == "entry_out_of_range":
+        tables = tables.copy()
+        tables[0, 0] = -1  # in use by token 0: -1 would silently read the LAST block
+    with pytest.raises(ValueError):
+        lab.paged_attention(q, k_cache, v_cache, tables, lens)
+
+
+# =====================================================================================
 # The model: a GPT-2 in NumPy (provided) and the paged path (Exercise 4 and before)
 # =====================================================================================
 
@@ -1071,6 +1251,44 @@ def test_hundreds_of_requests_under_memory_pressure_finish_in_seconds(engine_mod
     assert all(len(o.output_token_ids) == 8 for o in outputs)
     assert engine.num_preemptions > 0 and engine.allocator.num_free_blocks == 60
     assert elapsed < 10, f"300 requests took {elapsed:.1f} s"
+
+
+# --- the speculative-decoding bench's helpers -------------------------------------------
+
+
+@pytest.mark.provided
+def test_estimate_alpha_counts_only_judged_drafts():
+    # k = 4: rounds that accepted 4 (no rejection), 1 (then a rejection), 0 (a rejection).
+    out = lab.SpeculativeOutput(token_ids=list(range(8)), num_target_passes=3, num_draft_tokens=12,
+                                num_accepted=5, accepted_per_pass=[4, 1, 0])
+    # 5 accepts and 2 rejections were judged; the 5 drafts after a rejection never were.
+    assert lab.estimate_alpha(out, 4) == pytest.approx(5 / 7), \
+        "alpha must be accepts / (accepts + rejections), not accepted / drafted"
+    assert out.acceptance_rate == pytest.approx(5 / 12)
+
+
+@pytest.mark.provided
+def test_early_exit_target_shrinks_only_later_residual_projections():
+    config = lab.ModelConfig(vocab_size=32, n_positions=16, n_embd=16, n_layer=3, n_head=2)
+    plain = lab.ToyTransformer(config, lab.init_gpt2_weights(config, 0))
+    target = lab.make_early_exit_target(config, 1, 0.25)
+    for name, w in target.weights.items():
+        assert w.dtype == np.float32, f"{name} became {w.dtype}: the model path must stay float32"
+        later = name.startswith(("h.1.", "h.2.")) and name.endswith("c_proj.weight")
+        expected = plain.weights[name] * np.float32(0.25) if later else plain.weights[name]
+        assert np.array_equal(w, expected), f"{name}: only c_proj of layers >= 1 may be scaled"
+
+
+@pytest.mark.exercise4
+def test_paged_greedy_generate_matches_dense_greedy():
+    config = lab.ModelConfig(vocab_size=32, n_positions=24, n_embd=16, n_layer=2, n_head=2)
+    model = lab.ToyTransformer(config)
+    prompt = [3, 1, 4, 1, 5]
+    out = lab.paged_greedy_generate(model, prompt, 6)
+    tokens = list(prompt)
+    for _ in range(6):  # the reference: re-run the whole sequence densely, no cache
+        tokens.append(int(np.argmax(model.forward_dense(tokens)[-1])))
+    assert out == tokens[len(prompt):], "plain paged decoding must emit the dense model's greedy tokens"
 
 
 # =====================================================================================
