@@ -734,7 +734,8 @@ class _PagedBatch:
         for table, start, n in zip(block_tables, start_positions, num_tokens):
             stop = start + n
             if n < 1 or start < 0 or stop > table.num_tokens:
-                raise ValueError(f"cannot process positions {start}..{stop - 1} of a sequence of {table.num_tokens} tokens")
+                raise ValueError(f"cannot process positions {start}..{stop - 1} "
+                                 f"of a sequence of {table.num_tokens} tokens")
             if stop > config.n_positions:
                 raise ValueError(f"position {stop - 1} is beyond n_positions={config.n_positions}")
             tokens.append(table.token_ids[start:stop])
@@ -1695,7 +1696,8 @@ def format_batching_report(static: ServingSimulation, continuous: ServingSimulat
     for unit, in_steps, scale, fmt in (("s", False, 1.0, "{:.3f}"), ("steps", True, 1.0, "{:.1f}")):
         sa, sb = static.summary(in_steps), continuous.summary(in_steps)
         for key in ("mean_ttft", "p99_ttft", "mean_tpot", "p99_tpot"):
-            lines.append(f"{key + ' (' + unit + ')':<28}{fmt.format(sa[key] * scale):>12}{fmt.format(sb[key] * scale):>12}")
+            label = f"{key} ({unit})"
+            lines.append(f"{label:<28}{fmt.format(sa[key] * scale):>12}{fmt.format(sb[key] * scale):>12}")
     lines.append(f"continuous / static throughput: {continuous.throughput / static.throughput:.2f}x")
     return "\n".join(lines)
 
@@ -1857,7 +1859,8 @@ def residual_distribution(p, q) -> np.ndarray:
     # END SOLUTION
 
 
-def _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs, rng) -> tuple[list[int], np.ndarray, np.ndarray]:
+def _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs,
+                                rng) -> tuple[list[int], np.ndarray, np.ndarray]:
     """The draft tokens, q (k, V) and p (k+1, V) as float64 distributions, or a ValueError (see below)."""
     q = _as_distributions("draft_probs", draft_probs, ndim=2)
     p = _as_distributions("target_probs", target_probs, ndim=2)
@@ -2421,8 +2424,9 @@ def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
         + ("Worth adding for batch-1 decode with a draft this good." if measured > 1.2
            else "Not worth it here."),
         "",
-        f"Why decode: a decode step streams every weight to make ONE token and leaves the arithmetic",
-        f"idle; a pass over {k + 1} tokens reads the same weights, so it costs {verify[k]:.2f} steps, not {k + 1}. Not 1",
+        "Why decode: a decode step streams every weight to make ONE token and leaves the arithmetic",
+        f"idle; a pass over {k + 1} tokens reads the same weights, so it costs {verify[k]:.2f} steps, "
+        f"not {k + 1}. Not 1",
         "either: CPU BLAS runs a few-row matrix product well below the bandwidth of its matrix-vector",
         "product (a GPU stays near 1 up to dozens of rows). Hence the extended prediction, not the paper's.",
         f"Why not prefill: {P} prompt tokens take {pre['P'] * 1e3:.0f} ms in one pass, "
@@ -2556,22 +2560,21 @@ GPUS: dict[str, GPUSpec] = {
 }
 
 
-def get_model(model: "ModelSpec | str") -> ModelSpec:
-    """A `ModelSpec` as given, or the preset of that name; an unknown name lists the known ones."""
-    if isinstance(model, ModelSpec):
-        return model
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; known models: {', '.join(MODELS)}")
-    return MODELS[model]
+def _preset(value, presets: dict, what: str):
+    """`value` itself if it is a spec, else the preset of that name; an unknown name lists the known ones."""
+    if not isinstance(value, str):
+        return value
+    if value not in presets:
+        raise ValueError(f"unknown {what} {value!r}; known {what}s: {', '.join(presets)}")
+    return presets[value]
 
 
-def get_gpu(gpu: "GPUSpec | str") -> GPUSpec:
-    """A `GPUSpec` as given, or the preset of that name; an unknown name lists the known ones."""
-    if isinstance(gpu, GPUSpec):
-        return gpu
-    if gpu not in GPUS:
-        raise ValueError(f"unknown GPU {gpu!r}; known GPUs: {', '.join(GPUS)}")
-    return GPUS[gpu]
+def get_model(model: ModelSpec | str) -> ModelSpec:
+    return _preset(model, MODELS, "model")
+
+
+def get_gpu(gpu: GPUSpec | str) -> GPUSpec:
+    return _preset(gpu, GPUS, "GPU")
 
 
 def kv_bytes_per_token(model: ModelSpec) -> int:
@@ -2648,8 +2651,8 @@ def _check_plan_inputs(model: ModelSpec, max_model_len: int, block_size: int,
 
 
 def plan_deployment(
-    model: "ModelSpec | str",
-    gpu: "GPUSpec | str",
+    model: ModelSpec | str,
+    gpu: GPUSpec | str,
     max_model_len: int,
     block_size: int = 16,
     gpu_memory_utilization: float = 0.9,

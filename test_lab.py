@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from conftest import lab
-
 
 # =====================================================================================
 # The workflow: lab and solution expose the same contract
@@ -488,7 +487,8 @@ class PagedCacheMachine(RuleBasedStateMachine):
     def reference_counts_match_the_tables(self):
         holders = [0] * self.alloc.num_blocks
         for table in self.live:
-            assert len(table.block_ids) == lab.blocks_needed(table.num_tokens, 3), "table holds the wrong number of blocks"
+            assert len(table.block_ids) == lab.blocks_needed(table.num_tokens, 3), (
+                "a table holds exactly blocks_needed(num_tokens) blocks")
             for b in table.block_ids:
                 holders[b] += 1
         refs = [self.alloc.ref_count(b) for b in range(self.alloc.num_blocks)]
@@ -1025,7 +1025,7 @@ def test_every_step_respects_max_num_seqs_and_the_token_budget(jobs, max_num_seq
             f"{plan.total_num_scheduled_tokens} tokens scheduled, the budget is {budget}")
         assert all(n >= 1 for n in plan.num_scheduled_tokens.values())
         assert len({s.request_id for s in plan.scheduled}) == len(plan.scheduled)
-    for seq, (p, m) in zip(seqs, jobs):
+    for seq, (_, m) in zip(seqs, jobs):
         if not seq.finish_reason.startswith("rejected"):
             assert seq.output_token_ids == [1] * m, "every admitted request produces exactly max_tokens tokens"
     assert allocator.num_free_blocks == num_blocks, "blocks leaked"
@@ -1750,7 +1750,7 @@ DRAFT = np.stack([np.roll(_BASE_Q, 3 * c) for c in range(V8)])
 NUM_SAMPLES = 4000
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sampled_runs(k, seed=1234):
     """Generate NUM_SAMPLES two-token continuations of START with lab.accept_or_resample.
 
@@ -2095,7 +2095,8 @@ def test_rollback_frees_blocks_and_leaves_no_stale_kv(spec_target):
     seq.extend(drafts)
     seq.run()
     seq.rollback(7)  # keep one draft token
-    assert len(seq.table.block_ids) == 2 and seq.table.allocator.num_free_blocks == seq.table.allocator.num_blocks - 2, (
+    alloc = seq.table.allocator
+    assert len(seq.table.block_ids) == 2 and alloc.num_free_blocks == alloc.num_blocks - 2, (
         "rolling back to 7 tokens in blocks of 4 must keep exactly 2 blocks")
     seq.extend([40])
     logits = seq.run()
