@@ -115,7 +115,7 @@ class BlockAllocator:
         """A block with reference count 1, the least recently freed one.
 
         Raises OutOfBlocksError when the pool is empty. A block taken from the front of the
-        queue may still be in the prefix cache: it is evicted now, not earlier.
+        queue may still be in the prefix cache: it is evicted now, not earlier (`_evict`).
         """
         raise NotImplementedError("Exercise 1: BlockAllocator.allocate")
 
@@ -145,7 +145,8 @@ class BlockAllocator:
         """A prefix-cache hit: take a reference on the cached block and return it.
 
         A hit on an evictable block (reference count 0) revives it: it leaves the free
-        queue. Returns None on a miss, or when prefix caching is off.
+        queue. Returns None on a miss, or when prefix caching is off. Counts every query and
+        hit in `stats`.
         """
         raise NotImplementedError("Exercise 3: BlockAllocator.lookup")
 
@@ -157,7 +158,7 @@ class BlockAllocator:
         raise NotImplementedError("Exercise 3: BlockAllocator.register")
 
     def _evict(self, block_id: int) -> None:
-        """Forget a cached block's hash: it is about to hold other tokens."""
+        """Forget a cached block's hash (and count the eviction): it is about to hold other tokens."""
         raise NotImplementedError("Exercise 3: BlockAllocator._evict")
 
 
@@ -168,6 +169,10 @@ class BlockTable:
     Invariant: a block that another table or the prefix cache can see is never written.
     Before new tokens land in such a block, the table takes a private copy and reports the
     `(src, dst)` pair, so the caller can copy the K/V data (copy-on-write).
+
+    With prefix caching the table also keeps `_block_hashes`, the chained hashes of its full
+    blocks, in order: `_register_full_blocks` extends it, and every method that changes which
+    tokens the table holds keeps it equal to the hashes of its current full blocks.
     """
 
     def __init__(self, allocator: BlockAllocator):
@@ -199,7 +204,8 @@ class BlockTable:
         """Append tokens, allocating a block only when the last one is full.
 
         Returns the copy-on-write pairs `(src, dst)` whose K/V the caller must copy before
-        writing. On OutOfBlocksError nothing changes (the table asks before it acts).
+        writing. Blocks that became full are then registered (`_register_full_blocks`). On
+        OutOfBlocksError nothing changes (the table asks before it acts).
         """
         raise NotImplementedError("Exercise 2: BlockTable.append_tokens")
 
@@ -222,7 +228,9 @@ class BlockTable:
         """Keep the first `num_tokens` tokens; release the blocks no longer needed.
 
         This is how rejected speculative tokens are rolled back. A block that keeps some
-        tokens stays; the next append copies it first if it is shared or cached.
+        tokens stays; the next append copies it first if it is shared or cached. The hashes of
+        blocks that are no longer full go too: a hash names a block's whole content, and the
+        tokens appended next will be different ones.
         """
         raise NotImplementedError("Exercise 2: BlockTable.truncate")
 

@@ -413,6 +413,30 @@ def test_a_cached_block_is_copied_before_it_is_written_after_truncate():
 
 
 @pytest.mark.exercise3
+def test_blocks_filled_by_appends_become_findable():
+    alloc = lab.BlockAllocator(8, 4, enable_prefix_caching=True)
+    table = lab.BlockTable(alloc)
+    table.allocate_prompt([1, 2, 3])
+    table.append_tokens([4, 5])  # decode fills the first block
+    assert lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 9]) == 4, (
+        "a block that becomes full during append_tokens must be registered in the prefix cache")
+
+
+@pytest.mark.exercise3
+def test_truncate_forgets_the_hashes_of_blocks_it_cuts():
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    table = lab.BlockTable(alloc)
+    table.allocate_prompt(list(range(8)))
+    table.truncate(6)
+    table.append_tokens([42, 43])  # block 1 now holds 4, 5, 42, 43
+    table.append_tokens([100, 101, 102, 103])
+    computed = lab.BlockTable(alloc).allocate_prompt(list(range(8)) + [100, 101, 102, 103, 7])
+    assert computed == 8, (
+        f"reported {computed} cached tokens: block 2 was registered under a hash chained on the OLD "
+        "content of block 1; truncate must drop the hashes of the blocks it cuts")
+
+
+@pytest.mark.exercise3
 def test_allocate_prompt_that_does_not_fit_changes_nothing():
     alloc = lab.BlockAllocator(3, 4, enable_prefix_caching=True)
     cached = lab.BlockTable(alloc)
