@@ -1714,7 +1714,7 @@ def format_batching_report(static: ServingSimulation, continuous: ServingSimulat
 
 
 def skewed_workload(num_short: int, long_len: int, short_len: int, prompt_len: int) -> list[tuple[float, int, int]]:
-    """The seed's workload: one long answer first, then many short ones, all queued at t=0."""
+    """The design review's skewed workload: one long answer first, then many short ones, all queued at t=0."""
     return [(0.0, prompt_len, long_len)] + [(0.0, prompt_len, short_len)] * num_short
 
 
@@ -1747,7 +1747,7 @@ def _static_and_continuous(workload, slots: int) -> tuple[ServingSimulation, Ser
 def scenario_batching(slots: int = 16, long_len: int = 2000, short_len: int = 50, num_short: int = 63,
                       timeline_width: int = 96) -> str:
     """The design review "defend continuous batching", in the simulator at real sizes (Llama-2-7B
-    on an A100, StepCostModel): the seed's skewed workload, then a stream where long answers recur."""
+    on an A100, StepCostModel): the skewed workload, then a stream where long answers recur."""
     out = []
 
     def both(workload):
@@ -2206,6 +2206,9 @@ SPEC_BENCH_DRAFT_LAYERS = 1
 # 2023, "Draft & Verify", arXiv:2309.08168). Shrinking the later layers' updates mimics such a
 # model; the value only sets how often the draft agrees, and alpha is measured, not assumed.
 SPEC_BENCH_REFINEMENT_SCALE = 0.02
+# Draft tokens per round. Fixed, so that runs compare: with alpha ~0.9 the extended prediction
+# peaks at k = 6..8 on a 2-core CPU (the table the bench prints shows the others).
+SPEC_BENCH_K = 8
 
 
 def make_early_exit_target(config: ModelConfig, num_draft_layers: int, refinement_scale: float,
@@ -2334,24 +2337,15 @@ def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
     ks = (1, 2, 3, 4, 6, 8)
     _progress(f"built: {weight_bytes / 1e6:.0f} MB of {dtypes} weights; measuring per-step costs")
 
-    # 1. Per-step costs at batch 1 (relative to one target decode step t1); a quick pass to
-    #    choose k, re-measured below alongside the wall-clock runs.
+    # 1. Per-step costs at batch 1, relative to one target decode step t1: a draft step (1 and 2
+    #    tokens) and a target pass over k+1 tokens for each k, measured with the runs below.
     read_bw = _read_bandwidth()
     steps = {"t1": _forward_call(target, 1, ctx, 1), "d1": _forward_call(draft, 1, ctx, 1),
              "d2": _forward_call(draft, 1, ctx, 2)}
     steps |= {f"v{k}": _forward_call(target, 1, ctx, k + 1) for k in ks}
-    best = _best_side_by_side(steps, 3)
-    c, verify = best["d1"] / best["t1"], {k: best[f"v{k}"] / best["t1"] for k in ks}
-    _progress(f"quick costs: c = {c:.3f}; verify " + ", ".join(f"k={k}: {v:.2f}" for k, v in verify.items()))
+    k = SPEC_BENCH_K
 
-    # 2. alpha, from speculative_generate's own acceptance counts (greedy), and the k the
-    #    extended prediction favours.
-    probe = speculative_generate(target, draft, prompt, greedy, k=4)
-    alpha = estimate_alpha(probe, 4)
-    k = max(ks, key=lambda kk: predicted_speedup(alpha, kk, c, verify[kk]))
-    _progress(f"greedy probe at k=4: alpha = {alpha:.3f}; best k by the extended prediction: {k}")
-
-    # 3. Wall clock at batch 1 (same model, prompt, number of output tokens), interleaved with
+    # 2. Wall clock at batch 1 (same model, prompt, number of output tokens), interleaved with
     #    the per-step costs so that a neighbour's load hits the prediction and the measurement alike.
     overhead = _round_overhead_seconds(config.vocab_size, k, 20)
     spec_out: list[SpeculativeOutput] = []
@@ -2362,7 +2356,6 @@ def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
     t1 = best["t1"]
     c, c2 = best["d1"] / t1, best["d2"] / t1
     verify = {kk: best[f"v{kk}"] / t1 for kk in ks}
-    extended = {kk: predicted_speedup(alpha, kk, c, verify[kk]) for kk in ks}
     wall = best
     spec = spec_out[-1]
     if spec.token_ids != plain_out[-1]:
@@ -2372,6 +2365,7 @@ def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
               f"t1 {t1 * 1e3:.1f} ms ({weight_bytes / t1 / 1e9:.1f} GB/s of weights, a 256 MB sum "
               f"{read_bw / 1e9:.1f} GB/s), c = {c:.3f}, verify cost {verify[k]:.2f}")
     alpha = estimate_alpha(spec, k)
+    extended = {kk: predicted_speedup(alpha, kk, c, verify[kk]) for kk in ks}
     E = expected_tokens_per_step(alpha, k)
     paper = speculative_speedup(alpha, k, c)
     ext = predicted_speedup(alpha, k, c, verify[k])
@@ -2384,12 +2378,12 @@ def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
     alpha_sampled = estimate_alpha(sampled, k)
     _progress(f"sampled (T=1) run: alpha = {alpha_sampled:.3f}")
 
-    # 4. Prefill: P prompt tokens in one pass, and P/2, against P decode steps.
+    # 3. Prefill: P prompt tokens in one pass, and P/2, against P decode steps.
     P = 256
     pre = _best_side_by_side({"P": _forward_call(target, 1, 0, P), "P/2": _forward_call(target, 1, 0, P // 2)}, 3)
     _progress(f"prefill {P} tokens {pre['P'] * 1e3:.0f} ms, {P // 2} tokens {pre['P/2'] * 1e3:.0f} ms")
 
-    # 5. Batch 32: a decode step vs a verify pass of k+1 tokens per sequence; the draft's step.
+    # 4. Batch 32: a decode step vs a verify pass of k+1 tokens per sequence; the draft's step.
     B = 32
     big = _best_side_by_side({"t": _forward_call(target, B, ctx, 1), "v": _forward_call(target, B, ctx, k + 1),
                          "d": _forward_call(draft, B, ctx, 1)}, 3)
@@ -2762,7 +2756,7 @@ def plan_deployment(
     # END SOLUTION
 
 
-# The seed's sizing scenario: "a 13B model, 80 GB GPU, 8k context".
+# The curriculum's sizing scenario: "a 13B model, 80 GB GPU, 8k context".
 SEED_SIZING = {"model": "llama-2-13b", "gpu": "a100-80gb", "max_model_len": 8192}
 
 
@@ -3099,7 +3093,7 @@ def scenario_size(model: str = "llama-2-13b", gpu: str = "a100-80gb", max_model_
                   block_size: int = 16, gpu_memory_utilization: float = 0.9, activation_gb: float = 0.0,
                   tensor_parallel_size: int = 1, prompt_len: float | None = None,
                   output_len: float | None = None) -> str:
-    """Size a vLLM deployment (the seed's default: a 13B model on an 80 GB GPU at 8k context),
+    """Size a vLLM deployment (by default the curriculum's: a 13B model on an 80 GB GPU at 8k context),
     then the KV waste a paged cache removes."""
     lengths = {k: v for k, v in (("mean_prompt_len", prompt_len), ("mean_output_len", output_len)) if v is not None}
     plan = plan_deployment(get_model(model), get_gpu(gpu), max_model_len, block_size=block_size,
@@ -3186,7 +3180,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     size.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel GPUs")
     size.add_argument("--prompt-len", type=_positive(float), help="mean prompt tokens (default: ShareGPT)")
     size.add_argument("--output-len", type=_positive(float), help="mean output tokens (default: ShareGPT)")
-    batching = commands.add_parser("batching", help="static vs continuous batching on a skewed workload")
+    batching = commands.add_parser("batching", help="static vs continuous batching: a skewed workload, then a stream")
     batching.add_argument("--slots", type=_positive(int), default=16)
     batching.add_argument("--long", type=_positive(int), default=2000, help="tokens of the long answer")
     batching.add_argument("--short", type=_positive(int), default=50, help="tokens of each short answer")

@@ -1388,7 +1388,7 @@ LLAMA13_WEIGHTS = 13_015_864_320 * 2     # 26,031,728,640 B in bf16
 
 
 @pytest.mark.exercise8
-def test_plan_seed_scenario_13b_on_a100_80gb_8k_hand_computed():
+def test_plan_13b_on_a100_80gb_at_8k_hand_computed():
     plan = lab.plan_deployment("llama-2-13b", "a100-80gb", 8192)
     block = 16 * 819_200                                   # 13,107,200 B per 16-token block
     free = SEED_BUDGET - LLAMA13_WEIGHTS                   # 51,277,682,688 B
@@ -2221,7 +2221,7 @@ def run_cli(*args):
 
 
 @pytest.mark.exercise8
-def test_cli_size_shows_the_seed_scenario_and_that_kv_blocks_set_the_ceiling():
+def test_cli_size_shows_13b_on_80gb_at_8k_and_that_kv_blocks_set_the_ceiling():
     proc = run_cli("size")
     assert proc.returncode == 0, proc.stderr
     assert "llama-2-13b on a100-80gb, max_model_len 8192" in proc.stdout
