@@ -155,6 +155,7 @@ def test_incref_of_a_free_block_is_an_error():
 def test_freed_blocks_are_reused_least_recently_freed_first():
     alloc = lab.BlockAllocator(num_blocks=3, block_size=4)
     a, b, c = (alloc.allocate() for _ in range(3))
+    assert sorted([a, b, c]) == [0, 1, 2], f"a pool of 3 must hand out blocks 0, 1, 2; got {[a, b, c]}"
     for block in (b, c, a):
         alloc.free(block)
     got = [alloc.allocate() for _ in range(3)]
@@ -413,6 +414,38 @@ def test_a_cached_block_is_copied_before_it_is_written_after_truncate():
 
 
 @pytest.mark.exercise3
+def test_a_block_cached_after_another_parent_is_not_a_hit_even_when_the_first_block_hits():
+    # The existing "different prefix" test changes the FIRST block, so the longest-run lookup stops
+    # there whatever the hashes are: it cannot see a caller that hashes blocks without their parent.
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    lab.BlockTable(alloc).allocate_prompt([1, 1, 1, 1, 2, 2, 2, 2, 9])   # caches X=[1]*4, then Y after X
+    lab.BlockTable(alloc).allocate_prompt([3, 3, 3, 3, 4, 4, 4, 4, 9])   # caches Z=[3]*4, then W after Z
+    computed = lab.BlockTable(alloc).allocate_prompt([1, 1, 1, 1, 4, 4, 4, 4, 9])   # X, then W after X
+    assert computed == 4, (
+        f"reported {computed} cached tokens, expected 4 (only X): [4, 4, 4, 4] is cached only after [3, 3, 3, 3], "
+        "so its K/V saw another past. Hash every block as hash_block(hash of the previous block, its tokens), "
+        "in allocate_prompt AND when append_tokens registers a block that became full")
+
+
+@pytest.mark.exercise3
+def test_allocate_never_evicts_a_cached_block_that_a_table_still_holds():
+    # The existing test goes through append_tokens, which asks num_free_blocks first and raises
+    # before allocate() runs: an allocate() that evicts a referenced block is never reached.
+    alloc = lab.BlockAllocator(3, 4, enable_prefix_caching=True)
+    holder = lab.BlockTable(alloc)
+    holder.allocate_prompt([1, 2, 3, 4, 5])  # block 0 of the table is full, so cached, and held
+    cached = holder.block_ids[0]
+    alloc.allocate()  # the last free block
+    assert alloc.num_free_blocks == 0, "a cached block that a table holds is not free (not evictable)"
+    with pytest.raises(lab.OutOfBlocksError):
+        alloc.allocate()
+    assert alloc.ref_count(cached) == 1 and alloc.stats.evictions == 0, (
+        "allocate() evicted a cached block that a table still holds: only blocks with reference count 0 "
+        "are evictable")
+    assert alloc.lookup(lab.hash_block(None, [1, 2, 3, 4])) == cached, "the held block must stay in the cache"
+
+
+@pytest.mark.exercise3
 def test_blocks_filled_by_appends_become_findable():
     alloc = lab.BlockAllocator(8, 4, enable_prefix_caching=True)
     table = lab.BlockTable(alloc)
@@ -538,6 +571,52 @@ class PagedCacheMachine(RuleBasedStateMachine):
 
 
 TestPagedCacheMachine = pytest.mark.exercise3(PagedCacheMachine.TestCase)
+
+
+class PagedCacheMachineWithSharedPrefixes(PagedCacheMachine):
+    """The state machine of the suite, with prompts built from a few shared blocks so that prefix-cache
+    hits, revivals and cross-prefix lookalikes actually happen (with random tokens in 0..3 a 3-token
+    block matches a cached one about once in 64 draws, so the original machine almost never hits),
+    and two more checks: allocate_prompt really fills the table with the prompt and reports a valid
+    count, and tables that share a block share the whole prefix up to it (chained hashes)."""
+
+    BLOCKS = ((0, 1, 2), (1, 1, 1), (2, 2, 2), (3, 3, 3))
+
+    @rule(target=PagedCacheMachine.tables,
+          blocks=st.lists(st.sampled_from(BLOCKS), max_size=3),
+          tail=st.lists(st.integers(0, 3), max_size=3))
+    def new_table(self, blocks, tail):
+        prompt = [t for block in blocks for t in block] + tail
+        table = lab.BlockTable(self.alloc)
+        try:
+            computed = table.allocate_prompt(prompt)
+        except lab.OutOfBlocksError:
+            assert table.block_ids == [] and table.token_ids == [], "a failed allocate_prompt changed the table"
+        else:
+            assert table.token_ids == prompt, "allocate_prompt must put the whole prompt into the table"
+            assert 0 <= computed <= max(len(prompt) - 1, 0) and (computed % 3 == 0 or computed == len(prompt) - 1), (
+                f"allocate_prompt reported {computed} computed tokens for a prompt of {len(prompt)}: a whole number "
+                "of cached blocks, and never the whole prompt (its last token must run to give logits)")
+        self.live.append(table)
+        return table
+
+    @invariant()
+    def tables_sharing_a_block_share_the_whole_prefix(self):
+        seen: dict[int, tuple[int, list]] = {}
+        for table in self.live:
+            for i, b in enumerate(table.block_ids):
+                prefix = table.token_ids[: (i + 1) * 3]
+                if b in seen:
+                    j, other = seen[b]
+                    n = min(len(prefix), len(other))
+                    assert j == i and other[:n] == prefix[:n], (
+                        f"block {b} is shared by two tables whose tokens before it differ: a prefix-cache hit must "
+                        "match the whole prefix (chain each block's hash on its parent's)")
+                else:
+                    seen[b] = (i, prefix)
+
+
+TestPagedCacheMachineWithSharedPrefixes = pytest.mark.exercise3(PagedCacheMachineWithSharedPrefixes.TestCase)
 
 
 # =====================================================================================
@@ -686,6 +765,10 @@ def test_paged_attention_returns_float32_without_reading_spare_blocks():
         f"output is {out.dtype}: a float64 scalar such as np.sqrt(head_dim) promotes float32 "
         "arrays under NumPy 2; scale by a Python float or np.float32")
     assert out.shape == q.shape
+    assert np.all(np.isfinite(out)), "NaN in the output: the kernel read a spare block or a slot past context_lens"
+    for b in range(2):
+        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]), rtol=1e-4,
+                                   atol=1e-5, err_msg=f"sequence {b}: wrong attention")
 
 
 @pytest.mark.provided
@@ -1096,6 +1179,21 @@ def test_prefix_caching_changes_no_output_and_hits_on_shared_prefixes(engine_mod
             f"request {i}: a prefix-cache hit must hold exactly the K/V the prompt would compute")
     assert cached.prefix_cache_hit_rate > 0, "prompts sharing 6 full blocks must hit the prefix cache"
     assert cached.allocator.num_free_blocks == cached.allocator.num_blocks
+
+
+@pytest.mark.exercise5
+def test_prefix_caching_serves_a_prompt_that_is_entirely_cached(engine_model):
+    prompt = list(range(5, 21))  # 16 tokens = 4 full blocks of 4: after one run, all of it is cached
+    want = greedy_alone(engine_model, prompt, 5)
+    engine = lab.LLMEngine(engine_model, block_size=4, enable_prefix_caching=True)
+    first = engine.generate([prompt], lab.SamplingParams(max_tokens=5))[0]
+    again = engine.generate([prompt, prompt + [1]], lab.SamplingParams(max_tokens=5))
+    assert first.output_token_ids == want and again[0].output_token_ids == want, (
+        "a prompt found whole in the prefix cache must still run its last token (that step gives the "
+        "logits of the first output token) and then decode as usual")
+    assert again[1].output_token_ids == greedy_alone(engine_model, prompt + [1], 5)
+    assert engine.prefix_cache_hit_rate > 0
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, "blocks leaked"
 
 
 @pytest.mark.exercise5
@@ -1905,10 +2003,13 @@ def test_rejection_resamples_from_the_rejected_positions_rows():
 def test_seeded_runs_are_reproducible():
     q, p = DRAFT[[0, 5]], TARGET[[0, 5, 4]]
     a = [lab.accept_or_resample([5, 4], q, p, np.random.default_rng(7)) for _ in range(3)]
+    assert all(isinstance(t, (int, np.integer)) for t in a[0]) and 1 <= len(a[0]) <= 3, (
+        f"accept_or_resample returns 1 to k+1 = 3 token ids; got {a[0]!r}")
     rng1, rng2 = np.random.default_rng(11), np.random.default_rng(11)
     b1 = [lab.accept_or_resample([5, 4], q, p, rng1) for _ in range(50)]
     b2 = [lab.accept_or_resample([5, 4], q, p, rng2) for _ in range(50)]
     assert a[0] == a[1] == a[2] and b1 == b2, "same seed, same inputs: same emitted tokens"
+    assert len({tuple(x) for x in b1}) > 1, "50 steps drawn from one generator all emitted the same tokens"
 
 
 # -- Exercise 6: sampled preservation -----------------------------------------------------------
@@ -2163,6 +2264,26 @@ def test_target_passes_match_the_accept_counts(spec_target, k, max_tokens):
 
 
 @pytest.mark.exercise7
+def test_the_target_verifies_each_round_in_one_forward_pass():
+    target = lab.ToyTransformer(lab.ModelConfig(**SPEC_TARGET), seed=1)  # our own instance: we wrap its forward
+    draft = lab.make_self_draft(target, 1)
+    calls = []
+    forward = target.forward
+
+    def counting_forward(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    target.forward = counting_forward
+    out = lab.speculative_generate(target, draft, [9, 8, 7], lab.SamplingParams(max_tokens=15), k=3)
+    assert out.token_ids == greedy_reference(target, [9, 8, 7], 15)
+    passes = out.num_target_passes
+    assert passes <= len(calls) <= passes + 1, (
+        f"{len(calls)} calls of target.forward for {passes} rounds: the target must score the last token and "
+        "all k drafts in ONE paged forward pass per round (plus at most one prefill of the prompt)")
+
+
+@pytest.mark.exercise7
 def test_stop_token_ends_speculative_generation(spec_target):
     full = greedy_reference(spec_target, [1, 2, 3], 12)
     stop = full[5]
@@ -2270,3 +2391,14 @@ def test_cli_bad_options_exit_2_with_one_line(args, says):
     assert proc.returncode == 2, f"{args}: expected exit status 2, got {proc.returncode}"
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], f"expected one line of error mentioning {says!r}, got {lines}"
+
+
+@pytest.mark.exercise8
+def test_cli_main_job_prints_the_four_scenarios_in_order():
+    proc = run_cli()
+    assert proc.returncode == 0, proc.stderr
+    headlines = ["1. Size a vLLM deployment", "2. Defend continuous batching",
+                 "3. Decide whether to add speculative decoding", "4. Pick a stack"]
+    positions = [proc.stdout.find(h) for h in headlines]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), (
+        f"`python {lab.__name__}.py` must print the four design-review scenarios in order; found {positions}")

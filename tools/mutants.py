@@ -94,6 +94,60 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("KV blocks rounded up", "exercise8",
      "num_kv_blocks = math.floor(free / block_bytes)", "num_kv_blocks = math.ceil(free / block_bytes)"),
 
+    ('block hash chained on whether there is a parent, not on its hash', 'exercise3',
+     'return hash((parent_hash, tuple(int(t) for t in token_ids)))',
+     'return hash((parent_hash is not None, tuple(int(t) for t in token_ids)))'),
+    ('allocate evicts a cached block that a table still holds', 'exercise3',
+     '        if not self._free:\n            raise OutOfBlocksError',
+     '        if not self._free and self._block_hash:\n            block_id = next(iter(self._block_hash))\n            self._evict(block_id)\n            self._ref_counts[block_id] = 1\n            return block_id\n        if not self._free:\n            raise OutOfBlocksError'),
+    ('engine: a fully cached prompt reported as needing no computation', 'exercise5',
+     'return min(num_cached, len(token_ids) - 1)',
+     'return num_cached'),
+    ('the target verifies the drafts one forward pass per token', 'exercise7',
+     '        p_rows = token_probs(tgt.run(), sampling.temperature)  # ONE pass: last + n_draft tokens\n',
+     '        p_rows = token_probs(np.concatenate([tgt.model.forward(tgt.cache, [tgt.table], [s], [1])\n                                             for s in range(tgt.num_computed, tgt.table.num_tokens)]),\n                             sampling.temperature)\n        tgt.num_computed = tgt.table.num_tokens\n'),
+    ('blocks_needed wrong at 1 token', 'exercise1',
+     'return (num_tokens + block_size - 1) // block_size',
+     'return 0 if num_tokens <= 1 else (num_tokens + block_size - 1) // block_size'),
+    ('blocks_needed wrong at block_size + 1 tokens', 'exercise1',
+     'return (num_tokens + block_size - 1) // block_size',
+     'return max(1, num_tokens // block_size) if num_tokens else 0'),
+    ("fork without incref: freeing one table frees the other's blocks", 'exercise2',
+     '        for block_id in self.block_ids:\n            self.allocator.incref(block_id)\n',
+     ''),
+    ('copy-on-write only for cached blocks, not for forked ones', 'exercise2',
+     'return self.allocator.ref_count(block_id) > 1 or self.allocator.is_cached(block_id)',
+     'return self.allocator.is_cached(block_id)'),
+    ('model path: slot = offset * block_size + block', 'exercise4',
+     'slots.append(table.slots(start, stop))',
+     'slots.append((np.arange(start, stop) % table.block_size) * table.block_size + np.asarray(table.block_ids)[np.arange(start, stop) // table.block_size])'),
+    ('paged_attention: softmax over the slots past context_lens', 'exercise4',
+     '            scores = np.where(past_end[:, None, :], -np.inf, scores)      # mask by position\n',
+     '            pass\n'),
+    ('causal mask relative to the chunk, not the absolute position', 'exercise4',
+     'mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None]',
+     'mask = np.arange(stop)[None, :] <= np.arange(0, stop - start)[:, None]'),
+    ('causal mask lets a token see the next one', 'exercise4',
+     'mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None]',
+     'mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None] + 1'),
+    ('running prefill chunk not capped by the token budget', 'exercise5',
+     'num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)',
+     'num_new = seq.num_tokens - seq.num_computed_tokens'),
+    ('residual max(0, p - q) not normalised', 'exercise6',
+     '    return residual / mass\n',
+     '    return residual\n'),
+    ('target cache not rolled back', 'exercise7',
+     '            seq.rollback(committed + len(emitted) - 1)\n',
+     '            seq.rollback(committed + len(emitted) - 1) if seq is drf else None\n'),
+    ('weights not split across tensor-parallel GPUs', 'exercise8',
+     'weight_bytes = model.weight_bytes / tp',
+     'weight_bytes = model.weight_bytes'),
+    ('K-only KV bytes (no factor 2) in plan_deployment', 'exercise8',
+     'kv_token = kv_bytes_per_token(model) // tp',
+     'kv_token = model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes // tp'),
+    ('num_attention_heads instead of num_kv_heads in plan_deployment', 'exercise8',
+     'kv_token = kv_bytes_per_token(model) // tp',
+     'kv_token = 2 * model.num_layers * model.num_attention_heads * model.head_dim * model.dtype_bytes // tp'),
 ]
 
 
@@ -128,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             caught, test = run(name, marker, solution.replace(old, new), Path(tmp))
             survivors += not caught
             verdict = "caught by" if caught else "SURVIVED:"
-            print(f"{'ok' if caught else '!!'} {name:<58} {verdict} {test}  ({time.perf_counter() - start:.1f}s)")
+            print(f"{'ok' if caught else '!!'} {name:<66} {verdict} {test}  ({time.perf_counter() - start:.1f}s)")
     print(f"{survivors} mutant(s) survived")
     return 1 if survivors else 0
 
