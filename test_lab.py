@@ -2014,27 +2014,29 @@ def test_seeded_runs_are_reproducible():
 
 # -- Exercise 6: sampled preservation -----------------------------------------------------------
 
+def assert_sampled_close(samples, exact, what):
+    """The empirical distribution of the integer `samples` is within the L1 bound of `exact`."""
+    empirical = np.bincount(samples, minlength=len(exact))[: len(exact)] / len(samples)
+    l1, bound = np.abs(empirical - exact).sum(), l1_bound(len(samples), len(exact))
+    assert l1 < bound, (
+        f"{what}: empirical {np.round(empirical, 3)} vs exact {np.round(exact, 3)}, L1 distance {l1:.3f} "
+        f"exceeds {bound:.3f}, the bound a correct sampler stays under with probability 1 - 1e-7 "
+        f"(n = {len(samples)}, {len(exact)} cells)")
+
+
 @pytest.mark.exercise6
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_sampled_first_token_matches_target(k):
     pairs, _ = sampled_runs(k)
-    empirical = np.bincount(pairs[:, 0], minlength=V8) / NUM_SAMPLES
-    l1, bound = np.abs(empirical - TARGET[START]).sum(), l1_bound(NUM_SAMPLES, V8)
-    assert l1 < bound, (
-        f"first emitted token: L1 distance {l1:.3f} from the target row exceeds {bound:.3f}, "
-        f"the bound a correct sampler stays under with probability 1 - 1e-7 (n = {NUM_SAMPLES})")
+    assert_sampled_close(pairs[:, 0], TARGET[START], "first emitted token")
 
 
 @pytest.mark.exercise6
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_sampled_first_two_tokens_match_target(k):
     pairs, _ = sampled_runs(k)
-    empirical = np.bincount(pairs[:, 0] * V8 + pairs[:, 1], minlength=V8 * V8) / NUM_SAMPLES
     exact = (TARGET[START][:, None] * TARGET).ravel()   # P(a, b) = T[START, a] * T[a, b]
-    l1, bound = np.abs(empirical - exact).sum(), l1_bound(NUM_SAMPLES, V8 * V8)
-    assert l1 < bound, (
-        f"first two emitted tokens: L1 distance {l1:.3f} from the target's pair distribution "
-        f"exceeds {bound:.3f} (n = {NUM_SAMPLES}, 64 cells)")
+    assert_sampled_close(pairs[:, 0] * V8 + pairs[:, 1], exact, "first two emitted tokens")
 
 
 @pytest.mark.exercise6
@@ -2046,12 +2048,8 @@ def test_sampled_tokens_per_step_match_acceptance(k):
     kept = np.minimum(TARGET, DRAFT)
     all_kept = [np.linalg.matrix_power(kept, j)[START].sum() for j in range(k + 2)]
     exact = np.array([all_kept[j] - all_kept[j + 1] for j in range(k)] + [all_kept[k]])
-    empirical = np.bincount(lengths - 1, minlength=k + 1)[:k + 1] / NUM_SAMPLES
-    l1, bound = np.abs(empirical - exact).sum(), l1_bound(NUM_SAMPLES, k + 1)
-    assert lengths.max() <= k + 1 and l1 < bound, (
-        f"tokens per step: empirical {np.round(empirical, 3)} vs exact {np.round(exact, 3)} "
-        f"(L1 {l1:.3f} > {bound:.3f}); a step emits j+1 tokens when j drafts are kept, k+1 "
-        f"with the bonus")
+    assert lengths.min() >= 1 and lengths.max() <= k + 1, "a step emits 1 to k+1 tokens"
+    assert_sampled_close(lengths - 1, exact, "tokens per step (j+1 when j drafts are kept, k+1 with the bonus)")
 
 
 # -- Exercise 6: input validation ---------------------------------------------------------------
