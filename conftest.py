@@ -22,16 +22,6 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 LAB_MODULE = os.environ.get("LAB_MODULE", "lab")
-EXERCISES = {
-    1: "blocks and the allocator",
-    2: "the block table",
-    3: "prefix caching",
-    4: "paged attention",
-    5: "continuous batching",
-    6: "speculative sampling",
-    7: "speculative generation",
-    8: "capacity planning",
-}
 STUB = re.compile(r"^Exercise (\d+): (\S+)$")
 
 try:
@@ -45,6 +35,9 @@ except ModuleNotFoundError as exc:
 
 # No "explain" phase: it slows down every failing run, and in the student loop most failures are stubs.
 _PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
+# The exercises' titles come from the module itself ("blocks and the allocator: ..." -> the part before ":").
+EXERCISES = {n: title.split(":")[0] for n, title in getattr(lab, "EXERCISES", {}).items()}
+
 settings.register_profile("default", max_examples=40, deadline=None, phases=_PHASES,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, database=None,
@@ -52,16 +45,13 @@ settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
-_EXERCISE_OF: dict[str, int | None] = {}
-_CONFIG = None
+_EXERCISE_OF: dict[str, int | None] = {}  # nodeid -> exercise number (None: provided code)
+_RESULTS: dict[str, tuple[int | None, str, bool]] = {}  # nodeid -> (exercise, outcome, failed on a stub)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _CONFIG
     if _IMPORT_ERROR:
         raise pytest.UsageError(_IMPORT_ERROR)
-    config._lab_results = {}  # nodeid -> (exercise, outcome, failed on a stub)
-    _CONFIG = config
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -103,7 +93,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when != "call" and not report.failed:
         return
-    results = _CONFIG._lab_results
+    results = _RESULTS
     previous = results.get(report.nodeid)
     if previous is None or previous[1] == "passed":
         stub = report.failed and isinstance(report.longrepr, str) and "is not done yet" in report.longrepr
@@ -119,11 +109,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     """The scoreboard comes after pytest's own summary (the outermost wrapper finishes last),
     right above the final count, where a student looks."""
     yield
-    _scoreboard(terminalreporter, config)
+    _scoreboard(terminalreporter)
 
 
-def _scoreboard(terminalreporter, config: pytest.Config) -> None:
-    results = config._lab_results
+def _scoreboard(terminalreporter) -> None:
+    results = _RESULTS
     if not results:
         return
     terminalreporter.section(f"scoreboard ({LAB_MODULE})")
