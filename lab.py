@@ -2482,9 +2482,8 @@ def format_plan(plan: DeploymentPlan) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------
-# KV memory waste: a max_len slab per request vs paged blocks
-# ---------------------------------------------------------------------------
+# --- KV memory waste: a max_len slab per request vs paged blocks ------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class LengthStats:
@@ -2581,9 +2580,8 @@ def format_waste(max_model_len: int = 2048, block_size: int = 16,
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------
-# The stack choice: vLLM vs TensorRT-LLM vs SGLang, as data
-# ---------------------------------------------------------------------------
+# --- the stack choice: vLLM vs TensorRT-LLM vs SGLang, as data ---------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class ServingStack:
