@@ -1085,6 +1085,10 @@ class SequenceState:
         self.finish_time = math.nan
         self.rng: np.random.Generator | None = None
 
+    def __repr__(self) -> str:
+        return (f"SequenceState({self.request_id!r}, {self.status}, {self.num_computed_tokens} of "
+                f"{self.num_tokens} tokens computed, {len(self.output_token_ids)} generated)")
+
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids

@@ -1088,7 +1088,7 @@ def test_seeded_sampling_under_memory_pressure_gives_the_same_tokens_as_with_amp
     ample = lab.LLMEngine(engine_model, block_size=4).generate(prompts, sampling)
     tight = lab.LLMEngine(engine_model, num_blocks=24, block_size=4, max_num_seqs=12, max_num_batched_tokens=48)
     squeezed = tight.generate(prompts, sampling)
-    assert tight.num_preemptions > 0
+    assert tight.num_preemptions > 0, "a cache this small must force preemptions (and count them)"
     for i, (a, b) in enumerate(zip(ample, squeezed)):
         assert a.output_token_ids == b.output_token_ids, (
             f"request {i} ({b.num_preemptions} preemptions) sampled other tokens: a preempted sequence "
@@ -1108,7 +1108,7 @@ def test_a_request_that_can_never_fit_is_rejected_while_the_others_complete(engi
         f"the reason should say what it needs and what the cache has: {rejected.finish_reason!r}")
     for out, prompt in zip(outputs[:2] + outputs[3:], prompts[:2] + prompts[3:]):
         assert out.output_token_ids == greedy_alone(engine_model, prompt, 8)
-    assert engine.allocator.num_free_blocks == 12
+    assert engine.allocator.num_free_blocks == 12, "every block must be back in the pool once all requests finished"
 
 
 @pytest.mark.exercise5
@@ -1161,7 +1161,8 @@ def test_chunked_prefill_splits_a_long_prompt_and_matches_unchunked(engine_model
     assert long_chunks[:7] == [8] * 6 + [2], f"a 50-token prompt in a budget of 8 runs as 8+8+...+2, got {long_chunks}"
     assert any(len(plan.scheduled) > 1 and plan.num_scheduled_tokens.get("0", 0) > 1 for plan, _ in plans[1:]), (
         "a step may mix a prefill chunk with other sequences' decodes")
-    assert [o.output_token_ids for o in out_chunked] == [o.output_token_ids for o in out_whole]
+    assert [o.output_token_ids for o in out_chunked] == [o.output_token_ids for o in out_whole], (
+        "chunked prefill must not change a single token: a chunk continues exactly where the last one stopped")
     assert out_chunked[0].output_token_ids == greedy_alone(engine_model, prompts[0], 6)
 
 
@@ -1178,7 +1179,7 @@ def test_prefix_caching_changes_no_output_and_hits_on_shared_prefixes(engine_mod
         assert out.output_token_ids == greedy_alone(engine_model, prompt, 10), (
             f"request {i}: a prefix-cache hit must hold exactly the K/V the prompt would compute")
     assert cached.prefix_cache_hit_rate > 0, "prompts sharing 6 full blocks must hit the prefix cache"
-    assert cached.allocator.num_free_blocks == cached.allocator.num_blocks
+    assert cached.allocator.num_free_blocks == cached.allocator.num_blocks, "prefix caching leaked blocks"
 
 
 @pytest.mark.exercise5
@@ -1192,7 +1193,7 @@ def test_prefix_caching_serves_a_prompt_that_is_entirely_cached(engine_model):
         "a prompt found whole in the prefix cache must still run its last token (that step gives the "
         "logits of the first output token) and then decode as usual")
     assert again[1].output_token_ids == greedy_alone(engine_model, prompt + [1], 5)
-    assert engine.prefix_cache_hit_rate > 0
+    assert engine.prefix_cache_hit_rate > 0, "the second run of the same prompt must hit the prefix cache"
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, "blocks leaked"
 
 
@@ -1246,7 +1247,8 @@ def test_a_finished_sequence_leaves_and_frees_its_blocks_in_the_step_it_finishes
     scheduler.update(plans[0], {"0": 1, "1": 1})
     plans.append(scheduler.schedule())
     finished = scheduler.update(plans[1], {"0": 1, "1": 1})
-    assert finished == [short] and short.finish_reason == "length"
+    assert finished == [short] and short.finish_reason == "length", (
+        f"the request that reached max_tokens must retire in this step: finished {finished}")
     assert short.block_table.block_ids == [], "a finished sequence must free its blocks at once"
     assert short not in scheduler.running, "a finished sequence must leave the batch in the step it finishes"
     assert allocator.num_free_blocks == 64 - len(long.block_table.block_ids)
@@ -1275,12 +1277,12 @@ def preemption_scene():
 def test_preemption_takes_the_newest_frees_its_blocks_and_keeps_its_tokens():
     allocator, scheduler, plan, a, b, c = preemption_scene()
     assert plan.preempted == [b], "the most recently admitted running sequence is the one preempted"
-    assert a in plan.scheduled and b not in plan.scheduled
+    assert a in plan.scheduled and b not in plan.scheduled, f"only the first request runs, got {plan.scheduled}"
     assert b.block_table.block_ids == [], "a preempted sequence must free its blocks"
     assert allocator.num_free_blocks == 5 - len(a.block_table.block_ids), "preemption leaked blocks"
     assert b.output_token_ids == [8, 10, 11, 12, 13], (
         "preemption by recompute keeps every token the sequence produced")
-    assert b.num_computed_tokens == 0
+    assert b.num_computed_tokens == 0, "a sequence that waits has computed nothing"
 
 
 @pytest.mark.exercise5
@@ -1293,7 +1295,7 @@ def test_a_preempted_sequence_goes_to_the_front_of_the_queue_and_recomputes_prom
         assert c not in plan.scheduled, "C was admitted before the preempted B"
         scheduler.update(plan, {s.request_id: 1 for s in plan.scheduled if plan.completes(s)})
     plan = scheduler.schedule()
-    assert plan.scheduled[0] is b
+    assert plan.scheduled[0] is b, f"the preempted sequence must be readmitted first, got {plan.scheduled}"
     assert plan.num_scheduled_tokens["B"] == 4 + 5, (
         "readmitted, a preempted sequence recomputes its prompt and every token it produced")
 
@@ -1308,7 +1310,7 @@ def test_a_static_batch_starts_only_when_every_sequence_of_the_last_one_finished
     batches = [sorted(p.num_scheduled_tokens) for p in plans]
     assert batches == [["0", "1"], ["1"], ["1"], ["1"], ["2"]], (
         f"request 2 must wait for the whole first batch, which request 1 holds for 4 steps: {batches}")
-    assert allocator.num_free_blocks == 64
+    assert allocator.num_free_blocks == 64, "finished sequences must return every block"
 
 
 @pytest.mark.exercise5
@@ -1371,7 +1373,9 @@ def test_hundreds_of_requests_under_memory_pressure_finish_in_seconds(engine_mod
     outputs = engine.generate(prompts, lab.SamplingParams(max_tokens=8))
     elapsed = time.perf_counter() - start
     assert all(len(o.output_token_ids) == 8 for o in outputs)
-    assert engine.num_preemptions > 0 and engine.allocator.num_free_blocks == 60
+    assert engine.num_preemptions > 0 and engine.allocator.num_free_blocks == 60, (
+        f"expected preemptions under pressure and no leak: {engine.num_preemptions} preemptions, "
+        f"{engine.allocator.num_free_blocks} of 60 blocks free")
     assert elapsed < 10, f"300 requests took {elapsed:.1f} s"
 
 
