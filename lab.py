@@ -1,4 +1,5 @@
-# GENERATED from solution.py by tools/make_lab.py: do not edit, edit solution.py and regenerate.
+# The lab: generated from solution.py by tools/make_lab.py. Students: write each exercise here,
+# in place of its `raise NotImplementedError`. Maintainers: edit solution.py and regenerate.
 """Inference-serving internals, small enough to read in an afternoon.
 
 The three mechanisms behind vLLM, TensorRT-LLM and SGLang, on a NumPy GPT-2:

@@ -21,7 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = re.compile(r"^(\s*)# BEGIN SOLUTION: Exercise (\d+)\s*$")
 END = re.compile(r"^\s*# END SOLUTION\s*$")
-HEADER = "# GENERATED from solution.py by tools/make_lab.py: do not edit, edit solution.py and regenerate.\n"
+HEADER = (
+    "# The lab: generated from solution.py by tools/make_lab.py. Students: write each exercise here,\n"
+    "# in place of its `raise NotImplementedError`. Maintainers: edit solution.py and regenerate.\n"
+)
 
 
 def enclosing_functions(source: str) -> dict[int, str]:
