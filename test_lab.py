@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -60,6 +62,39 @@ def test_lab_and_solution_expose_the_same_public_names_and_signatures():
         f"lab.py drifted from solution.py: missing {missing}, extra {extra}, different signatures {differ}; "
         "regenerate it with `python tools/make_lab.py`"
     )
+
+
+def load_make_lab():
+    spec = importlib.util.spec_from_file_location("make_lab", Path(__file__).parent / "tools" / "make_lab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.provided
+def test_make_lab_turns_each_solution_region_into_a_stub_and_keeps_the_rest():
+    source = (
+        "class A:\n"
+        "    def f(self, x):\n"
+        '        """Doc stays."""\n'
+        "        # BEGIN SOLUTION: Exercise 3\n"
+        "        return x + 1\n"
+        "        # END SOLUTION\n"
+    )
+    lab_text = load_make_lab().make_lab(source)
+    assert '"""Doc stays."""' in lab_text and "return x + 1" not in lab_text
+    assert '        raise NotImplementedError("Exercise 3: A.f")\n' in lab_text
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("source", [
+    "def f():\n    # BEGIN SOLUTION: Exercise 1\n    return 1\n",
+    "def f():\n    return 1\n    # END SOLUTION\n",
+    "# BEGIN SOLUTION: Exercise 1\nx = 1\n# END SOLUTION\n",
+], ids=["no-end", "no-begin", "outside-a-function"])
+def test_make_lab_rejects_misplaced_markers(source):
+    with pytest.raises(ValueError):
+        load_make_lab().make_lab(source)
 
 
 # =====================================================================================

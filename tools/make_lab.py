@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         print("make_lab: lab.py is in sync with solution.py")
         return 0
     target.write_text(lab)
-    print(f"make_lab: wrote {target.name} ({lab.count('raise NotImplementedError')} stubs)")
+    stubs = len(re.findall(r'raise NotImplementedError\("Exercise \d+: ', lab))
+    print(f"make_lab: wrote {target.name} ({stubs} stubs)")
     return 0
 
 
