@@ -72,6 +72,14 @@ def hash_block(parent_hash: int | None, token_ids: Sequence[int]) -> int:
     # END SOLUTION
 
 
+def chained_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """The chained hashes of every FULL block of `token_ids`, in order."""
+    hashes: list[int] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[start : start + block_size]))
+    return hashes
+
+
 @dataclasses.dataclass
 class PrefixCacheStats:
     """Counts of the prefix cache: `hits / queries` is the hit rate."""
@@ -172,6 +180,10 @@ class BlockAllocator:
     def get_cached_block(self, block_hash: int) -> int | None:
         """The block cached under this hash, without taking a reference (a peek, for planning)."""
         return self._cached.get(block_hash) if self.enable_prefix_caching else None
+
+    def cached_prefix(self, block_hashes: Sequence[int]) -> list[int]:
+        """The cached blocks of the longest cached run of `block_hashes`, without taking references."""
+        return list(itertools.takewhile(lambda b: b is not None, map(self.get_cached_block, block_hashes)))
 
     def lookup(self, block_hash: int) -> int | None:
         """A prefix-cache hit: take a reference on the cached block and return it.
@@ -300,12 +312,10 @@ class BlockTable:
             raise ValueError("allocate_prompt needs an empty table; use append_tokens to extend one")
         token_ids = [int(t) for t in token_ids]
         bs = self.block_size
-        hashes: list[int] = []
-        for i in range(len(token_ids) // bs):
-            hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[i * bs : (i + 1) * bs]))
+        hashes = chained_block_hashes(token_ids, bs)
         # Ask first: how long is the cached run, and can the rest be allocated? A hit on an
         # evictable block takes it out of the free pool too.
-        run = list(itertools.takewhile(lambda b: b is not None, map(self.allocator.get_cached_block, hashes)))
+        run = self.allocator.cached_prefix(hashes)
         missing = blocks_needed(len(token_ids), bs) - len(run)
         revived = sum(self.allocator.ref_count(b) == 0 for b in run)
         if missing + revived > self.allocator.num_free_blocks:
@@ -1189,13 +1199,8 @@ class Scheduler:
         As in allocate_prompt, a fully cached sequence still leaves its last token to compute."""
         if not self.allocator.enable_prefix_caching:
             return 0
-        bs, parent, num_cached = self.allocator.block_size, None, 0
-        while num_cached + bs <= len(token_ids):
-            parent = hash_block(parent, token_ids[num_cached : num_cached + bs])
-            if self.allocator.get_cached_block(parent) is None:
-                break
-            num_cached += bs
-        return min(num_cached, len(token_ids) - 1)
+        run = self.allocator.cached_prefix(chained_block_hashes(token_ids, self.allocator.block_size))
+        return min(len(run) * self.allocator.block_size, len(token_ids) - 1)
 
     def _allocate_slots(self, seq: SequenceState, num_new_tokens: int, out: SchedulerOutput) -> bool:
         """Put the next `num_new_tokens` tokens into the block table; False if the blocks
