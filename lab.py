@@ -22,9 +22,12 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import inspect
 import itertools
 import math
 import numbers
+import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -750,8 +753,6 @@ def bench_decode(n_embd: int = 1024, n_layer: int = 6, n_head: int = 16, vocab_s
     the best any implementation on this BLAS could do, with attention, LayerNorm and Python free.
     Returns the report; each line also goes to `log` (None: silent) as it is measured.
     """
-    import os
-
     lines: list[str] = []
 
     def say(line: str) -> None:
@@ -1859,11 +1860,14 @@ class PagedSequence:
     def extend(self, token_ids: Sequence[int]) -> None:
         self.cache.copy_blocks(self.table.append_tokens(token_ids))
 
-    def run(self) -> np.ndarray:
-        """Process every token not computed yet; logits for each of them."""
-        start, n = self.num_computed, self.table.num_tokens - self.num_computed
-        self.num_computed += n
-        return self.model.forward(self.cache, [self.table], [start], [n])
+    def run(self, stop: int | None = None) -> np.ndarray:
+        """Process the tokens not computed yet (up to position `stop`); logits for each of them."""
+        start = self.num_computed
+        stop = self.table.num_tokens if stop is None else stop
+        if stop == start:
+            return np.empty((0, self.model.config.vocab_size), np.float32)
+        self.num_computed = stop
+        return self.model.forward(self.cache, [self.table], [start], [stop - start])
 
     def rollback(self, num_tokens: int) -> None:
         """Forget tokens past `num_tokens`: their blocks go back, their K/V is never read again."""
@@ -2722,9 +2726,6 @@ EXERCISES = {
 
 def unsolved_exercises(module_name: str | None = None) -> dict[int, list[str]]:
     """Exercise number -> the functions still stubbed in a module's source (empty when all are done)."""
-    import inspect
-    import re
-
     source = inspect.getsource(sys.modules[module_name or __name__])
     stubs: dict[int, list[str]] = {}
     for number, name in re.findall(r'raise NotImplementedError\("Exercise (\d+): ([\w.]+)"\)', source):
@@ -2734,8 +2735,6 @@ def unsolved_exercises(module_name: str | None = None) -> dict[int, list[str]]:
 
 def status_report() -> str:
     """Which exercises this file still stubs (`python lab.py status`)."""
-    import os
-
     stubs = unsolved_exercises()
     lines = [f"{os.path.basename(sys.modules[__name__].__file__)}: the inference-serving lab"]
     for number, title in EXERCISES.items():
@@ -2751,7 +2750,7 @@ def scenario_size(model: str = "llama-2-13b", gpu: str = "a100-80gb", max_model_
     """Size a vLLM deployment (by default the curriculum's: a 13B model on an 80 GB GPU at 8k context),
     then the KV waste a paged cache removes."""
     lengths = {k: v for k, v in (("mean_prompt_len", prompt_len), ("mean_output_len", output_len)) if v is not None}
-    plan = plan_deployment(get_model(model), get_gpu(gpu), max_model_len, block_size=block_size,
+    plan = plan_deployment(model, gpu, max_model_len, block_size=block_size,
                            gpu_memory_utilization=gpu_memory_utilization,
                            activation_bytes=int(activation_gb * GB), tensor_parallel_size=tensor_parallel_size,
                            **lengths)
@@ -2836,8 +2835,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                             "With no command: all four scenarios in order.")
     commands = parser.add_subparsers(dest="command", parser_class=_Parser)
     size = commands.add_parser("size", help="size a deployment: KV blocks, concurrency, QPS, KV waste")
-    size.add_argument("--model", default="llama-2-13b", help=f"one of: {', '.join(MODELS)}")
-    size.add_argument("--gpu", default="a100-80gb", help=f"one of: {', '.join(GPUS)}")
+    # choices: an unknown name is a usage error that lists the known ones, before any exercise runs.
+    size.add_argument("--model", default="llama-2-13b", choices=list(MODELS))
+    size.add_argument("--gpu", default="a100-80gb", choices=list(GPUS))
     size.add_argument("--max-model-len", type=_positive(int), default=8192)
     size.add_argument("--block-size", type=_positive(int), default=16)
     size.add_argument("--gpu-memory-utilization", type=_positive(float), default=0.9)
@@ -2866,8 +2866,6 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
     prog = os.path.basename(sys.modules[__name__].__file__)
     parser = build_parser(prog)
     args = parser.parse_args(argv)

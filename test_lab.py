@@ -2416,8 +2416,8 @@ def test_cli_subcommands_exit_0_and_print_their_headline(args, headline):
 
 @pytest.mark.provided
 @pytest.mark.parametrize("args, says", [
-    (("size", "--model", "gpt-5"), "known models: llama-2-7b"),
-    (("size", "--gpu", "tpu-v9"), "known GPUs: a100-40gb"),
+    (("size", "--model", "gpt-5"), "choose from 'llama-2-7b'"),
+    (("size", "--gpu", "tpu-v9"), "choose from 'a100-40gb'"),
     (("size", "--max-model-len", "-1"), "--max-model-len"),
     (("speculate", "--alpha", "1.5"), "alpha"),
     (("stack", "--priority", "cheap"), "--priority"),
