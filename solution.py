@@ -471,6 +471,14 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def _check_tokens(config: ModelConfig, token_ids: np.ndarray, positions_end: int) -> None:
+    """Token ids inside the vocabulary, positions (up to `positions_end`) inside n_positions."""
+    if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= config.vocab_size):
+        raise ValueError(f"token ids must be in 0..{config.vocab_size - 1}")
+    if positions_end > config.n_positions:
+        raise ValueError(f"position {positions_end - 1} is beyond n_positions={config.n_positions}")
+
+
 class KVCache:
     """The physical KV-cache: `.k`, `.v` of shape (n_layer, num_blocks, block_size, n_head, head_dim).
 
@@ -675,12 +683,6 @@ class ToyTransformer:
         w = self.weights
         return _layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], self.config.layer_norm_epsilon) @ w["wte.weight"].T
 
-    def _check_tokens(self, token_ids: np.ndarray, positions_end: int) -> None:
-        if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= self.config.vocab_size):
-            raise ValueError(f"token ids must be in 0..{self.config.vocab_size - 1}")
-        if positions_end > self.config.n_positions:
-            raise ValueError(f"position {positions_end - 1} is beyond n_positions={self.config.n_positions}")
-
     # --- the reference path ----------------------------------------------------------
 
     def forward_dense(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -689,7 +691,7 @@ class ToyTransformer:
         T = len(token_ids)
         if T == 0:
             raise ValueError("forward_dense needs at least one token")
-        self._check_tokens(token_ids, T)
+        _check_tokens(self.config, token_ids, T)
         x = self._embed(token_ids, np.arange(T))
         causal = np.tril(np.ones((T, T), dtype=bool))
         scale = np.float32(1.0 / math.sqrt(self.config.head_dim))
@@ -757,8 +759,7 @@ class _PagedBatch:
             if n < 1 or start < 0 or stop > table.num_tokens:
                 raise ValueError(f"cannot process positions {start}..{stop - 1} "
                                  f"of a sequence of {table.num_tokens} tokens")
-            if stop > config.n_positions:
-                raise ValueError(f"position {stop - 1} is beyond n_positions={config.n_positions}")
+            _check_tokens(config, np.empty(0, np.int64), stop)
             tokens.append(table.token_ids[start:stop])
             positions.append(np.arange(start, stop))
             slots.append(table.slots(start, stop))
@@ -769,8 +770,7 @@ class _PagedBatch:
                 self.prefills.append((slice(row, row + n), table.slots(0, stop), mask))
             row += n
         self.token_ids = np.concatenate(tokens).astype(np.int64)
-        if self.token_ids.min() < 0 or self.token_ids.max() >= config.vocab_size:
-            raise ValueError(f"token ids must be in 0..{config.vocab_size - 1}")
+        _check_tokens(config, self.token_ids, 0)
         self.positions = np.concatenate(positions)
         self.slots = np.concatenate(slots)
         self.decode_rows = np.array([r for r, _, _ in decode], dtype=np.int64)
