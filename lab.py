@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import hashlib
 import inspect
 import itertools
 import math
@@ -49,31 +50,68 @@ class OutOfBlocksError(RuntimeError):
     """No free or evictable block is left in the pool."""
 
 
+# --- argument checks (provided): the exercises below start from checked arguments -------
+
+
+class NotAnIntError(TypeError, ValueError):
+    """A bool, float or string where an int is meant. Both a TypeError and a ValueError, so
+    that `except ValueError` (the lab's "bad input") catches it too."""
+
+
+def check_int(name: str, value: object, minimum: int | None = None) -> int:
+    """`value` as a Python int. Python and NumPy integers are accepted; a bool, a float (even
+    2.0) or a string is a NotAnIntError naming `name`; below `minimum` is a ValueError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise NotAnIntError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_token_ids(name: str, token_ids: object) -> list[int]:
+    """A sequence of token ids as a list of Python ints (see `check_int`); a string is refused,
+    not read as characters."""
+    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, (Sequence, np.ndarray)):
+        raise NotAnIntError(f"{name} must be a list of token ids (ints), got {type(token_ids).__name__}")
+    return [check_int(f"{name}[{i}]", t, minimum=0) for i, t in enumerate(token_ids)]
+
+
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """Blocks that hold `num_tokens` tokens: 0 for 0, 1 for 1..block_size, 2 for block_size+1...
 
     This is THE boundary rule of the paged cache; every other place asks it instead of
     doing its own arithmetic. A new block is needed only when token `block_size` (0-based)
-    arrives, never when the last block has just been filled.
+    arrives, never when the last block has just been filled. (Arguments are checked before
+    your code runs: two ints, num_tokens >= 0, block_size >= 1.)
     """
+    num_tokens, block_size = check_int("num_tokens", num_tokens, 0), check_int("block_size", block_size, 1)
     raise NotImplementedError("Exercise 1: blocks_needed")
 
 
-def hash_block(parent_hash: int | None, token_ids: Sequence[int]) -> int:
+def hash_block(parent_hash: int | None, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
     """Content hash of one FULL block, chained on the hash of the block before it.
 
     Chaining makes the hash name the whole prefix, not just this block's tokens: two
     blocks with the same tokens after different prefixes hold different K/V (attention
-    saw different pasts), so they must never be confused.
+    saw different pasts), so they must never be confused. `cache_salt` (given for a
+    sequence's first block only; the chain carries it on) keeps the prefixes of requests
+    with different salts apart: tenants that must not share cached K/V never do.
+
+    Required: the same int in every process (so not Python's `hash`, which is salted per
+    process for str and, since 3.12, for None) and collision-resistant (a collision would
+    hand one request another's K/V). SHA-256 over a canonical encoding of (parent_hash,
+    cache_salt, token ids) has both.
     """
     raise NotImplementedError("Exercise 3: hash_block")
 
 
-def chained_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """The chained hashes of every FULL block of `token_ids`, in order."""
+def chained_block_hashes(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None) -> list[int]:
+    """The chained hashes of every FULL block of `token_ids`, in order (the salt goes into
+    the first block's hash)."""
     hashes: list[int] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[start : start + block_size]))
+        parent = hashes[-1] if hashes else None
+        hashes.append(hash_block(parent, token_ids[start : start + block_size], None if hashes else cache_salt))
     return hashes
 
 
@@ -94,22 +132,24 @@ class BlockAllocator:
     """The physical pool of KV blocks `0..num_blocks-1`, with reference counts.
 
     Invariants:
-    - a block is in the free queue if and only if its reference count is 0;
-    - the free queue is in least-recently-freed order: `allocate` takes from the front,
-      `free` appends to the back. With prefix caching on, a freed block keeps its hash and
-      stays findable until `allocate` reuses it (lazy eviction, least recently used first);
+    - a block with reference count 0 is in exactly one of two queues: `_free` if it holds
+      nothing findable, `_evictable` if the prefix cache still finds it by its hash;
+    - both queues are in least-recently-freed order: `free` appends to the back. `allocate`
+      takes the front of `_free`, and only when `_free` is empty the front of `_evictable`:
+      a cached block is evicted at that moment, not earlier (lazy eviction, least recently
+      used first), and never to make room that a plain free block could give;
+    - only a block in use can be registered, so a hash always names K/V that was written;
     - every error leaves the allocator exactly as it was.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
-        self._ref_counts = [0] * num_blocks
-        # An ordered dict is a queue with O(1) removal from the middle (prefix-cache revival).
-        self._free: collections.OrderedDict[int, None] = collections.OrderedDict.fromkeys(range(num_blocks))
+        self.num_blocks = check_int("num_blocks", num_blocks, 1)
+        self.block_size = check_int("block_size", block_size, 1)
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self._ref_counts = [0] * self.num_blocks
+        # Ordered dicts are queues with O(1) removal from the middle (prefix-cache revival).
+        self._free: collections.OrderedDict[int, None] = collections.OrderedDict.fromkeys(range(self.num_blocks))
+        self._evictable: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._block_hash: dict[int, int] = {}  # block id -> its hash, while it is cached
         self.stats = PrefixCacheStats()
@@ -119,29 +159,41 @@ class BlockAllocator:
         """Blocks `allocate()` can hand out now: never used, freed, or cached but unreferenced."""
         raise NotImplementedError("Exercise 1: BlockAllocator.num_free_blocks")
 
-    def _check_id(self, block_id: int) -> None:
+    def _checked_id(self, block_id: object, in_use: str | None = None) -> int:
+        """A block id as an int (TypeError for a non-int, ValueError out of range). With
+        `in_use`, a block whose reference count is 0 is a ValueError saying `in_use`."""
+        block_id = check_int("block_id", block_id)
         if not 0 <= block_id < self.num_blocks:
             raise ValueError(f"block id {block_id} is out of range 0..{self.num_blocks - 1}")
+        if in_use and self._ref_counts[block_id] == 0:
+            raise ValueError(f"block {block_id} is free: {in_use}")
+        return block_id
 
     def allocate(self) -> int:
-        """A block with reference count 1, the least recently freed one.
+        """A block with reference count 1: the least recently freed plain block, or, only when
+        none is left, the least recently used cached block, evicted now (`_evict`).
 
-        Raises OutOfBlocksError when the pool is empty. A block taken from the front of the
-        queue may still be in the prefix cache: it is evicted now, not earlier (`_evict`).
+        Raises OutOfBlocksError (and changes nothing) when both queues are empty.
         """
         raise NotImplementedError("Exercise 1: BlockAllocator.allocate")
 
     def incref(self, block_id: int) -> None:
-        """Share a block that is in use: one more table holds it."""
+        """Share a block that is in use: one more table holds it. (Checked before your code:
+        an id that is not an int in range, or a free block, raises and changes nothing.)"""
+        block_id = self._checked_id(block_id, in_use="only a block in use can be shared")
         raise NotImplementedError("Exercise 1: BlockAllocator.incref")
 
     def free(self, block_id: int) -> None:
-        """Drop one reference; at zero the block goes to the back of the free queue."""
+        """Drop one reference; at zero the block goes to the back of its queue: `_evictable`
+        if the prefix cache holds its hash, else `_free`. (Checked before your code: an id
+        that is not an int in range, or a block with no reference left, i.e. a double free,
+        raises and changes nothing.)"""
+        block_id = self._checked_id(block_id, in_use="it has no reference left (double free)")
         raise NotImplementedError("Exercise 1: BlockAllocator.free")
 
     def ref_count(self, block_id: int) -> int:
         """How many tables (or prefix-cache lookups) hold this block."""
-        raise NotImplementedError("Exercise 1: BlockAllocator.ref_count")
+        return self._ref_counts[self._checked_id(block_id)]
 
     # --- prefix caching (Exercise 3) ---------------------------------------------------
 
@@ -153,24 +205,36 @@ class BlockAllocator:
         """The block cached under this hash, without taking a reference (a peek, for planning)."""
         return self._cached.get(block_hash) if self.enable_prefix_caching else None
 
-    def cached_prefix(self, block_hashes: Sequence[int]) -> list[int]:
-        """The cached blocks of the longest cached run of `block_hashes`, without taking references."""
-        return list(itertools.takewhile(lambda b: b is not None, map(self.get_cached_block, block_hashes)))
+    def cached_prefix(self, block_hashes: Sequence[int], num_tokens: int) -> list[int]:
+        """The cached blocks a sequence of `num_tokens` tokens, whose full blocks have these
+        chained hashes, can reuse (a peek: no reference is taken).
+
+        That is the longest cached run of `block_hashes`, except when the run covers every
+        token: then its last block is left out, to be recomputed into a private block. The
+        last token must be computed anyway (its logits give the first output token), and
+        its K/V must not be written into a block that other sequences read.
+        """
+        run = list(itertools.takewhile(lambda b: b is not None, map(self.get_cached_block, block_hashes)))
+        return run[:-1] if run and len(run) * self.block_size >= num_tokens else run
 
     def lookup(self, block_hash: int) -> int | None:
         """A prefix-cache hit: take a reference on the cached block and return it.
 
-        A hit on an evictable block (reference count 0) revives it: it leaves the free
-        queue. Returns None on a miss, or when prefix caching is off. Counts every query and
-        hit in `stats`.
+        A hit on an evictable block (reference count 0) revives it: it leaves `_evictable`.
+        Returns None on a miss, or when prefix caching is off. With caching on, every call is
+        one query in `stats.queries`, hit or miss, and every hit one `stats.hits`.
         """
         raise NotImplementedError("Exercise 3: BlockAllocator.lookup")
 
     def register(self, block_id: int, block_hash: int) -> None:
-        """Make a full block findable under its chained hash (no-op when caching is off).
+        """Make a full block, in use and with its K/V written, findable under its chained hash
+        (no-op when caching is off).
 
-        If another block already holds the same prefix, the first one stays the cached copy.
+        If another block already holds the same prefix, the first one stays the cached copy,
+        and a block registered once keeps its first hash. (Checked before your code: a free
+        block is a ValueError, since nothing written can be in it.)
         """
+        block_id = self._checked_id(block_id, in_use="only a block in use, with its K/V written, can be registered")
         raise NotImplementedError("Exercise 3: BlockAllocator.register")
 
     def _evict(self, block_id: int) -> None:
@@ -186,17 +250,20 @@ class BlockTable:
     Before new tokens land in such a block, the table takes a private copy and reports the
     `(src, dst)` pair, so the caller can copy the K/V data (copy-on-write).
 
-    With prefix caching the table also keeps `_block_hashes`, the chained hashes of its full
-    blocks, in order: `_register_full_blocks` extends it, and every method that changes which
-    tokens the table holds keeps it equal to the hashes of its current full blocks.
+    With prefix caching the table also keeps `_block_hashes`, the chained hashes of the full
+    blocks it has registered, in order. A block is registered only once its K/V is computed
+    (`cache_full_blocks`, called after the forward pass that wrote it), never when it is
+    allocated: until then another sequence that found it would read K/V that is not there.
+    `cache_salt` goes into the first block's hash (see `hash_block`).
     """
 
-    def __init__(self, allocator: BlockAllocator):
+    def __init__(self, allocator: BlockAllocator, cache_salt: str | None = None):
         self.allocator = allocator
         self.block_size = allocator.block_size
+        self.cache_salt = cache_salt
         self.block_ids: list[int] = []
         self.token_ids: list[int] = []
-        self._block_hashes: list[int] = []  # chained hashes of the full blocks, in order
+        self._block_hashes: list[int] = []  # chained hashes of the registered full blocks, in order
 
     @property
     def num_tokens(self) -> int:
@@ -205,36 +272,50 @@ class BlockTable:
     def _is_shared(self, block_id: int) -> bool:
         return self.allocator.ref_count(block_id) > 1 or self.allocator.is_cached(block_id)
 
-    def _register_full_blocks(self) -> None:
-        """Register every full block that has no hash yet (prefix caching only)."""
-        if not self.allocator.enable_prefix_caching:
-            return
-        bs = self.block_size
-        for i in range(len(self._block_hashes), self.num_tokens // bs):
-            parent = self._block_hashes[-1] if self._block_hashes else None
-            block_hash = hash_block(parent, self.token_ids[i * bs : (i + 1) * bs])
-            self._block_hashes.append(block_hash)
-            self.allocator.register(self.block_ids[i], block_hash)
-
     def append_tokens(self, token_ids: Sequence[int]) -> list[tuple[int, int]]:
         """Append tokens, allocating a block only when the last one is full.
 
         Returns the copy-on-write pairs `(src, dst)` whose K/V the caller must copy before
-        writing. Blocks that became full are then registered (`_register_full_blocks`). On
-        OutOfBlocksError nothing changes (the table asks before it acts).
+        writing: at most one, for a last block with room that another table or the prefix
+        cache can see. Registers nothing (that is `cache_full_blocks`, once K/V is written).
+        On OutOfBlocksError nothing changes (ask for every block needed, the copy included,
+        before taking any). (`token_ids` arrives checked: a list of ints.)
         """
+        token_ids = check_token_ids("token_ids", token_ids)
         raise NotImplementedError("Exercise 2: BlockTable.append_tokens")
 
     def allocate_prompt(self, token_ids: Sequence[int]) -> int:
-        """Fill an empty table with a prompt, reusing the longest cached run of full blocks.
+        """Fill an empty table with a prompt (or the first chunk of one), reusing cached blocks.
 
-        Returns how many leading tokens already have K/V (`num_computed_tokens`). When the
-        whole prompt is cached, the last token is still reported as not computed, so the
-        step that processes it produces the logits for the first output token. (Writing
-        that token's K/V again into the cached block stores the value already there.)
-        On OutOfBlocksError nothing changes: cache hits taken so far are given back.
+        The reused blocks are `allocator.cached_prefix(hashes, len(token_ids))` for the chained
+        hashes of the prompt's full blocks: the longest cached run, less its last block when it
+        covers the whole prompt (so at least the last token is computed: it yields the logits
+        of the first output token, and no cached block is ever written). Each reused block is
+        taken with `allocator.lookup` (one query and one hit each); when the prompt has a full
+        block after the reused run, exactly one more `lookup` asks for it (and misses, unless
+        the run was cut short because it covered the whole prompt: then no more lookups). The
+        rest of the prompt gets fresh blocks; nothing new is registered (`cache_full_blocks`
+        does that once the K/V is computed).
+
+        Returns how many leading tokens already have K/V (`num_computed_tokens`): the reused
+        blocks' tokens. On OutOfBlocksError nothing changes: no lookup, no allocation.
+        (Checked before your code: the table is empty and `token_ids` is a list of ints.)
         """
+        if self.block_ids:
+            raise ValueError("allocate_prompt needs an empty table; use append_tokens to extend one")
+        token_ids = check_token_ids("token_ids", token_ids)
         raise NotImplementedError("Exercise 3: BlockTable.allocate_prompt")
+
+    def cache_full_blocks(self, num_computed_tokens: int) -> None:
+        """Register (prefix caching only) every full block among the first `num_computed_tokens`
+        tokens that has no hash yet: their K/V is now written. Blocks are registered in order,
+        under their chained hashes (`hash_block(parent, tokens, cache_salt for the first)`),
+        and `_block_hashes` grows with them. Call it after the forward pass that computed them.
+        (Checked before your code: an int in 0..num_tokens.)"""
+        check_int("num_computed_tokens", num_computed_tokens, 0)
+        if num_computed_tokens > self.num_tokens:
+            raise ValueError(f"num_computed_tokens = {num_computed_tokens} but the table holds {self.num_tokens}")
+        raise NotImplementedError("Exercise 3: BlockTable.cache_full_blocks")
 
     def fork(self) -> BlockTable:
         """A second sequence that shares every block of this one (parallel sampling)."""
@@ -246,12 +327,20 @@ class BlockTable:
         This is how rejected speculative tokens are rolled back. A block that keeps some
         tokens stays; the next append copies it first if it is shared or cached. The hashes of
         blocks that are no longer full go too: a hash names a block's whole content, and the
-        tokens appended next will be different ones.
+        tokens appended next will be different ones. (Checked before your code: an int in
+        0..num_tokens, else TypeError/ValueError.)
         """
+        num_tokens = check_int("num_tokens", num_tokens, 0)
+        if num_tokens > self.num_tokens:
+            raise ValueError(f"cannot truncate to {num_tokens} tokens: the table holds {self.num_tokens}")
         raise NotImplementedError("Exercise 2: BlockTable.truncate")
 
     def slots(self, start: int, stop: int) -> np.ndarray:
-        """Physical slot ids `block * block_size + offset` of positions `start..stop-1`."""
+        """Physical slot ids `block * block_size + offset` of positions `start..stop-1`, an int64
+        array. (Checked before your code: ints with 0 <= start <= stop <= num_tokens.)"""
+        start, stop = check_int("start", start), check_int("stop", stop)
+        if not 0 <= start <= stop <= self.num_tokens:
+            raise ValueError(f"positions {start}..{stop} are outside the table's 0..{self.num_tokens}")
         raise NotImplementedError("Exercise 2: BlockTable.slots")
 
     def free(self) -> None:
@@ -844,12 +933,14 @@ class SamplingParams:
 @dataclasses.dataclass
 class Request:
     """One generation request. `arrival_time` (seconds) places it on a workload's clock for
-    the simulator; the engine stamps its own clock when the request is added."""
+    the simulator; the engine stamps its own clock when the request is added. Requests with
+    different `cache_salt`s never share prefix-cache blocks (see `hash_block`)."""
 
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams = SamplingParams()
     arrival_time: float = 0.0
+    cache_salt: str | None = None
 
 
 @dataclasses.dataclass
@@ -910,7 +1001,7 @@ class SequenceState:
         self.sampling = request.sampling
         self.prompt_token_ids = [int(t) for t in request.prompt_token_ids]
         self.output_token_ids: list[int] = []
-        self.block_table = BlockTable(allocator)
+        self.block_table = BlockTable(allocator, request.cache_salt)
         self.num_computed_tokens = 0
         self.status = SequenceState.WAITING
         self.finish_reason: str | None = None
@@ -932,6 +1023,11 @@ class SequenceState:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids_slice(self, start: int, stop: int) -> list[int]:
+        """all_token_ids[start:stop] without building the whole list (a step is O(new tokens))."""
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[start:stop] + self.output_token_ids[max(start - n, 0) : max(stop - n, 0)]
 
     def to_output(self) -> RequestOutput:
         metrics = RequestMetrics.from_times(self.arrival_time, self.token_times, self.finish_time)
@@ -992,7 +1088,10 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add_request(self, request: Request) -> SequenceState:
-        """Queue a request; one that can never run is finished at once as "rejected: ..."."""
+        """Queue a request; one that can never run is finished at once as "rejected: ...".
+        An empty prompt, or no max_tokens >= 1, is a ValueError: there would be nothing to run."""
+        if len(request.prompt_token_ids) == 0 or check_int("max_tokens", request.sampling.max_tokens) < 1:
+            raise ValueError(f"request {request.request_id!r} needs a non-empty prompt and max_tokens >= 1")
         seq = SequenceState(request, self.allocator)
         reason = self._rejection(seq)
         if reason:
@@ -1020,20 +1119,20 @@ class Scheduler:
 
     # --- helpers of schedule(): each asks before it acts, and changes nothing on failure ---
 
-    def _num_cached_tokens(self, token_ids: list[int]) -> int:
-        """Leading tokens whose K/V the prefix cache holds (a peek: no reference is taken).
-        As in allocate_prompt, a fully cached sequence still leaves its last token to compute."""
+    def _num_cached_tokens(self, seq: SequenceState, token_ids: list[int]) -> int:
+        """Leading tokens whose K/V allocate_prompt will reuse (a peek: no reference is taken)."""
         if not self.allocator.enable_prefix_caching:
             return 0
-        run = self.allocator.cached_prefix(chained_block_hashes(token_ids, self.allocator.block_size))
-        return min(len(run) * self.allocator.block_size, len(token_ids) - 1)
+        bs = self.allocator.block_size
+        hashes = chained_block_hashes(token_ids, bs, seq.request.cache_salt)
+        return len(self.allocator.cached_prefix(hashes, len(token_ids))) * bs
 
     def _allocate_slots(self, seq: SequenceState, num_new_tokens: int, out: SchedulerOutput) -> bool:
         """Put the next `num_new_tokens` tokens into the block table; False if the blocks
         are not there (the table is unchanged)."""
         stop = seq.num_computed_tokens + num_new_tokens
         try:
-            out.blocks_to_copy += seq.block_table.append_tokens(seq.all_token_ids[seq.block_table.num_tokens : stop])
+            out.blocks_to_copy += seq.block_table.append_tokens(seq.token_ids_slice(seq.block_table.num_tokens, stop))
         except OutOfBlocksError:
             return False
         return True
@@ -1042,7 +1141,7 @@ class Scheduler:
         """Give a waiting sequence its first blocks (prefix-cache hits included) and return
         how many tokens it runs this step; 0 if the budget or the free blocks say wait."""
         tokens = seq.all_token_ids  # prompt + output: a preempted sequence recomputes both
-        num_cached = self._num_cached_tokens(tokens)
+        num_cached = self._num_cached_tokens(seq, tokens)
         num_new = len(tokens) - num_cached
         if self.enable_chunked_prefill:
             num_new = min(num_new, token_budget)
@@ -1084,9 +1183,13 @@ class Scheduler:
         return None
 
     def update(self, out: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[SequenceState]:
-        """After the step ran: advance every scheduled sequence by its tokens, append the token
-        sampled for each sequence that `out.completes`, and retire the ones that are done NOW
-        (their blocks go back to the pool before the next step is planned). Returns them."""
+        """After the step ran: advance every scheduled sequence by its tokens and register the
+        blocks that are now computed (`block_table.cache_full_blocks(num_computed_tokens)`),
+        append the token sampled for each sequence that `out.completes`, and retire the ones
+        that are done NOW (their blocks go back to the pool before the next step is planned):
+        "stop" if the token is in `stop_token_ids` (checked first: a stop token that is also
+        the max_tokens-th token finishes as "stop"), else "length" at `max_tokens` outputs.
+        Returns the retired sequences."""
         raise NotImplementedError("Exercise 5: Scheduler.update")
 
 
@@ -1145,7 +1248,9 @@ def token_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
         probs = np.zeros(logits.shape)
         np.put_along_axis(probs, logits.argmax(axis=-1)[..., None], 1.0, axis=-1)
         return probs
-    return _softmax(logits / temperature)
+    # Subtract the max BEFORE dividing: at a tiny temperature logits / T overflows to inf,
+    # and inf - inf is NaN; (logits - max) / T is at most 0 and only underflows to -inf.
+    return _softmax((logits - logits.max(axis=-1, keepdims=True)) / temperature)
 
 
 def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Generator | None) -> int:
@@ -1161,29 +1266,46 @@ def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Ge
 
 
 def _check_request(request: Request, config: ModelConfig) -> None:
-    """A ValueError naming the request and what is wrong with it; nothing else is touched."""
+    """A ValueError naming the request and what is wrong with it; nothing else is touched.
+    Every field is checked here, so that nothing can fail later inside a step."""
     def bad(why: str) -> ValueError:
         return ValueError(f"request {request.request_id!r}: {why}")
 
-    s, prompt = request.sampling, request.prompt_token_ids
+    def ids_in_vocab(name: str, ids: object) -> list[int]:
+        try:
+            ids = check_token_ids(name, ids)
+        except TypeError as e:
+            raise bad(str(e)) from None
+        except ValueError:  # a negative id
+            ids = [-1]
+        if any(not 0 <= t < config.vocab_size for t in ids):
+            raise bad(f"{name} has a token id outside the vocabulary 0..{config.vocab_size - 1}")
+        return ids
+
+    s = request.sampling
+    if not isinstance(request.request_id, str):
+        raise bad(f"request_id must be a str, got {type(request.request_id).__name__}")
     if not isinstance(s, SamplingParams):
         raise bad(f"sampling must be a SamplingParams, got {type(s).__name__}")
-    if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__"):
-        raise bad(f"the prompt must be a list of token ids, got {type(prompt).__name__}")
-    if len(prompt) == 0:
+    prompt = ids_in_vocab("prompt_token_ids", request.prompt_token_ids)
+    if not prompt:
         raise bad("the prompt is empty; expected at least one token id")
-    for t in prompt:
-        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
-            raise bad(f"token {t!r} is a {type(t).__name__}, expected an int")
-        if not 0 <= t < config.vocab_size:
-            raise bad(f"token id {t} is outside the vocabulary 0..{config.vocab_size - 1}")
     if isinstance(s.max_tokens, bool) or not isinstance(s.max_tokens, (int, np.integer)) or s.max_tokens < 1:
         raise bad(f"max_tokens must be an int >= 1, got {s.max_tokens!r}")
     if len(prompt) + s.max_tokens > config.n_positions:
         raise bad(f"prompt ({len(prompt)} tokens) + max_tokens ({s.max_tokens}) exceeds the model's "
                   f"n_positions = {config.n_positions}")
-    if not isinstance(s.temperature, (int, float, np.floating)) or not s.temperature >= 0:
-        raise bad(f"temperature must be a number >= 0, got {s.temperature!r}")
+    t = s.temperature
+    if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Real) or not 0 <= t < math.inf:
+        raise bad(f"temperature must be a finite number >= 0, got {t!r}")
+    if s.seed is not None and (isinstance(s.seed, (bool, np.bool_)) or not isinstance(s.seed, (int, np.integer))
+                               or s.seed < 0):
+        raise bad(f"seed must be None or an int >= 0, got {s.seed!r}")
+    if not isinstance(s.stop_token_ids, (tuple, list)):
+        raise bad(f"stop_token_ids must be a tuple or list of token ids, got {type(s.stop_token_ids).__name__}")
+    ids_in_vocab("stop_token_ids", s.stop_token_ids)
+    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
+        raise bad(f"cache_salt must be None or a str, got {type(request.cache_salt).__name__}")
 
 
 class LLMEngine:
@@ -1207,7 +1329,8 @@ class LLMEngine:
                                          enable_chunked_prefill)
         self.num_steps = 0
         self._next_id = 0
-        self._just_finished: list[SequenceState] = []  # rejected on arrival, reported by the next step
+        self._just_finished: list[SequenceState] = []  # finished outside a step, reported by the next one
+        self._held: dict[str, RequestOutput] = {}  # other callers' outputs that generate() stepped past
 
     @property
     def num_preemptions(self) -> int:
@@ -1217,19 +1340,36 @@ class LLMEngine:
     def prefix_cache_hit_rate(self) -> float:
         return self.allocator.stats.hit_rate
 
-    def _make_request(self, prompt: Request | Sequence[int], sampling: SamplingParams | None) -> Request:
-        if isinstance(prompt, Request):
-            request = prompt
-        else:
-            request = Request(str(self._next_id), prompt, SamplingParams() if sampling is None else sampling)
-            self._next_id += 1
-        _check_request(request, self.model.config)
-        return request
+    def _in_flight(self) -> set[str]:
+        """Ids of the requests added and not yet reported finished."""
+        s = self.scheduler
+        return {q.request_id for q in itertools.chain(s.waiting, s.running, self._just_finished)} | set(self._held)
+
+    def _checked_requests(self, prompts: Sequence[Request | Sequence[int]],
+                          sampling: Sequence[SamplingParams | None]) -> list[Request]:
+        """Requests for these prompts, every field checked, ids fresh and unique: a ValueError
+        for any bad one, and then nothing is queued (a batch is all or nothing)."""
+        taken, requests = self._in_flight(), []
+        for prompt, params in zip(prompts, sampling):
+            if isinstance(prompt, Request):
+                request = prompt
+            else:
+                while str(self._next_id) in taken:  # a caller's id may look like ours
+                    self._next_id += 1
+                request = Request(str(self._next_id), prompt, SamplingParams() if params is None else params)
+            _check_request(request, self.model.config)
+            if request.request_id in taken:
+                raise ValueError(f"request id {request.request_id!r} is already in flight; ids must be unique")
+            taken.add(request.request_id)
+            requests.append(request)
+        self._next_id += len(requests)
+        return requests
 
     def add_request(self, prompt: Request | Sequence[int], sampling: SamplingParams | None = None) -> str:
         """Queue a Request (or a prompt with its SamplingParams); returns its request id.
-        Its arrival is now on the engine's clock."""
-        return self._add(self._make_request(prompt, sampling))
+        Its arrival is now on the engine's clock. A bad field or an id already in flight is a
+        ValueError, and nothing is queued."""
+        return self._add(self._checked_requests([prompt], [sampling])[0])
 
     def _add(self, request: Request) -> str:
         seq = self.scheduler.add_request(request)
@@ -1241,7 +1381,7 @@ class LLMEngine:
         return request.request_id
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._just_finished)
+        return self.scheduler.has_unfinished() or bool(self._just_finished) or bool(self._held)
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a waiting or running request now and free its blocks (its client went away).
@@ -1257,20 +1397,27 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step on the model. Returns an output for every request that got a
-        token or finished in this step (`.finished` tells which)."""
+        token or finished in this step (`.finished` tells which), and those that `generate`
+        held for the caller of `step`.
+
+        If the model or the sampler raises, every sequence of the step is finished as "error"
+        (its blocks freed, its output reported by the next step) and the error propagates:
+        no request is left behind half-computed."""
+        held, self._held = list(self._held.values()), {}
         out = self.scheduler.schedule()
         done, self._just_finished = self._just_finished, []
         if not out.scheduled:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("the scheduler planned an empty step while requests are waiting")
-            return [seq.to_output() for seq in done]
-        self.kv_cache.copy_blocks(out.blocks_to_copy)  # before the forward writes into the copies
-        num_new = [out.num_scheduled_tokens[s.request_id] for s in out.scheduled]
-        logits = self.model.forward(self.kv_cache, [s.block_table for s in out.scheduled],
-                                    [s.num_computed_tokens for s in out.scheduled], num_new)
-        last_rows = np.cumsum(num_new) - 1
-        sampled = {s.request_id: sample_token(logits[row], s.sampling, s.rng)
-                   for s, row in zip(out.scheduled, last_rows) if out.completes(s)}
+            return held + [seq.to_output() for seq in done]
+        try:
+            sampled = self._run_model(out)
+        except Exception as exc:
+            for seq in out.scheduled:
+                self.scheduler.abort(seq.request_id)
+                seq.finish_reason, seq.finish_time = f"error: {type(exc).__name__}", time.perf_counter()
+            self._just_finished = done + out.scheduled
+            raise
         finished = self.scheduler.update(out, sampled)
         self.num_steps += 1
         now = time.perf_counter()
@@ -1280,28 +1427,49 @@ class LLMEngine:
         for seq in finished:
             seq.finish_time = now
         progressed = [s for s in out.scheduled if s.request_id in sampled]
-        return [seq.to_output() for seq in done + progressed]
+        return held + [seq.to_output() for seq in done + progressed]
+
+    def _run_model(self, out: SchedulerOutput) -> dict[str, int]:
+        """The step's forward pass and sampling: request id -> sampled token, for every
+        sequence whose last pending token this step processes."""
+        self.kv_cache.copy_blocks(out.blocks_to_copy)  # before the forward writes into the copies
+        num_new = [out.num_scheduled_tokens[s.request_id] for s in out.scheduled]
+        logits = self.model.forward(self.kv_cache, [s.block_table for s in out.scheduled],
+                                    [s.num_computed_tokens for s in out.scheduled], num_new)
+        last_rows = np.cumsum(num_new) - 1
+        return {s.request_id: sample_token(logits[row], s.sampling, s.rng)
+                for s, row in zip(out.scheduled, last_rows) if out.completes(s)}
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; one RequestOutput per prompt, in order.
 
         `sampling` is one SamplingParams for all, or one per prompt. Every prompt is checked
-        before any work starts, so a bad one raises ValueError and nothing runs."""
+        before any work starts, so a bad one raises ValueError and nothing runs. Requests
+        added earlier with `add_request` run alongside; their outputs are kept for the next
+        `step()` (the latest one per request), never dropped. If a step raises, this batch's
+        unfinished requests are aborted before the error propagates."""
         if sampling is None or isinstance(sampling, SamplingParams):
             sampling = [sampling or SamplingParams()] * len(prompts)
         if len(sampling) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(sampling)} SamplingParams")
-        first_id = self._next_id
-        requests = [Request(str(first_id + i), p, s) for i, (p, s) in enumerate(zip(prompts, sampling))]
-        for request in requests:
-            _check_request(request, self.model.config)
-        self._next_id += len(requests)
+        requests = self._checked_requests(prompts, sampling)
         for request in requests:
             self._add(request)
+        mine = {r.request_id for r in requests}
         results: dict[str, RequestOutput] = {}
-        while self.has_unfinished():
-            results |= {o.request_id: o for o in self.step() if o.finished}
+        try:
+            while len(results) < len(requests):
+                for o in self.step():
+                    if o.request_id in mine:
+                        if o.finished:
+                            results[o.request_id] = o
+                    else:
+                        self._held[o.request_id] = o
+        except BaseException:
+            for rid in mine - set(results):
+                self.abort_request(rid)
+            raise
         return [results[r.request_id] for r in requests]
 
     def summary(self, outputs: Sequence[RequestOutput], duration: float) -> dict[str, float]:
@@ -1766,11 +1934,14 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     """Expected tokens one draft+verify step emits: (1 - alpha**(k+1)) / (1 - alpha).
 
     Treating acceptances as independent with rate alpha, the step emits j+1 tokens when the first
-    j drafts are kept, so the mean is 1 + alpha + ... + alpha**k; summed that way it is exact at
-    alpha = 1 (k+1) and needs no 0/0 special case.
+    j drafts are kept, so the mean is 1 + alpha + ... + alpha**k: the geometric sum above, and
+    k+1 at alpha = 1, where the closed form is 0/0. O(1) in k.
     """
     _check_alpha_k(alpha, k)
-    return float(sum(float(alpha) ** j for j in range(int(k) + 1)))
+    alpha, k = float(alpha), int(k)
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 def speculative_speedup(alpha: float, k: int, c: float) -> float:
@@ -2219,9 +2390,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         for field in ("num_params", "num_layers", "num_kv_heads", "head_dim", "dtype_bytes"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ModelSpec {self.name!r}: {field} must be a positive int, got {value!r}")
+            check_int(f"ModelSpec {self.name!r}: {field}", getattr(self, field), minimum=1)
         heads = self.num_attention_heads
         if heads is not None and (heads < self.num_kv_heads or heads % self.num_kv_heads):
             raise ValueError(
@@ -2328,11 +2497,6 @@ def kv_bytes_per_token(model: ModelSpec) -> int:
     return 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class DeploymentPlan:
     """One serving configuration, sized per GPU (a tensor-parallel group of
@@ -2379,7 +2543,7 @@ def _check_plan_inputs(model: ModelSpec, max_model_len: int, block_size: int,
     """plan_deployment's argument checks: a ValueError that names the bad argument."""
     for name, value in (("max_model_len", max_model_len), ("block_size", block_size),
                         ("tensor_parallel_size", tensor_parallel_size)):
-        _check_positive_int(name, value)
+        check_int(name, value, minimum=1)
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     if activation_bytes < 0:
@@ -2559,7 +2723,7 @@ def sample_request_lengths(stats: LengthStats, num_requests: int, seed: int = 0,
     independently from lognormals (sigma LENGTH_SIGMA) whose means are the reported ones.
     Deterministic for a seed. With `max_model_len`, a request longer than it is truncated
     (prompt first kept, output cut) as the paper truncates ShareGPT to the model's context."""
-    _check_positive_int("num_requests", num_requests)
+    check_int("num_requests", num_requests, minimum=1)
     rng = np.random.default_rng(seed)
 
     def draw(mean: float) -> np.ndarray:
@@ -2568,7 +2732,7 @@ def sample_request_lengths(stats: LengthStats, num_requests: int, seed: int = 0,
 
     prompts, outputs = draw(stats.mean_prompt_len), draw(stats.mean_output_len)
     if max_model_len is not None:
-        _check_positive_int("max_model_len", max_model_len)
+        check_int("max_model_len", max_model_len, minimum=1)
         if max_model_len < 2:
             raise ValueError(f"max_model_len must leave room for a prompt and an output token, got {max_model_len}")
         prompts = np.minimum(prompts, max_model_len - 1)
@@ -2589,8 +2753,8 @@ def kv_memory_utilization(lengths, max_model_len: int, block_size: int) -> KVUti
     front; (b) `paged`: PagedAttention reserves `blocks_needed(length, block_size)` whole
     blocks, so each sequence wastes fewer than `block_size` slots, all in its last block.
     Every length must be in 1..max_model_len (a slab cannot hold more)."""
-    _check_positive_int("max_model_len", max_model_len)
-    _check_positive_int("block_size", block_size)
+    check_int("max_model_len", max_model_len, minimum=1)
+    check_int("block_size", block_size, minimum=1)
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or lengths.size == 0 or not np.issubdtype(lengths.dtype, np.integer):
         raise ValueError(f"lengths must be a non-empty 1-D sequence of ints, got {lengths!r}")
@@ -2848,11 +3012,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _positive(kind):
+def _positive(kind, allow_zero: bool = False):
+    """An argparse type: a finite number > 0 (>= 0 with allow_zero); inf and nan are refused."""
     def parse(text: str):
         value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if not (0 <= value if allow_zero else 0 < value) or not value < math.inf:
+            raise argparse.ArgumentTypeError(f"must be a finite number {'>=' if allow_zero else '>'} 0, got {text}")
         return value
     parse.__name__ = kind.__name__
     return parse
@@ -2869,7 +3034,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     size.add_argument("--max-model-len", type=_positive(int), default=8192)
     size.add_argument("--block-size", type=_positive(int), default=16)
     size.add_argument("--gpu-memory-utilization", type=_positive(float), default=0.9)
-    size.add_argument("--activation-gb", type=float, default=0.0, help="per-GPU activation reserve, GB")
+    size.add_argument("--activation-gb", type=_positive(float, allow_zero=True), default=0.0, help="per-GPU activation reserve, GB")
     size.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel GPUs")
     size.add_argument("--prompt-len", type=_positive(float), help="mean prompt tokens (default: ShareGPT)")
     size.add_argument("--output-len", type=_positive(float), help="mean output tokens (default: ShareGPT)")
@@ -2881,7 +3046,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     speculate = commands.add_parser("speculate", help="expected speedup of speculative decoding")
     speculate.add_argument("--alpha", type=float, help="acceptance rate of your draft, 0..1")
     speculate.add_argument("--k", type=_positive(int), help="draft tokens per step (default: the best)")
-    speculate.add_argument("--c", type=float, default=0.05, help="draft step cost / target step cost")
+    speculate.add_argument("--c", type=_positive(float, allow_zero=True), default=0.05, help="draft step cost / target step cost")
     stack = commands.add_parser("stack", help="vLLM vs TensorRT-LLM vs SGLang")
     stack.add_argument("--hardware", help="the fleet, e.g. nvidia, amd")
     stack.add_argument("--priority", choices=("throughput", "latency"), default="throughput")

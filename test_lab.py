@@ -11,6 +11,9 @@ import importlib
 import importlib.util
 import inspect
 import math
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -334,6 +337,15 @@ def test_free_releases_every_block():
 # =====================================================================================
 
 
+def computed_table(alloc, tokens, cache_salt=None):
+    """A table whose prompt has been computed: allocate_prompt, then the forward pass's
+    registration of the full blocks (`cache_full_blocks`)."""
+    table = lab.BlockTable(alloc, cache_salt) if cache_salt else lab.BlockTable(alloc)
+    table.allocate_prompt(tokens)
+    table.cache_full_blocks(table.num_tokens)
+    return table
+
+
 @pytest.mark.exercise3
 def test_block_hash_is_chained_on_the_parent():
     a = lab.hash_block(None, [1, 2, 3, 4])
@@ -345,10 +357,37 @@ def test_block_hash_is_chained_on_the_parent():
 
 
 @pytest.mark.exercise3
+def test_block_hash_is_the_same_int_in_another_process():
+    here = lab.hash_block(lab.hash_block(None, [1, 2, 3, 4]), [5, 6, 7, 8])
+    assert isinstance(here, int)
+    code = (f"import importlib; m = importlib.import_module({lab.__name__!r}); "
+            "print(m.hash_block(m.hash_block(None, [1, 2, 3, 4]), [5, 6, 7, 8]))")
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env,
+                           cwd=Path(lab.__file__).parent)
+    assert there.returncode == 0, there.stderr[-500:]
+    assert int(there.stdout) == here, (
+        "hash_block gave another value in another process: Python's hash() is salted per process (None's hash "
+        "is its address); use a content hash such as hashlib.sha256 over a canonical encoding")
+
+
+@pytest.mark.exercise3
+def test_a_cache_salt_keeps_equal_prompts_apart():
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    computed_table(alloc, list(range(9)), cache_salt="tenant-a")
+    assert lab.BlockTable(alloc, "tenant-b").allocate_prompt(list(range(9))) == 0, (
+        "a prompt with another cache_salt hit the cache: mix the salt into the first block's hash")
+    assert lab.BlockTable(alloc).allocate_prompt(list(range(9))) == 0, "an unsalted prompt hit a salted prefix"
+    assert lab.BlockTable(alloc, "tenant-a").allocate_prompt(list(range(9))) == 8, (
+        "the same salt must still share the prefix")
+
+
+@pytest.mark.exercise3
 def test_a_cached_prefix_is_reused():
     alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
     first = lab.BlockTable(alloc)
     assert first.allocate_prompt(list(range(10))) == 0, "nothing is cached yet"
+    first.cache_full_blocks(10)
     second = lab.BlockTable(alloc)
     computed = second.allocate_prompt(list(range(10)) + [77])
     assert computed == 8, f"the two full blocks (8 tokens) are cached, reported {computed}"
@@ -358,30 +397,58 @@ def test_a_cached_prefix_is_reused():
 
 
 @pytest.mark.exercise3
+def test_a_block_is_findable_only_once_its_kv_is_computed():
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    first = lab.BlockTable(alloc)
+    first.allocate_prompt(list(range(9)))
+    assert lab.BlockTable(alloc).allocate_prompt(list(range(9))) == 0, (
+        "allocate_prompt registered blocks whose K/V is not computed yet: another sequence would read "
+        "nothing. Register in cache_full_blocks, after the forward pass")
+    first.cache_full_blocks(5)
+    assert lab.BlockTable(alloc).allocate_prompt(list(range(9))) == 4, (
+        "cache_full_blocks(5) computed the first block (tokens 0..3) only; that block must now hit")
+
+
+@pytest.mark.exercise3
+def test_append_registers_nothing_until_the_block_is_computed():
+    alloc = lab.BlockAllocator(8, 4, enable_prefix_caching=True)
+    table = computed_table(alloc, [1, 2, 3])
+    table.append_tokens([4, 5])  # fills the first block, but its last token has no K/V yet
+    assert lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 9]) == 0, (
+        "append_tokens registered a block before its K/V was computed")
+    table.cache_full_blocks(4)
+    assert lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 9]) == 4, (
+        "a block that became full and was computed must be registered by cache_full_blocks")
+
+
+@pytest.mark.exercise3
 def test_a_block_that_matches_after_a_different_prefix_is_not_a_hit():
     alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
-    lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    computed_table(alloc, [1, 2, 3, 4, 5, 6, 7, 8, 9])
     other = lab.BlockTable(alloc)
     computed = other.allocate_prompt([0, 0, 0, 0, 5, 6, 7, 8, 9])
     assert computed == 0, "block 2 matches, but its parent does not: the hash must name the whole prefix"
 
 
 @pytest.mark.exercise3
-def test_a_fully_cached_prompt_still_computes_its_last_token():
+def test_a_fully_cached_prompt_recomputes_its_last_block_in_a_private_block():
     alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
-    lab.BlockTable(alloc).allocate_prompt(list(range(8)))
+    first = computed_table(alloc, list(range(8)))
     again = lab.BlockTable(alloc)
     computed = again.allocate_prompt(list(range(8)))
-    assert computed == 7, (
-        f"the whole prompt is cached but the last token must still run to produce logits: expected 7, got {computed}"
-    )
+    assert computed == 4, (
+        f"the whole prompt is cached, but its last token must run to give logits, and its K/V must not be "
+        f"written into a block other sequences read: reuse all but the last block (expected 4, got {computed})")
+    assert again.block_ids[0] == first.block_ids[0], "the first cached block must be shared"
+    assert again.block_ids[1] != first.block_ids[1], (
+        "the last block is recomputed, so it must be a private block, not the cached one")
+    assert alloc.ref_count(first.block_ids[1]) == 1, "the cached last block was looked up (referenced) but not used"
 
 
 @pytest.mark.exercise3
 def test_a_freed_cached_block_stays_findable_until_it_is_needed():
     alloc = lab.BlockAllocator(4, 4, enable_prefix_caching=True)
-    table = lab.BlockTable(alloc)
-    table.allocate_prompt(list(range(8)))
+    table = computed_table(alloc, list(range(8)))
     cached = list(table.block_ids)
     table.free()
     assert alloc.num_free_blocks == 4, "a cached block with no reference counts as free (evictable)"
@@ -394,11 +461,25 @@ def test_a_freed_cached_block_stays_findable_until_it_is_needed():
 
 
 @pytest.mark.exercise3
+def test_plain_free_blocks_are_handed_out_before_any_cached_block_is_evicted():
+    alloc = lab.BlockAllocator(3, 4, enable_prefix_caching=True)
+    cached = computed_table(alloc, [1, 1, 1, 1])
+    partial = lab.BlockTable(alloc)
+    partial.append_tokens([5, 6])
+    cached.free()          # evictable, freed first
+    partial.free()         # a plain block, freed last
+    alloc.allocate()
+    alloc.allocate()
+    assert alloc.stats.evictions == 0, (
+        "allocate evicted a cached block while plain free blocks were left: hand out hashless free blocks first, "
+        "and evict (least recently used first) only when none is left")
+    assert alloc.lookup(lab.hash_block(None, [1, 1, 1, 1])) is not None, "the cached block must still be findable"
+
+
+@pytest.mark.exercise3
 def test_eviction_takes_the_least_recently_used_cached_block():
     alloc = lab.BlockAllocator(3, 4, enable_prefix_caching=True)
-    old, new = lab.BlockTable(alloc), lab.BlockTable(alloc)
-    old.allocate_prompt([1, 1, 1, 1])
-    new.allocate_prompt([2, 2, 2, 2])
+    old, new = computed_table(alloc, [1, 1, 1, 1]), computed_table(alloc, [2, 2, 2, 2])
     old.free()
     new.free()
     filler = lab.BlockTable(alloc)
@@ -411,10 +492,22 @@ def test_eviction_takes_the_least_recently_used_cached_block():
 
 
 @pytest.mark.exercise3
+def test_a_freed_prefix_is_evicted_from_its_deepest_block_first():
+    alloc = lab.BlockAllocator(4, 2, enable_prefix_caching=True)
+    table = computed_table(alloc, [1, 1, 2, 2, 3, 3, 4, 4])
+    table.free()  # frees the tail first: the deepest block is the least recently used
+    alloc.free(alloc.allocate())  # evicts one cached block, then gives it back as a plain block
+    computed = lab.BlockTable(alloc).allocate_prompt([1, 1, 2, 2, 3, 3, 9])
+    assert computed == 6, (
+        f"after one eviction the first three blocks of the prefix should still hit, got {computed} tokens: "
+        "free a table's blocks from the last to the first, so a prefix is evicted from its end (a deep block "
+        "without its parents is useless, a first block serves every prompt that starts the same way)")
+
+
+@pytest.mark.exercise3
 def test_a_referenced_cached_block_is_never_evicted():
     alloc = lab.BlockAllocator(2, 4, enable_prefix_caching=True)
-    holder = lab.BlockTable(alloc)
-    holder.allocate_prompt([1, 2, 3, 4])
+    holder = computed_table(alloc, [1, 2, 3, 4])
     other = lab.BlockTable(alloc)
     other.append_tokens([9])
     with pytest.raises(lab.OutOfBlocksError):
@@ -425,20 +518,48 @@ def test_a_referenced_cached_block_is_never_evicted():
 
 
 @pytest.mark.exercise3
-def test_stats_count_queries_hits_and_evictions():
+def test_registering_a_free_block_is_an_error():
+    alloc = lab.BlockAllocator(4, 4, enable_prefix_caching=True)
+    with pytest.raises(ValueError, match="free"):
+        alloc.register(2, lab.hash_block(None, [1, 2, 3, 4]))
+    assert alloc.lookup(lab.hash_block(None, [1, 2, 3, 4])) is None, (
+        "a never-written block became a cache hit")
+
+
+@pytest.mark.exercise3
+def test_the_first_registration_of_a_prefix_stays_the_cached_copy():
+    alloc = lab.BlockAllocator(8, 4, enable_prefix_caching=True)
+    a, b = lab.BlockTable(alloc), lab.BlockTable(alloc)
+    a.allocate_prompt([1, 2, 3, 4, 5])
+    b.allocate_prompt([1, 2, 3, 4, 5])  # computed at the same time: both miss
+    a.cache_full_blocks(5)
+    b.cache_full_blocks(5)
+    hit = lab.BlockTable(alloc)
+    hit.allocate_prompt([1, 2, 3, 4, 6])
+    assert hit.block_ids[0] == a.block_ids[0], "a second registration of the same prefix replaced the first"
+    b.free()
+    assert alloc.num_free_blocks == 8 - 2 - 1, (
+        "b's duplicate block is not cached, so freeing b must make it a plain free block again")
+    alloc.allocate(), alloc.allocate(), alloc.allocate(), alloc.allocate(), alloc.allocate()
+    assert alloc.stats.evictions == 0, "the duplicate was treated as cached (evicted, or kept out of the free pool)"
+
+
+@pytest.mark.exercise3
+def test_stats_count_every_lookup_as_a_query_and_every_hit():
     alloc = lab.BlockAllocator(8, 2, enable_prefix_caching=True)
-    lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 5])
-    lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 9, 5])
+    computed_table(alloc, [1, 2, 3, 4, 5])  # queries block [1, 2]: a miss
+    lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 9, 5])  # [1, 2] hits, [3, 9] misses
     assert alloc.stats.hits == 1, f"one block was found: hits {alloc.stats.hits}"
-    assert alloc.stats.queries >= 2, "every lookup is a query"
+    assert alloc.stats.queries == 3, (
+        f"queries {alloc.stats.queries}: allocate_prompt looks up each reused block and then the first block "
+        "that misses, and each lookup is one query")
     assert alloc.stats.evictions == 0
 
 
 @pytest.mark.exercise3
 def test_a_cached_block_is_copied_before_it_is_written_after_truncate():
     alloc = lab.BlockAllocator(8, 4, enable_prefix_caching=True)
-    table = lab.BlockTable(alloc)
-    table.allocate_prompt(list(range(8)))
+    table = computed_table(alloc, list(range(8)))
     cached = table.block_ids[1]
     table.truncate(6)
     copies = table.append_tokens([42])
@@ -450,25 +571,23 @@ def test_a_cached_block_is_copied_before_it_is_written_after_truncate():
 
 @pytest.mark.exercise3
 def test_a_block_cached_after_another_parent_is_not_a_hit_even_when_the_first_block_hits():
-    # The existing "different prefix" test changes the FIRST block, so the longest-run lookup stops
-    # there whatever the hashes are: it cannot see a caller that hashes blocks without their parent.
+    # Changing only the FIRST block stops the longest-run lookup there whatever the hashes are:
+    # it cannot see a caller that hashes blocks without their parent.
     alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
-    lab.BlockTable(alloc).allocate_prompt([1, 1, 1, 1, 2, 2, 2, 2, 9])   # caches X=[1]*4, then Y after X
-    lab.BlockTable(alloc).allocate_prompt([3, 3, 3, 3, 4, 4, 4, 4, 9])   # caches Z=[3]*4, then W after Z
+    computed_table(alloc, [1, 1, 1, 1, 2, 2, 2, 2, 9])   # caches X=[1]*4, then Y after X
+    computed_table(alloc, [3, 3, 3, 3, 4, 4, 4, 4, 9])   # caches Z=[3]*4, then W after Z
     computed = lab.BlockTable(alloc).allocate_prompt([1, 1, 1, 1, 4, 4, 4, 4, 9])   # X, then W after X
     assert computed == 4, (
         f"reported {computed} cached tokens, expected 4 (only X): [4, 4, 4, 4] is cached only after [3, 3, 3, 3], "
         "so its K/V saw another past. Hash every block as hash_block(hash of the previous block, its tokens), "
-        "in allocate_prompt AND when append_tokens registers a block that became full")
+        "in allocate_prompt AND in cache_full_blocks")
 
 
 @pytest.mark.exercise3
 def test_allocate_never_evicts_a_cached_block_that_a_table_still_holds():
-    # The existing test goes through append_tokens, which asks num_free_blocks first and raises
-    # before allocate() runs: an allocate() that evicts a referenced block is never reached.
+    # append_tokens asks num_free_blocks first and raises before allocate() runs: call allocate() itself.
     alloc = lab.BlockAllocator(3, 4, enable_prefix_caching=True)
-    holder = lab.BlockTable(alloc)
-    holder.allocate_prompt([1, 2, 3, 4, 5])  # block 0 of the table is full, so cached, and held
+    holder = computed_table(alloc, [1, 2, 3, 4, 5])  # block 0 of the table is full, so cached, and held
     cached = holder.block_ids[0]
     alloc.allocate()  # the last free block
     assert alloc.num_free_blocks == 0, "a cached block that a table holds is not free (not evictable)"
@@ -481,23 +600,13 @@ def test_allocate_never_evicts_a_cached_block_that_a_table_still_holds():
 
 
 @pytest.mark.exercise3
-def test_blocks_filled_by_appends_become_findable():
-    alloc = lab.BlockAllocator(8, 4, enable_prefix_caching=True)
-    table = lab.BlockTable(alloc)
-    table.allocate_prompt([1, 2, 3])
-    table.append_tokens([4, 5])  # decode fills the first block
-    assert lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 9]) == 4, (
-        "a block that becomes full during append_tokens must be registered in the prefix cache")
-
-
-@pytest.mark.exercise3
 def test_truncate_forgets_the_hashes_of_blocks_it_cuts():
     alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
-    table = lab.BlockTable(alloc)
-    table.allocate_prompt(list(range(8)))
+    table = computed_table(alloc, list(range(8)))
     table.truncate(6)
     table.append_tokens([42, 43])  # block 1 now holds 4, 5, 42, 43
     table.append_tokens([100, 101, 102, 103])
+    table.cache_full_blocks(12)
     computed = lab.BlockTable(alloc).allocate_prompt(list(range(8)) + [100, 101, 102, 103, 7])
     assert computed == 8, (
         f"reported {computed} cached tokens: block 2 was registered under a hash chained on the OLD "
@@ -507,17 +616,18 @@ def test_truncate_forgets_the_hashes_of_blocks_it_cuts():
 @pytest.mark.exercise3
 def test_allocate_prompt_that_does_not_fit_changes_nothing():
     alloc = lab.BlockAllocator(3, 4, enable_prefix_caching=True)
-    cached = lab.BlockTable(alloc)
-    cached.allocate_prompt([1, 2, 3, 4])
+    cached = computed_table(alloc, [1, 2, 3, 4])
     cached.free()  # the block stays cached, evictable
     busy = lab.BlockTable(alloc)
     busy.append_tokens([7])
     refs = [alloc.ref_count(b) for b in range(3)]
+    queries = alloc.stats.queries
     with pytest.raises(lab.OutOfBlocksError):
         lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 5, 6, 7, 8, 9])  # hit + 2 more, 1 left after revival
     assert [alloc.ref_count(b) for b in range(3)] == refs and alloc.num_free_blocks == 2, (
         "a failed allocate_prompt must give back the cache hits it took"
     )
+    assert alloc.stats.queries == queries, "a failed allocate_prompt must not look anything up (ask first, then act)"
 
 
 # --- the allocator as a state machine ------------------------------------------------
@@ -556,6 +666,11 @@ class PagedCacheMachine(RuleBasedStateMachine):
             table.append_tokens(tokens)
         except lab.OutOfBlocksError:
             assert (table.block_ids, table.token_ids) == before, "a failed append changed the table"
+
+    @rule(table=tables, data=st.data())
+    def compute(self, table, data):
+        assume(table in self.live)
+        table.cache_full_blocks(data.draw(st.integers(0, table.num_tokens)))
 
     @rule(target=tables, table=tables)
     def fork(self, table):
@@ -629,9 +744,10 @@ class PagedCacheMachineWithSharedPrefixes(PagedCacheMachine):
             assert table.block_ids == [] and table.token_ids == [], "a failed allocate_prompt changed the table"
         else:
             assert table.token_ids == prompt, "allocate_prompt must put the whole prompt into the table"
-            assert 0 <= computed <= max(len(prompt) - 1, 0) and (computed % 3 == 0 or computed == len(prompt) - 1), (
+            assert 0 <= computed <= max(len(prompt) - 1, 0) and computed % 3 == 0, (
                 f"allocate_prompt reported {computed} computed tokens for a prompt of {len(prompt)}: a whole number "
                 "of cached blocks, and never the whole prompt (its last token must run to give logits)")
+            table.cache_full_blocks(len(prompt))  # computed at once, so that later prompts can hit
         self.live.append(table)
         return table
 
