@@ -1799,7 +1799,7 @@ class ServingSimulation:
 def simulate_serving(workload: Sequence[tuple[float, int, int]], scheduling: str = "continuous", *,
                      max_num_seqs: int = 16, max_num_batched_tokens: int = 512, num_blocks: int | None = None,
                      block_size: int = 16, enable_chunked_prefill: bool = True,
-                     cost: StepCostModel = StepCostModel()) -> ServingSimulation:
+                     cost: StepCostModel = StepCostModel(), record_timeline: bool = True) -> ServingSimulation:
     """Run a workload through the real Scheduler (or StaticBatchScheduler with batch_size =
     max_num_seqs) on a real BlockAllocator, with no model: each step costs
     `cost.step_time(scheduled tokens, context tokens read)` seconds of simulated time.
@@ -1807,8 +1807,11 @@ def simulate_serving(workload: Sequence[tuple[float, int, int]], scheduling: str
     workload: (arrival_time in seconds, prompt_len, output_len) per request; each request
     produces exactly output_len tokens. `num_blocks=None` gives every slot room for the
     longest request (no memory pressure). A slot-step is wasted when a slot is idle while an
-    arrived request waits: the cost of head-of-line blocking (or of a full cache).
+    arrived request waits: the cost of head-of-line blocking (or of a full cache). A request
+    that can never fit is reported rejected, as the engine does. `record_timeline=False`
+    skips the slots x steps timeline (for long runs).
     """
+    _check_workload(workload)
     if num_blocks is None:
         num_blocks = max_num_seqs * max(blocks_needed(p + o, block_size) for _, p, o in workload)
     scheduler = _make_scheduler(scheduling, BlockAllocator(num_blocks, block_size), max_num_seqs,
@@ -1817,7 +1820,7 @@ def simulate_serving(workload: Sequence[tuple[float, int, int]], scheduling: str
     seqs: list[SequenceState | None] = [None] * len(workload)
     step_clock: dict[str, list[int]] = {}  # request id -> [arrival step, token steps...]
     slot_of: dict[str, int] = {}
-    clock, timeline, wasted = 0.0, [], 0
+    clock, timeline, wasted, num_steps = 0.0, [], 0, 0
     while arrivals or scheduler.has_unfinished():
         if not scheduler.has_unfinished() and workload[arrivals[0]][0] > clock:
             clock = workload[arrivals[0]][0]  # idle: jump to the next arrival
@@ -1826,30 +1829,49 @@ def simulate_serving(workload: Sequence[tuple[float, int, int]], scheduling: str
             arrival, prompt_len, output_len = workload[i]
             seqs[i] = scheduler.add_request(Request(str(i), [0] * prompt_len, SamplingParams(max_tokens=output_len),
                                                     arrival))
-            step_clock[str(i)] = [len(timeline)]
+            step_clock[str(i)] = [num_steps]
+        if not scheduler.has_unfinished():
+            continue  # every arrival so far was rejected
         out = scheduler.schedule()
         if not out.scheduled:
             raise RuntimeError("the scheduler planned an empty step while requests are waiting")
         context = sum(s.num_computed_tokens + out.num_scheduled_tokens[s.request_id] for s in out.scheduled)
         clock += cost.step_time(out.total_num_scheduled_tokens, context)
         row = _occupy_slots(slot_of, scheduler.running, max_num_seqs, waiting=len(scheduler.waiting))
-        timeline.append(row)
+        num_steps += 1
+        if record_timeline:
+            timeline.append(row)
         wasted += min(row.count(-1), len(scheduler.waiting))
         sampled = {s.request_id: 0 for s in out.scheduled if out.completes(s)}
         for seq in scheduler.update(out, sampled):
             seq.finish_time = clock
         for rid in sampled:
             seqs[int(rid)].token_times.append(clock)
-            step_clock[rid].append(len(timeline))
+            step_clock[rid].append(num_steps)
     outputs = [s.to_output() for s in seqs]
     in_steps = []
     for s in seqs:
         arrival_step, *token_steps = step_clock[s.request_id]
         metrics = RequestMetrics.from_times(arrival_step, token_steps, token_steps[-1] if token_steps else arrival_step)
         in_steps.append(dataclasses.replace(s.to_output(), metrics=metrics))
-    return ServingSimulation(scheduling, max_num_seqs, len(timeline), clock,
+    return ServingSimulation(scheduling, max_num_seqs, num_steps, clock,
                              sum(len(o.output_token_ids) for o in outputs), wasted, scheduler.num_preemptions,
                              outputs, in_steps, timeline, [o for _, _, o in workload])
+
+
+def _check_workload(workload: Sequence[tuple[float, int, int]]) -> None:
+    """A ValueError naming the first bad request of a simulated workload."""
+    if len(workload) == 0:
+        raise ValueError("the workload is empty; expected (arrival_time, prompt_len, output_len) per request")
+    for i, entry in enumerate(workload):
+        if len(entry) != 3:
+            raise ValueError(f"workload[{i}] = {entry!r}; expected (arrival_time, prompt_len, output_len)")
+        arrival, prompt_len, output_len = entry
+        if isinstance(arrival, (bool, np.bool_)) or not isinstance(arrival, numbers.Real) \
+                or not 0 <= arrival < math.inf:
+            raise ValueError(f"workload[{i}]: arrival_time must be a finite number >= 0, got {arrival!r}")
+        check_int(f"workload[{i}] prompt_len", prompt_len, minimum=1)
+        check_int(f"workload[{i}] output_len", output_len, minimum=1)
 
 
 def _occupy_slots(slot_of: dict[str, int], running: list[SequenceState], num_slots: int, waiting: int) -> list[int]:
@@ -2346,18 +2368,30 @@ def speculative_generate(
     """Generate with a draft that proposes `k` tokens and a target that verifies them in ONE pass.
 
     Invariant at the top of every round: both caches hold K/V for every committed token but the
-    last one. A round: the draft proposes d_1..d_k autoregressively; the target runs over
-    [last, d_1..d_k] in one paged forward pass, which yields its distributions p_0..p_k;
-    accept/resample emits 1..k+1 tokens; both caches are truncated back to the accepted tokens.
+    last one. A round: the draft proposes d_1..d_n autoregressively; the target runs over
+    [last, d_1..d_n] in one paged forward pass, which yields its distributions p_0..p_n;
+    accept/resample emits 1..n+1 tokens; both caches are truncated back to the accepted tokens.
     The output has the target's distribution (greedy: exactly the target's greedy tokens).
+
+    Conventions the counters follow:
+    - the prefill runs the prompt but its last token through both models and emits nothing; the
+      first round scores the last prompt token. `num_target_passes` counts rounds (verification
+      passes), not the prefill;
+    - a round drafts n = min(k, tokens still wanted - 1, positions left in the context - 1)
+      tokens: never a draft that could not be emitted, nor a token past `n_positions` (the
+      round's bonus token needs one more position). `num_draft_tokens` counts the drafts made,
+      `num_accepted` those accepted;
+    - sampling uses one generator, seeded by `sampling.seed`, for the draft's draws and
+      accept_or_resample's, in the order they happen; the draft samples at the same
+      temperature as the target;
+    - the output stops at the first stop token (kept) or at max_tokens, like the engine.
     """
-    # BEGIN SOLUTION: Exercise 7
     prompt = list(prompt_token_ids)
     _check_request(Request("speculative", prompt, sampling), target.config)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft vocabulary {draft.config.vocab_size} != target vocabulary {target.config.vocab_size}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1 draft tokens per step, got {k}")
+    k = check_int("k", k, minimum=1)
+    # BEGIN SOLUTION: Exercise 7
     rng = np.random.default_rng(sampling.seed)
     tgt, drf = PagedSequence(target), PagedSequence(draft)
     for seq in (tgt, drf):
@@ -2366,12 +2400,13 @@ def speculative_generate(
     out: list[int] = []
     accepted_per_pass: list[int] = []
     num_drafted = 0
-    limit = min(sampling.max_tokens, target.config.n_positions - len(prompt))
+    n_positions = min(target.config.n_positions, draft.config.n_positions)
+    limit = min(sampling.max_tokens, n_positions - len(prompt))
     stop_ids = set(sampling.stop_token_ids)
     while len(out) < limit and not stop_ids.intersection(out):
         committed = tgt.table.num_tokens
-        # Never draft past the model's last position: the target must still score every draft.
-        n_draft = min(k, target.config.n_positions - committed)
+        # A round emits up to n_draft + 1 tokens: draft no more than can be emitted or stored.
+        n_draft = min(k, limit - len(out) - 1, n_positions - committed - 1)
         num_drafted += n_draft
         drafts, q_rows = [], []
         for _ in range(n_draft):
@@ -2381,7 +2416,8 @@ def speculative_generate(
             drf.extend(drafts[-1:])
         tgt.extend(drafts)
         p_rows = token_probs(tgt.run(), sampling.temperature)  # ONE pass: last + n_draft tokens
-        emitted = accept_or_resample(drafts, np.array(q_rows), p_rows, rng)
+        q_rows = np.array(q_rows).reshape(n_draft, p_rows.shape[1])
+        emitted = accept_or_resample(drafts, q_rows, p_rows, rng)
         accepted_per_pass.append(len(emitted) - 1)
         for seq in (tgt, drf):
             seq.rollback(committed + len(emitted) - 1)
@@ -3378,7 +3414,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     size.add_argument("--max-model-len", type=_positive(int), default=8192)
     size.add_argument("--block-size", type=_positive(int), default=16)
     size.add_argument("--gpu-memory-utilization", type=_positive(float), default=0.9)
-    size.add_argument("--activation-gb", type=_positive(float, allow_zero=True), default=0.0, help="per-GPU activation reserve, GB")
+    size.add_argument("--activation-gb", type=_positive(float, allow_zero=True), default=0.0,
+                      help="per-GPU activation reserve, GB")
     size.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel GPUs")
     size.add_argument("--prompt-len", type=_positive(float), help="mean prompt tokens (default: ShareGPT)")
     size.add_argument("--output-len", type=_positive(float), help="mean output tokens (default: ShareGPT)")
@@ -3390,7 +3427,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     speculate = commands.add_parser("speculate", help="expected speedup of speculative decoding")
     speculate.add_argument("--alpha", type=float, help="acceptance rate of your draft, 0..1")
     speculate.add_argument("--k", type=_positive(int), help="draft tokens per step (default: the best)")
-    speculate.add_argument("--c", type=_positive(float, allow_zero=True), default=0.05, help="draft step cost / target step cost")
+    speculate.add_argument("--c", type=_positive(float, allow_zero=True), default=0.05,
+                           help="draft step cost / target step cost")
     stack = commands.add_parser("stack", help="vLLM vs TensorRT-LLM vs SGLang")
     stack.add_argument("--hardware", help="the fleet, e.g. nvidia, amd")
     stack.add_argument("--priority", choices=("throughput", "latency"), default="throughput")

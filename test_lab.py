@@ -12,6 +12,7 @@ import importlib.util
 import inspect
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -168,6 +169,34 @@ def test_double_free_is_an_error_that_changes_nothing():
     assert alloc.num_free_blocks == 2 and alloc.ref_count(block) == 0, "a rejected double free changed the pool"
     # The block is in the pool once, not twice: two allocations give two different blocks.
     assert alloc.allocate() != alloc.allocate(), "a double free put the same block into the pool twice"
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("call, name", [
+    (lambda: lab.blocks_needed(1.5, 16), "num_tokens"),
+    (lambda: lab.blocks_needed(True, 16), "num_tokens"),
+    (lambda: lab.blocks_needed(4, "16"), "block_size"),
+    (lambda: lab.BlockAllocator(4, 2.5), "block_size"),
+    (lambda: lab.BlockAllocator(4.0, 2), "num_blocks"),
+    (lambda: lab.BlockAllocator(4, 2).free(True), "block_id"),
+    (lambda: lab.BlockAllocator(4, 2).ref_count(1.0), "block_id"),
+    (lambda: lab.BlockTable(lab.BlockAllocator(4, 2)).append_tokens("123"), "token_ids"),
+    (lambda: lab.BlockTable(lab.BlockAllocator(4, 2)).append_tokens([1, 2.0]), "token_ids"),
+    (lambda: lab.BlockTable(lab.BlockAllocator(4, 2)).truncate(0.0), "num_tokens"),
+])
+def test_integers_are_ints_a_bool_float_or_string_is_refused_by_name(call, name):
+    with pytest.raises((TypeError, ValueError), match=name):
+        call()
+
+
+@pytest.mark.provided
+def test_numpy_integers_are_accepted_wherever_an_int_is_meant():
+    alloc = lab.BlockAllocator(np.int64(4), np.int32(2))
+    assert (alloc.num_blocks, alloc.block_size) == (4, 2)
+    spec = lab.ModelSpec("x", np.int64(7 * 10**9), np.int64(32), np.int64(32), np.int64(128))
+    assert lab.kv_bytes_per_token(spec) == 2 * 32 * 32 * 128 * 2
+    with pytest.raises((TypeError, ValueError), match="num_layers"):
+        lab.ModelSpec("x", 7 * 10**9, 32.0, 32, 128)
 
 
 @pytest.mark.exercise1
@@ -1376,6 +1405,12 @@ def test_a_seeded_sampled_request_gives_the_same_tokens_alone_and_in_a_large_bat
         ([1, 2], {"temperature": -0.5}, "temperature"),
         ([1, 2.5], {}, "int"),
         ("hello", {}, "list of token ids"),
+        ([1, 2], {"seed": -1}, "seed"),
+        ([1, 2], {"seed": 1.5}, "seed"),
+        ([1, 2], {"stop_token_ids": 5}, "stop_token_ids"),
+        ([1, 2], {"stop_token_ids": (99,)}, "stop_token_ids"),
+        ([1, 2], {"temperature": float("inf")}, "temperature"),
+        ([1, 2], {"temperature": float("nan")}, "temperature"),
     ],
 )
 def test_bad_input_is_a_value_error_that_names_the_request_and_runs_nothing(engine_model, prompt, params, why):
@@ -1433,6 +1468,130 @@ def test_abort_request_drops_a_waiting_request_and_refuses_unknown_ids(engine_mo
     assert by_id[first].finish_reason == "length"
     assert engine.abort_request(first) is False, "a finished request cannot be aborted"
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+@pytest.mark.exercise5
+def test_a_tiny_temperature_samples_the_argmax_instead_of_overflowing(engine_model):
+    prompt = random_prompts(1, seed=22)[0]
+    out = lab.LLMEngine(engine_model).generate([prompt], lab.SamplingParams(temperature=1e-300, max_tokens=6, seed=0))
+    assert out[0].output_token_ids == greedy_alone(engine_model, prompt, 6), (
+        "at temperature 1e-300 logits / T overflow to inf (and inf - inf is NaN): subtract the max logit "
+        "before dividing by T; the distribution is then the argmax")
+
+
+@pytest.mark.exercise5
+def test_a_request_id_already_in_flight_is_refused_and_changes_nothing(engine_model):
+    engine = lab.LLMEngine(engine_model)
+    engine.add_request(lab.Request("a", [1, 2, 3], lab.SamplingParams(max_tokens=2)))
+    with pytest.raises(ValueError, match="'a'"):
+        engine.add_request(lab.Request("a", [4, 5], lab.SamplingParams(max_tokens=2)))
+    assert len(engine.scheduler.waiting) == 1, "a refused duplicate must not be queued"
+
+
+@pytest.mark.exercise5
+def test_generate_ids_never_collide_with_a_callers_ids_and_earlier_outputs_are_kept(engine_model):
+    engine = lab.LLMEngine(engine_model, block_size=4)
+    early = engine.add_request(lab.Request("0", [5, 6, 7], lab.SamplingParams(max_tokens=12)))
+    prompts = random_prompts(2, seed=23)
+    outs = engine.generate(prompts, lab.SamplingParams(max_tokens=3))
+    assert [o.output_token_ids for o in outs] == [greedy_alone(engine_model, p, 3) for p in prompts], (
+        "generate's own requests got other tokens: its ids must not collide with ids already in flight")
+    assert early not in [o.request_id for o in outs]
+    finished = {}
+    for _ in range(30):
+        finished |= {o.request_id: o for o in engine.step() if o.finished}
+        if not engine.has_unfinished():
+            break
+    assert early in finished, (
+        "a request added with add_request before generate() was lost: generate must keep other requests' "
+        "outputs for the next step() call")
+    assert finished[early].output_token_ids == greedy_alone(engine_model, [5, 6, 7], 12)
+
+
+@pytest.mark.exercise5
+def test_a_step_that_raises_leaves_no_request_behind_and_the_engine_keeps_serving(engine_model, monkeypatch):
+    engine = lab.LLMEngine(engine_model, block_size=4)
+    ids = [engine.add_request(p, lab.SamplingParams(max_tokens=4)) for p in random_prompts(3, seed=24)]
+    engine.step()
+    forward = engine.model.forward
+
+    def broken(*args, **kwargs):
+        raise FloatingPointError("injected fault")
+
+    monkeypatch.setattr(engine.model, "forward", broken)
+    with pytest.raises(FloatingPointError):
+        engine.step()
+    monkeypatch.setattr(engine.model, "forward", forward)
+    reported = {o.request_id: o for o in engine.step()}
+    assert set(ids) <= set(reported) and all(reported[i].finish_reason.startswith("error") for i in ids), (
+        "the requests of a step that raised must be finished as 'error' and reported by the next step")
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, "a failed step left blocks taken"
+    prompt = random_prompts(1, seed=25)[0]
+    assert engine.generate([prompt], lab.SamplingParams(max_tokens=3))[0].output_token_ids == greedy_alone(
+        engine_model, prompt, 3), "after a failed step the engine must serve new requests normally"
+
+
+@pytest.mark.exercise5
+def test_a_block_another_request_reads_is_never_rewritten_by_a_fully_cached_prompt(engine_model):
+    prompt = list(range(3, 11))  # 8 tokens = 2 full blocks of 4
+    engine = lab.LLMEngine(engine_model, block_size=4, enable_prefix_caching=True)
+    engine.generate([prompt], lab.SamplingParams(max_tokens=1))
+    running = engine.add_request(prompt, lab.SamplingParams(max_tokens=8))
+    engine.step()
+    seq = next(s for s in engine.scheduler.running if s.request_id == running)
+    blocks = list(seq.block_table.block_ids[:2])
+    before = engine.kv_cache.k[:, blocks].copy(), engine.kv_cache.v[:, blocks].copy()
+    engine.add_request(prompt, lab.SamplingParams(max_tokens=2))
+    engine.step()
+    assert np.array_equal(engine.kv_cache.k[:, blocks], before[0]) and np.array_equal(
+        engine.kv_cache.v[:, blocks], before[1]), (
+        "a new request whose prompt is fully cached wrote K/V into blocks a running request reads: recompute "
+        "the last block into a private block")
+
+
+@settings(max_examples=12, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "bad", "step", "abort"]), st.integers(0, 10**6)),
+                    min_size=1, max_size=40))
+@pytest.mark.exercise5
+def test_a_stream_of_valid_and_invalid_requests_never_breaks_the_engine(ops):
+    model = _stream_model()
+    engine = lab.LLMEngine(model, num_blocks=14, block_size=4, max_num_seqs=3, max_num_batched_tokens=16,
+                           enable_prefix_caching=True)
+    prompts, aborted, finished = {}, set(), {}
+    for op, seed in ops:
+        rng = np.random.default_rng(seed)
+        if op == "add":
+            prompt = rng.integers(0, 8, int(rng.integers(1, 12))).tolist()  # small vocabulary: shared prefixes
+            rid = engine.add_request(prompt, lab.SamplingParams(max_tokens=int(rng.integers(1, 6))))
+            prompts[rid] = prompt
+        elif op == "bad":
+            bad = [lab.SamplingParams(seed=-1), lab.SamplingParams(stop_token_ids=3),
+                   lab.SamplingParams(max_tokens=0), lab.SamplingParams(temperature=float("nan"))]
+            with pytest.raises(ValueError):
+                engine.add_request([1, 2], bad[seed % len(bad)])
+        elif op == "abort" and prompts:
+            rid = sorted(prompts)[seed % len(prompts)]
+            if engine.abort_request(rid):
+                aborted.add(rid)
+        elif engine.has_unfinished():
+            finished |= {o.request_id: o for o in engine.step() if o.finished}
+    for _ in range(500):
+        if not engine.has_unfinished():
+            break
+        finished |= {o.request_id: o for o in engine.step() if o.finished}
+    assert set(finished) == set(prompts), "a request was left behind: every added request must finish"
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, "blocks leaked"
+    for rid, out in finished.items():
+        if rid in aborted:
+            assert out.finish_reason == "abort"
+        elif not out.finish_reason.startswith("rejected"):
+            want = greedy_alone(model, prompts[rid], len(out.output_token_ids))
+            assert out.output_token_ids == want, f"request {rid} differs from greedy decoding of its prompt alone"
+
+
+@functools.lru_cache(maxsize=1)
+def _stream_model():
+    return lab.ToyTransformer(lab.ModelConfig(vocab_size=16, n_positions=32, n_embd=16, n_layer=1, n_head=2), seed=3)
 
 
 @pytest.mark.exercise5
@@ -1534,6 +1693,28 @@ def test_summarize_serving_statistics_on_hand_made_metrics():
     assert summary["mean_ttft"] == 1.5 and summary["p50_e2e"] == 3.0
     assert summary["mean_tpot"] == 1.5, "a one-token request has no TPOT and is left out of it"
     assert summary["output_throughput"] == 1.0
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("workload, says", [
+    ([], "empty"),
+    ([(0.0, 4, 0)], "output_len"),
+    ([(0.0, 4, -3)], "output_len"),
+    ([(float("nan"), 4, 4)], "arrival_time"),
+    ([(0.0, 4.5, 4)], "prompt_len"),
+])
+def test_simulator_rejects_a_bad_workload_by_name(workload, says):
+    with pytest.raises(ValueError, match=says):
+        lab.simulate_serving(workload)
+
+
+@pytest.mark.exercise5
+def test_simulator_reports_a_request_that_can_never_fit_as_rejected():
+    sim = lab.simulate_serving([(0.0, 8, 8), (0.0, 200, 8), (1.0, 8, 8)], num_blocks=4, block_size=8)
+    reasons = [o.finish_reason for o in sim.outputs]
+    assert reasons[1].startswith("rejected") and reasons[0] == reasons[2] == "length", (
+        f"finish reasons {reasons}: like the engine, the simulator must reject a request larger than the "
+        "whole cache and serve the others")
 
 
 @pytest.mark.exercise5
@@ -2351,6 +2532,14 @@ def test_speedup_is_one_at_breakeven_draft_cost(alpha, k):
 
 
 @pytest.mark.provided
+def test_speedup_algebra_is_closed_form_even_for_a_huge_k():
+    start = time.perf_counter()
+    assert lab.expected_tokens_per_step(0.5, 10**12) == pytest.approx(2.0)
+    assert lab.expected_tokens_per_step(1.0, 10**12) == 10**12 + 1
+    assert time.perf_counter() - start < 0.1, "expected_tokens_per_step must not loop over k"
+
+
+@pytest.mark.provided
 def test_predicted_speedup_extends_paper_formula_with_verify_cost():
     assert lab.predicted_speedup(0.7, 4, 0.1, 1.0) == pytest.approx(
         lab.speculative_speedup(0.7, 4, 0.1)), "verify_cost = 1 is the paper's assumption"
@@ -2455,10 +2644,18 @@ def test_target_passes_match_the_accept_counts(spec_target, k, max_tokens):
                                                                                         max_tokens=max_tokens), k=k)
     assert out.num_target_passes == len(out.accepted_per_pass), "one target pass per round"
     assert out.num_accepted == sum(out.accepted_per_pass)
-    assert out.num_draft_tokens == k * out.num_target_passes, "every round drafts k tokens (none near the end here)"
-    emitted = sum(a + 1 for a in out.accepted_per_pass)
-    assert len(out.token_ids) == max_tokens and emitted - k <= max_tokens <= emitted, (
-        "each round emits its accepted drafts plus one token; only the last round may be cut at max_tokens")
+    assert len(out.token_ids) == max_tokens
+    assert out.num_accepted + out.num_target_passes == max_tokens, (
+        f"{out.num_target_passes} rounds emitted {out.num_accepted} accepted drafts + one token each, which is not "
+        f"the {max_tokens} tokens asked for: the prefill emits nothing, and a round drafts no more than "
+        "min(k, tokens still wanted - 1), so no round emits past max_tokens")
+    wanted, expected_drafts = max_tokens, 0
+    for accepted in out.accepted_per_pass:
+        expected_drafts += min(k, wanted - 1)
+        wanted -= accepted + 1
+    assert out.num_draft_tokens == expected_drafts, (
+        f"num_draft_tokens is {out.num_draft_tokens}, expected {expected_drafts}: each round drafts "
+        "min(k, tokens still wanted - 1) tokens, and num_draft_tokens counts the drafts made")
     assert out.acceptance_rate == pytest.approx(out.num_accepted / out.num_draft_tokens)
 
 
@@ -2480,6 +2677,17 @@ def test_the_target_verifies_each_round_in_one_forward_pass():
     assert passes <= len(calls) <= passes + 1, (
         f"{len(calls)} calls of target.forward for {passes} rounds: the target must score the last token and "
         "all k drafts in ONE paged forward pass per round (plus at most one prefill of the prompt)")
+
+
+@pytest.mark.exercise7
+@pytest.mark.parametrize("left", [1, 2, 5])
+def test_speculation_runs_up_to_the_last_position_without_running_out_of_blocks(spec_target, left):
+    n = spec_target.config.n_positions
+    prompt = [(7 * i) % spec_target.config.vocab_size for i in range(n - left)]
+    out = lab.speculative_generate(spec_target, spec_target, prompt, lab.SamplingParams(max_tokens=left), k=8)
+    assert out.token_ids == greedy_reference(spec_target, prompt, left), (
+        "near n_positions a round must draft fewer tokens: its bonus token needs a position too")
+    assert out.num_accepted == out.num_draft_tokens, "a draft identical to the target must have every draft accepted"
 
 
 @pytest.mark.exercise7
@@ -2525,9 +2733,6 @@ def test_sampled_speculation_matches_the_targets_exact_sequence_probabilities():
 # The command line: the design-review scenarios (`python solution.py ...`)
 # =====================================================================================
 
-import re  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
 
 def run_cli(*args):
@@ -2581,6 +2786,8 @@ def test_cli_subcommands_exit_0_and_print_their_headline(args, headline):
     (("size", "--model", "gpt-5"), "choose from 'llama-2-7b'"),
     (("size", "--gpu", "tpu-v9"), "choose from 'a100-40gb'"),
     (("size", "--max-model-len", "-1"), "--max-model-len"),
+    (("size", "--activation-gb", "inf"), "--activation-gb"),
+    (("speculate", "--c", "nan"), "--c"),
     (("speculate", "--alpha", "1.5"), "alpha"),
     (("stack", "--priority", "cheap"), "--priority"),
     (("frobnicate",), "invalid choice"),
