@@ -1851,8 +1851,13 @@ def residual_distribution(p, q) -> np.ndarray:
     `p` is the target row, `q` the draft row (1-D, same vocabulary). The residual puts mass
     exactly where the draft under-proposes (p > q), which is the mass the accept test could not
     deliver. Where it has no mass (p == q), rejection never happens and the result is `p`.
-    Returns a float64 row summing to 1; never divides by zero.
+    Returns a float64 row summing to 1; never divides by zero. (Checked before your code:
+    p and q arrive as float64 rows that sum to 1, of one vocabulary; a row that is not a
+    distribution is a ValueError naming it.)
     """
+    p = _as_distributions("p", p, ndim=1)
+    q = _as_distributions("q", q, ndim=1)
+    _check_same_vocab(p, q)
     raise NotImplementedError("Exercise 6: residual_distribution")
 
 
@@ -1906,6 +1911,7 @@ def accept_or_resample(draft_token_ids, draft_probs, target_probs,
     distribution (see PROB_ATOL), or a draft token with q_i(x_i) == 0 (it could not have been
     drawn, so the ratio p/q is meaningless).
     """
+    draft, q, p = _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs, rng)
     raise NotImplementedError("Exercise 6: accept_or_resample")
 
 
@@ -2646,6 +2652,9 @@ def plan_deployment(
     budget (saying by how many GB), and a cache too small for one `max_model_len` sequence.
     `model` and `gpu` may be presets' names.
     """
+    model, gpu = get_model(model), get_gpu(gpu)
+    _check_plan_inputs(model, max_model_len, block_size, gpu_memory_utilization,
+                       activation_bytes, tensor_parallel_size, mean_prompt_len, mean_output_len)
     raise NotImplementedError("Exercise 8: plan_deployment")
 
 

@@ -2076,12 +2076,14 @@ def residual_distribution(p, q) -> np.ndarray:
     `p` is the target row, `q` the draft row (1-D, same vocabulary). The residual puts mass
     exactly where the draft under-proposes (p > q), which is the mass the accept test could not
     deliver. Where it has no mass (p == q), rejection never happens and the result is `p`.
-    Returns a float64 row summing to 1; never divides by zero.
+    Returns a float64 row summing to 1; never divides by zero. (Checked before your code:
+    p and q arrive as float64 rows that sum to 1, of one vocabulary; a row that is not a
+    distribution is a ValueError naming it.)
     """
-    # BEGIN SOLUTION: Exercise 6
     p = _as_distributions("p", p, ndim=1)
     q = _as_distributions("q", q, ndim=1)
     _check_same_vocab(p, q)
+    # BEGIN SOLUTION: Exercise 6
     residual = np.maximum(p - q, 0.0)
     mass = residual.sum()
     if mass <= 0.0:
@@ -2140,8 +2142,8 @@ def accept_or_resample(draft_token_ids, draft_probs, target_probs,
     distribution (see PROB_ATOL), or a draft token with q_i(x_i) == 0 (it could not have been
     drawn, so the ratio p/q is meaningless).
     """
-    # BEGIN SOLUTION: Exercise 6
     draft, q, p = _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs, rng)
+    # BEGIN SOLUTION: Exercise 6
     vocab_size = p.shape[1]
     emitted: list[int] = []
     for i, x in enumerate(draft):
@@ -2932,10 +2934,10 @@ def plan_deployment(
     budget (saying by how many GB), and a cache too small for one `max_model_len` sequence.
     `model` and `gpu` may be presets' names.
     """
-    # BEGIN SOLUTION: Exercise 8
     model, gpu = get_model(model), get_gpu(gpu)
     _check_plan_inputs(model, max_model_len, block_size, gpu_memory_utilization,
                        activation_bytes, tensor_parallel_size, mean_prompt_len, mean_output_len)
+    # BEGIN SOLUTION: Exercise 8
     tp = tensor_parallel_size
     kv_token = kv_bytes_per_token(model) // tp
     block_bytes = block_size * kv_token
