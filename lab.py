@@ -804,6 +804,15 @@ def _contiguous_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
     return np.matmul(p[:, :, None, :], v.transpose(0, 2, 1, 3))[:, :, 0, :]
 
 
+def _head_major_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The same attention on head-major contiguous K/V (B, H, T, D): Hugging Face's cache layout."""
+    scale = np.float32(1.0 / math.sqrt(q.shape[-1]))
+    scores = np.matmul(k, (q * scale)[..., None])[..., 0]                           # (B, H, T)
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.matmul(p[:, :, None, :], v)[:, :, 0, :]
+
+
 def _per_token_loop_attention(q, k_cache, v_cache, block_tables, context_lens, per_head=False):
     """The kernel as Python loops over every token (and, with per_head, every head too).
 
@@ -859,16 +868,35 @@ def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, 
     say(f"bench attention: batch {batch}, context {context_len}, {n_head} heads x {head_dim}, "
         f"block size {block_size}, shuffled physical blocks, K+V read {kv_bytes / 2**20:.0f} MiB per call")
 
+    # Head-major (batch, head, token, dim), what Hugging Face's cache holds: each (sequence,
+    # head) is one contiguous (T, D) matrix, the best layout for a per-head matrix-vector product.
+    k_heads = np.ascontiguousarray(k_dense.transpose(0, 2, 1, 3))
+    v_heads = np.ascontiguousarray(v_dense.transpose(0, 2, 1, 3))
+    # The same K/V as an int8 cache with per-token-and-head scales (KVCache(dtype="int8")).
+    (k_int8, k_scale), (v_int8, v_scale) = quantize_int8(k_cache), quantize_int8(v_cache)
+    int8_bytes = (k_int8.nbytes + v_int8.nbytes + k_scale.nbytes + v_scale.nbytes) * kv_bytes // (
+        k_cache.nbytes + v_cache.nbytes)   # the share of the pool this batch reads
+
     paged = lambda: paged_attention(q, k_cache, v_cache, block_tables, context_lens)
     dense = lambda: _contiguous_decode_attention(q, k_dense, v_dense)
+    heads = lambda: _head_major_decode_attention(q, k_heads, v_heads)
+    int8 = lambda: paged_attention(q, k_int8, v_int8, block_tables, context_lens, k_scale=k_scale, v_scale=v_scale)
     out_paged, out_dense = paged(), dense()
     say(f"  dtypes: q {q.dtype}, cache {k_cache.dtype}, paged out {out_paged.dtype}, "
         f"contiguous out {out_dense.dtype}; max |paged - contiguous| "
-        f"{float(np.abs(out_paged - out_dense).max()):.1e}")
+        f"{float(np.abs(out_paged - out_dense).max()):.1e}, max |paged - head-major| "
+        f"{float(np.abs(out_paged - heads()).max()):.1e}, max |int8 - float32| "
+        f"{float(np.abs(int8() - out_paged).max()):.1e}")
 
-    t = _best_side_by_side({"paged": paged, "dense": dense}, repeats)
+    t = _best_side_by_side({"paged": paged, "dense": dense, "heads": heads, "int8": int8}, repeats)
     say(f"  paged {t['paged'] * 1e3:.1f} ms, contiguous {t['dense'] * 1e3:.1f} ms: "
         f"paged / contiguous = {t['paged'] / t['dense']:.2f}x (goal <= 1.3x)")
+    say(f"  head-major contiguous (batch, head, token, dim) {t['heads'] * 1e3:.1f} ms: "
+        f"paged / head-major = {t['paged'] / t['heads']:.2f}x (goal <= 1.5x), token-major "
+        f"contiguous / head-major = {t['dense'] / t['heads']:.2f}x")
+    say(f"  paged on int8 blocks {t['int8'] * 1e3:.1f} ms = {t['int8'] / t['paged']:.2f}x the float32 "
+        f"kernel: reads {int8_bytes / 2**20:.0f} MiB instead of {kv_bytes / 2**20:.0f} MiB, but NumPy "
+        f"dequantises the blocks read into a float32 copy first (a GPU kernel does it in registers)")
 
     for per_head, seqs in ((False, min(loop_seqs, batch)), (True, 1)):
         sub = (q[:seqs], k_cache, v_cache, block_tables[:seqs], context_lens[:seqs])
@@ -886,6 +914,58 @@ def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, 
         f"read + written); paged kernel reads K/V at {paged_bw / 1e9:.1f} GB/s = "
         f"{paged_bw / copy_bw:.0%} of the copy rate (goal >= 50%), contiguous at "
         f"{kv_bytes / t['dense'] / 1e9:.1f} GB/s")
+    return "\n".join(lines)
+
+
+# --- `python solution.py bench kv-int8` -----------------------------------------------------
+
+
+def bench_kv_int8(num_prompts: int = 32, max_tokens: int = 32, seed: int = 0, log=print) -> str:
+    """What an int8 KV cache costs in accuracy: the same greedy requests on a float32 and an
+    int8 engine, for the default ModelConfig and a wider one.
+
+    Reports the cache bytes, how many whole greedy outputs and first tokens agree, and, teacher
+    forced along the float32 engine's outputs (so both caches see the same tokens), the share of
+    positions whose argmax agrees and the max |logit difference|.
+    """
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if log is not None:
+            log(line)
+
+    for config in (ModelConfig(), ModelConfig(vocab_size=1024, n_embd=256, n_layer=4, n_head=4)):
+        model = ToyTransformer(config, seed=seed)
+        rng = np.random.default_rng(seed)
+        prompts = [rng.integers(0, config.vocab_size, int(rng.integers(4, 64))).tolist() for _ in range(num_prompts)]
+        sampling = SamplingParams(max_tokens=max_tokens)
+        engines = {dtype: LLMEngine(model, max_num_seqs=8, kv_cache_dtype=dtype) for dtype in KV_CACHE_DTYPES}
+        outs = {dtype: engine.generate(prompts, sampling) for dtype, engine in engines.items()}
+        whole = sum(a.output_token_ids == b.output_token_ids for a, b in zip(outs["float32"], outs["int8"]))
+        first = sum(a.output_token_ids[0] == b.output_token_ids[0] for a, b in zip(outs["float32"], outs["int8"]))
+        agree = total = 0
+        max_err = max_logit = 0.0
+        for prompt, out in zip(prompts, outs["float32"]):
+            tokens = prompt + out.output_token_ids[:-1]
+            logits = {}
+            for dtype in KV_CACHE_DTYPES:
+                seq = PagedSequence(model)
+                seq.cache = KVCache(config, seq.cache.num_blocks, seq.cache.block_size, dtype=dtype)
+                seq.extend(tokens)
+                logits[dtype] = seq.run()[len(prompt) - 1:]   # the positions that chose an output
+            agree += int((logits["float32"].argmax(-1) == logits["int8"].argmax(-1)).sum())
+            total += len(out.output_token_ids)
+            max_err = max(max_err, float(np.abs(logits["float32"] - logits["int8"]).max()))
+            max_logit = max(max_logit, float(np.abs(logits["float32"]).max()))
+        f32, i8 = engines["float32"].kv_cache.nbytes, engines["int8"].kv_cache.nbytes
+        say(f"bench kv-int8: n_embd {config.n_embd}, {config.n_layer} layers, {config.n_head} heads x "
+            f"{config.head_dim}, vocab {config.vocab_size}, {num_prompts} prompts x {max_tokens} greedy tokens")
+        say(f"  cache {f32 / 2**20:.1f} MiB float32 -> {i8 / 2**20:.1f} MiB int8 ({f32 / i8:.2f}x smaller, "
+            f"scales included)")
+        say(f"  greedy outputs identical {whole}/{num_prompts}, first tokens {first}/{num_prompts}; teacher-"
+            f"forced argmax agreement {agree}/{total} = {agree / total:.1%}; max |logit diff| {max_err:.3f} "
+            f"(logits up to {max_logit:.1f})")
     return "\n".join(lines)
 
 
@@ -2990,6 +3070,7 @@ def scenario_stack(hardware: str | None = None, priority: str = "throughput", pr
 BENCHMARKS = {
     "attention": lambda: bench_attention(log=print),
     "decode": lambda: bench_decode(log=print),
+    "kv-int8": lambda: bench_kv_int8(log=print),
     "batching": lambda: print(bench_batching()),
     "speculative": lambda: print(bench_speculative()),
 }
