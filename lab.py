@@ -445,28 +445,117 @@ def _check_tokens(config: ModelConfig, token_ids: np.ndarray, positions_end: int
         raise ValueError(f"position {positions_end - 1} is beyond n_positions={config.n_positions}")
 
 
+# --- the KV-cache, in float32 or int8 ------------------------------------------------------
+#
+# Decode reads every cached K/V byte once per step, so the cache's element size is both how
+# many tokens fit and how long a step takes. An int8 cache stores each K (and V) vector of one
+# token and one head as 127 levels of a float32 scale: 1 byte per element plus 4 bytes per
+# head_dim elements, about 3.8x smaller than float32 at head_dim 64 (vLLM's fp8 KV cache and
+# KIVI-style int8 caches are the same lever; per-token scales because a new token's K/V is
+# quantised when it is written, before any later token exists).
+
+KV_CACHE_DTYPES = ("float32", "int8")
+
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per vector: x (..., D) float32 -> (values int8 (..., D), scale float32 (...)).
+
+    scale = max|x| / 127 over the last axis, values = round(x / scale), so values * scale is x
+    to within scale / 2 = max|x| / 254 per element. An all-zero vector gets scale 0 (and
+    dequantises to exact zeros). Non-finite input is refused: one inf would make its scale inf.
+    """
+    x = np.asarray(x)
+    if x.dtype != np.float32 or x.ndim < 1:
+        raise ValueError(f"quantize_int8 takes a float32 array (..., D), got {x.dtype} {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError("quantize_int8: x holds NaN or inf; a scale cannot represent it")
+    scale = np.abs(x).max(axis=-1) * np.float32(1.0 / 127.0)
+    # Divide by 1 where the scale is 0: those vectors are all zeros and stay zeros.
+    safe = np.where(scale > 0, scale, np.float32(1.0))
+    values = np.rint(x / safe[..., None]).astype(np.int8)  # |x / scale| <= 127: no overflow
+    return values, scale
+
+
+def dequantize_int8(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The float32 vectors `values * scale[..., None]` (the inverse of `quantize_int8`)."""
+    # One pass: int8 * float32 is computed and stored as float32, no float32 copy of `values`.
+    return np.multiply(values, scale[..., None], dtype=np.float32)
+
+
 class KVCache:
     """The physical KV-cache: `.k`, `.v` of shape (n_layer, num_blocks, block_size, n_head, head_dim).
 
     Slot `s` of a layer is `k[layer].reshape(-1, n_head, head_dim)[s]`, i.e. block `s // block_size`,
     offset `s % block_size`: exactly what `BlockTable.slots` returns.
+
+    `dtype="int8"` stores `.k`, `.v` as int8 with float32 `.k_scale`, `.v_scale` of shape
+    (n_layer, num_blocks, block_size, n_head), one scale per token and head (`quantize_int8`).
+    Writers and readers go through `write`, `read` and `attention_args`, which quantise on the
+    way in and dequantise on the way out, so the model path sees float32 either way.
     """
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int):
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: str = "float32"):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        if not (isinstance(dtype, str) and dtype in KV_CACHE_DTYPES):
+            raise ValueError(f"dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, got {dtype!r}")
         shape = (config.n_layer, num_blocks, block_size, config.n_head, config.head_dim)
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.k = np.zeros(shape, dtype=np.float32)
-        self.v = np.zeros(shape, dtype=np.float32)
+        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        element = np.int8 if dtype == "int8" else np.float32
+        self.k = np.zeros(shape, dtype=element)
+        self.v = np.zeros(shape, dtype=element)
+        self.k_scale = self.v_scale = None
+        if dtype == "int8":
+            self.k_scale = np.zeros(shape[:-1], dtype=np.float32)
+            self.v_scale = np.zeros(shape[:-1], dtype=np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache really holds: K and V, and their scales for int8."""
+        return sum(a.nbytes for a in (self.k, self.v, self.k_scale, self.v_scale) if a is not None)
+
+    def _flat(self, layer: int) -> tuple:
+        """Slot-addressed views (num_slots, H, D) of one layer's K, V (and (num_slots, H) scales)."""
+        H, D = self.k.shape[3:]
+        views = [self.k[layer].reshape(-1, H, D), self.v[layer].reshape(-1, H, D)]
+        if self.dtype == "int8":
+            views += [self.k_scale[layer].reshape(-1, H), self.v_scale[layer].reshape(-1, H)]
+        return tuple(views)
+
+    def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """Store float32 K/V (T, H, D) of T tokens into `slots` of `layer` (quantised for int8)."""
+        if k.dtype != np.float32 or v.dtype != np.float32:
+            raise ValueError(f"the KV-cache takes float32 K/V, got {k.dtype} and {v.dtype}")
+        views = self._flat(layer)
+        if self.dtype == "float32":
+            views[0][slots], views[1][slots] = k, v
+            return
+        (kq, ks), (vq, vs) = quantize_int8(k), quantize_int8(v)
+        views[0][slots], views[1][slots], views[2][slots], views[3][slots] = kq, vq, ks, vs
+
+    def read(self, layer: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Float32 K/V (T, H, D) of `slots` in `layer`: a gathered copy, dequantised for int8."""
+        views = self._flat(layer)
+        if self.dtype == "float32":
+            return views[0][slots], views[1][slots]
+        return dequantize_int8(views[0][slots], views[2][slots]), dequantize_int8(views[1][slots], views[3][slots])
+
+    def attention_args(self, layer: int) -> tuple[tuple[np.ndarray, np.ndarray], dict]:
+        """`(k_cache, v_cache), scales` of one layer, as `paged_attention(q, *caches, tables, lens, **scales)`
+        takes them: scales is {} for float32, {"k_scale", "v_scale"} for int8."""
+        caches = (self.k[layer], self.v[layer])
+        if self.dtype == "float32":
+            return caches, {}
+        return caches, {"k_scale": self.k_scale[layer], "v_scale": self.v_scale[layer]}
 
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
-        """Carry out copy-on-write: block `dst` gets `src`'s K/V in every layer."""
+        """Carry out copy-on-write: block `dst` gets `src`'s K/V (and scales) in every layer."""
         if not pairs:
             return
         src, dst = (np.array(x, dtype=np.int64) for x in zip(*pairs))
-        self.k[:, dst] = self.k[:, src]
-        self.v[:, dst] = self.v[:, src]
+        for array in (self.k, self.v, self.k_scale, self.v_scale):
+            if array is not None:
+                array[:, dst] = array[:, src]
 
 
 # How many tokens one step of the kernel gathers: one 16-token block at the usual block size.
@@ -476,24 +565,35 @@ class KVCache:
 PAGED_ATTENTION_CHUNK_TOKENS = 16
 
 
-def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens):
-    """Validate the kernel's inputs; return (block_tables, context_lens) as integer arrays.
+def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale=None, v_scale=None):
+    """Validate the kernel's inputs; return (block_tables, context_lens) as int64 arrays.
 
     Also checks that every table entry a sequence really uses names a block of the cache: a
-    -1 there would otherwise silently read the LAST block (NumPy's negative indexing).
+    -1 there would otherwise silently read the LAST block (NumPy's negative indexing). Unsigned
+    integers are accepted and converted once checked: `-x` of an unsigned x wraps around, so the
+    kernel's `-(-lens // block_size)` would be garbage on them.
     """
     if not (isinstance(q, np.ndarray) and q.ndim == 3 and q.dtype == np.float32):
         raise ValueError(f"q must be a float32 array (batch, n_head, head_dim), got "
                          f"{getattr(q, 'dtype', type(q).__name__)} {np.shape(q)}")
     batch, n_head, head_dim = q.shape
+    quantized = k_scale is not None or v_scale is not None
+    element = np.int8 if quantized else np.float32
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not (isinstance(cache, np.ndarray) and cache.ndim == 4 and cache.dtype == np.float32
+        if not (isinstance(cache, np.ndarray) and cache.ndim == 4 and cache.dtype == element
                 and cache.shape[0] >= 1 and cache.shape[1] >= 1
                 and cache.shape[2:] == (n_head, head_dim)):
-            raise ValueError(f"{name} must be float32 (num_blocks, block_size, {n_head}, {head_dim}) "
-                             f"to match q, got {getattr(cache, 'dtype', '?')} {np.shape(cache)}")
+            raise ValueError(f"{name} must be {np.dtype(element).name} (num_blocks, block_size, {n_head}, "
+                             f"{head_dim}) to match q{' and the scales' if quantized else ''}, got "
+                             f"{getattr(cache, 'dtype', '?')} {np.shape(cache)}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} must have one shape")
+    if quantized:
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not (isinstance(scale, np.ndarray) and scale.dtype == np.float32
+                    and scale.shape == k_cache.shape[:3]):
+                raise ValueError(f"{name} must be float32 {k_cache.shape[:3]} (one scale per slot and "
+                                 f"head of the int8 cache), got {getattr(scale, 'dtype', '?')} {np.shape(scale)}")
     block_tables = np.asarray(block_tables)
     context_lens = np.asarray(context_lens)
     if not (block_tables.ndim == 2 and block_tables.shape[0] == batch
@@ -505,17 +605,37 @@ def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens)
                          f"{context_lens.dtype} {context_lens.shape}")
     num_blocks, block_size = k_cache.shape[:2]
     capacity = block_tables.shape[1] * block_size
+    # Compared in their own dtype (exact for unsigned too), then converted: 1..capacity fits int64.
     if batch and (context_lens.min() < 1 or context_lens.max() > capacity):
         raise ValueError(f"context_lens must be in 1..{capacity} (max_blocks {block_tables.shape[1]} "
                          f"x block_size {block_size}), got {context_lens.tolist()}")
+    context_lens = context_lens.astype(np.int64)
     used = np.arange(block_tables.shape[1]) < -(-context_lens[:, None] // block_size)
     if np.any(used & ((block_tables < 0) | (block_tables >= num_blocks))):
         raise ValueError(f"a block table entry in use is not a block id in 0..{num_blocks - 1}")
-    return block_tables, context_lens
+    # Entries in use are now known to be < num_blocks; padding may wrap, and is never read.
+    return block_tables.astype(np.int64), context_lens
+
+
+def _dequantize_blocks_read(k_cache, v_cache, k_scale, v_scale, block_tables, context_lens):
+    """The int8 cache's blocks this batch reads, dequantised into a small float32 cache.
+
+    Returns (k, v, tables): k, v (num_read, block_size, H, D) float32 hold the distinct blocks
+    in use (a block shared by several sequences once), and `tables` renumbers the block tables
+    into them (padding entries become 0). Only those blocks are touched: a decode step's cost
+    grows with the contexts in the batch, not with the size of the pool.
+    """
+    block_size = k_cache.shape[1]
+    used = np.arange(block_tables.shape[1]) < -(-context_lens[:, None] // block_size)
+    ids, renumbered = np.unique(block_tables[used], return_inverse=True)
+    tables = np.zeros_like(block_tables)
+    tables[used] = renumbered
+    return dequantize_int8(k_cache[ids], k_scale[ids]), dequantize_int8(v_cache[ids], v_scale[ids]), tables
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                    block_tables: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+                    block_tables: np.ndarray, context_lens: np.ndarray, *,
+                    k_scale: np.ndarray | None = None, v_scale: np.ndarray | None = None) -> np.ndarray:
     """Decode attention for a batch, one query per sequence, reading K/V through block tables.
 
     q (B, H, D) float32; k_cache, v_cache (num_blocks, block_size, H, D) float32, one layer;
@@ -531,9 +651,18 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     The structure is the real kernel's: walk the block columns, gather one column of blocks for
     the whole batch, and fold it into an online softmax (running max, running sum, rescaled
     accumulator), so no copy of the whole K/V is ever made.
+
+    An int8 cache (`KVCache(..., dtype="int8")`) comes with `k_scale`, `v_scale` (num_blocks,
+    block_size, H) float32; the blocks the batch reads are then dequantised before the kernel
+    runs, so the kernel below only ever sees float32.
     """
     block_tables, context_lens = _check_paged_attention_args(q, k_cache, v_cache, block_tables,
-                                                             context_lens)
+                                                             context_lens, k_scale, v_scale)
+    if k_scale is not None:
+        # NumPy cannot fuse the dequantisation into the kernel's loads as a GPU kernel does: it
+        # costs one extra pass (int8 in, float32 out) over the blocks read, and no others.
+        k_cache, v_cache, block_tables = _dequantize_blocks_read(k_cache, v_cache, k_scale, v_scale,
+                                                                 block_tables, context_lens)
     raise NotImplementedError("Exercise 4: paged_attention")
 
 
@@ -623,34 +752,67 @@ class ToyTransformer:
         block_tables: Sequence[BlockTable],
         start_positions: Sequence[int],
         num_tokens: Sequence[int],
+        logits_indices: Sequence[int] | np.ndarray | None = None,
     ) -> np.ndarray:
         """One engine step over a batch that mixes prefill chunks and decode tokens.
 
         Sequence i contributes `block_tables[i].token_ids[start_i : start_i + n_i]`; the K/V of its
         positions before `start_i` must already be in `kv_cache`. Each new token's K/V is written
         into its slot before attention reads it. Returns logits (sum(num_tokens), vocab_size) for
-        every processed token, in batch order.
+        every processed token, in batch order; with `logits_indices` (vLLM's name), only for
+        those rows of that order: the engine samples one row per sequence, and the LM head over
+        every other row of a prefill chunk would be wasted work. Speculative verification, which
+        scores every row, passes None.
         """
+        self._check_cache(kv_cache, block_tables)
         batch = _PagedBatch(self.config, block_tables, start_positions, num_tokens)
+        rows = _check_logits_indices(logits_indices, len(batch.token_ids))
         x = self._embed(batch.token_ids, batch.positions)
         scale = np.float32(1.0 / math.sqrt(self.config.head_dim))
-        H, D = self.config.n_head, self.config.head_dim
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(x, layer)
-            k_flat = kv_cache.k[i].reshape(-1, H, D)  # views: slot-addressed
-            v_flat = kv_cache.v[i].reshape(-1, H, D)
-            k_flat[batch.slots] = k
-            v_flat[batch.slots] = v
+            kv_cache.write(i, batch.slots, k, v)
             attn = np.empty_like(q)
             if batch.decode_rows.size:
+                caches, scales = kv_cache.attention_args(i)
                 attn[batch.decode_rows] = paged_attention(
-                    q[batch.decode_rows], kv_cache.k[i], kv_cache.v[i], batch.decode_tables, batch.decode_lens)
-            for rows, context_slots, mask in batch.prefills:
-                scores = np.einsum("qhd,khd->hqk", q[rows], k_flat[context_slots]) * scale
+                    q[batch.decode_rows], *caches, batch.decode_tables, batch.decode_lens, **scales)
+            for prefill_rows, context_slots, mask in batch.prefills:
+                k_ctx, v_ctx = kv_cache.read(i, context_slots)
+                scores = np.einsum("qhd,khd->hqk", q[prefill_rows], k_ctx) * scale
                 probs = _softmax(np.where(mask, scores, -np.inf))
-                attn[rows] = np.einsum("hqk,khd->qhd", probs, v_flat[context_slots])
+                attn[prefill_rows] = np.einsum("hqk,khd->qhd", probs, v_ctx)
             x = self._finish_block(x, attn, layer)
-        return self._logits(x)
+        return self._logits(x if rows is None else x[rows])
+
+    def _check_cache(self, kv_cache: KVCache, block_tables: Sequence[BlockTable]) -> None:
+        """A cache of another model or block size would be read at the wrong slots: refuse it."""
+        if not isinstance(kv_cache, KVCache):
+            raise ValueError(f"kv_cache must be a KVCache, got {type(kv_cache).__name__}")
+        c = self.config
+        n_layer, num_blocks, block_size, n_head, head_dim = kv_cache.k.shape
+        if (n_layer, n_head, head_dim) != (c.n_layer, c.n_head, c.head_dim):
+            raise ValueError(f"kv_cache has {n_layer} layers x {n_head} heads x {head_dim}, the model "
+                             f"{c.n_layer} layers x {c.n_head} heads x {c.head_dim}: a cache of another model")
+        for table in block_tables:
+            if getattr(table, "block_size", None) != block_size:
+                raise ValueError(f"a block table has block_size {getattr(table, 'block_size', None)}, "
+                                 f"the kv_cache {block_size}: its slots would name other tokens")
+            if table.block_ids and max(table.block_ids) >= num_blocks:
+                raise ValueError(f"a block table uses block {max(table.block_ids)}, the kv_cache has "
+                                 f"only {num_blocks} blocks: the allocator and the cache must match")
+
+
+def _check_logits_indices(logits_indices, num_rows: int) -> np.ndarray | None:
+    """None, or the rows to keep as an int64 array of indices in 0..num_rows-1."""
+    if logits_indices is None:
+        return None
+    rows = np.asarray(logits_indices)
+    if not (rows.ndim == 1 and (np.issubdtype(rows.dtype, np.integer) or rows.size == 0)):
+        raise ValueError(f"logits_indices must be a 1-D sequence of ints, got {rows.dtype} {rows.shape}")
+    if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
+        raise ValueError(f"logits_indices must be rows in 0..{num_rows - 1} of this batch, got {rows.tolist()}")
+    return rows.astype(np.int64)
 
 
 class _PagedBatch:
@@ -731,6 +893,15 @@ def _contiguous_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
     return np.matmul(p[:, :, None, :], v.transpose(0, 2, 1, 3))[:, :, 0, :]
 
 
+def _head_major_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The same attention on head-major contiguous K/V (B, H, T, D): Hugging Face's cache layout."""
+    scale = np.float32(1.0 / math.sqrt(q.shape[-1]))
+    scores = np.matmul(k, (q * scale)[..., None])[..., 0]                           # (B, H, T)
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.matmul(p[:, :, None, :], v)[:, :, 0, :]
+
+
 def _per_token_loop_attention(q, k_cache, v_cache, block_tables, context_lens, per_head=False):
     """The kernel as Python loops over every token (and, with per_head, every head too).
 
@@ -786,16 +957,35 @@ def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, 
     say(f"bench attention: batch {batch}, context {context_len}, {n_head} heads x {head_dim}, "
         f"block size {block_size}, shuffled physical blocks, K+V read {kv_bytes / 2**20:.0f} MiB per call")
 
+    # Head-major (batch, head, token, dim), what Hugging Face's cache holds: each (sequence,
+    # head) is one contiguous (T, D) matrix, the best layout for a per-head matrix-vector product.
+    k_heads = np.ascontiguousarray(k_dense.transpose(0, 2, 1, 3))
+    v_heads = np.ascontiguousarray(v_dense.transpose(0, 2, 1, 3))
+    # The same K/V as an int8 cache with per-token-and-head scales (KVCache(dtype="int8")).
+    (k_int8, k_scale), (v_int8, v_scale) = quantize_int8(k_cache), quantize_int8(v_cache)
+    int8_bytes = (k_int8.nbytes + v_int8.nbytes + k_scale.nbytes + v_scale.nbytes) * kv_bytes // (
+        k_cache.nbytes + v_cache.nbytes)   # the share of the pool this batch reads
+
     paged = lambda: paged_attention(q, k_cache, v_cache, block_tables, context_lens)
     dense = lambda: _contiguous_decode_attention(q, k_dense, v_dense)
+    heads = lambda: _head_major_decode_attention(q, k_heads, v_heads)
+    int8 = lambda: paged_attention(q, k_int8, v_int8, block_tables, context_lens, k_scale=k_scale, v_scale=v_scale)
     out_paged, out_dense = paged(), dense()
     say(f"  dtypes: q {q.dtype}, cache {k_cache.dtype}, paged out {out_paged.dtype}, "
         f"contiguous out {out_dense.dtype}; max |paged - contiguous| "
-        f"{float(np.abs(out_paged - out_dense).max()):.1e}")
+        f"{float(np.abs(out_paged - out_dense).max()):.1e}, max |paged - head-major| "
+        f"{float(np.abs(out_paged - heads()).max()):.1e}, max |int8 - float32| "
+        f"{float(np.abs(int8() - out_paged).max()):.1e}")
 
-    t = _best_side_by_side({"paged": paged, "dense": dense}, repeats)
+    t = _best_side_by_side({"paged": paged, "dense": dense, "heads": heads, "int8": int8}, repeats)
     say(f"  paged {t['paged'] * 1e3:.1f} ms, contiguous {t['dense'] * 1e3:.1f} ms: "
         f"paged / contiguous = {t['paged'] / t['dense']:.2f}x (goal <= 1.3x)")
+    say(f"  head-major contiguous (batch, head, token, dim) {t['heads'] * 1e3:.1f} ms: "
+        f"paged / head-major = {t['paged'] / t['heads']:.2f}x (goal <= 1.5x), token-major "
+        f"contiguous / head-major = {t['dense'] / t['heads']:.2f}x")
+    say(f"  paged on int8 blocks {t['int8'] * 1e3:.1f} ms = {t['int8'] / t['paged']:.2f}x the float32 "
+        f"kernel: reads {int8_bytes / 2**20:.0f} MiB instead of {kv_bytes / 2**20:.0f} MiB, but NumPy "
+        f"dequantises the blocks read into a float32 copy first (a GPU kernel does it in registers)")
 
     for per_head, seqs in ((False, min(loop_seqs, batch)), (True, 1)):
         sub = (q[:seqs], k_cache, v_cache, block_tables[:seqs], context_lens[:seqs])
@@ -813,6 +1003,58 @@ def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, 
         f"read + written); paged kernel reads K/V at {paged_bw / 1e9:.1f} GB/s = "
         f"{paged_bw / copy_bw:.0%} of the copy rate (goal >= 50%), contiguous at "
         f"{kv_bytes / t['dense'] / 1e9:.1f} GB/s")
+    return "\n".join(lines)
+
+
+# --- `python solution.py bench kv-int8` -----------------------------------------------------
+
+
+def bench_kv_int8(num_prompts: int = 32, max_tokens: int = 32, seed: int = 0, log=print) -> str:
+    """What an int8 KV cache costs in accuracy: the same greedy requests on a float32 and an
+    int8 engine, for the default ModelConfig and a wider one.
+
+    Reports the cache bytes, how many whole greedy outputs and first tokens agree, and, teacher
+    forced along the float32 engine's outputs (so both caches see the same tokens), the share of
+    positions whose argmax agrees and the max |logit difference|.
+    """
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if log is not None:
+            log(line)
+
+    for config in (ModelConfig(), ModelConfig(vocab_size=1024, n_embd=256, n_layer=4, n_head=4)):
+        model = ToyTransformer(config, seed=seed)
+        rng = np.random.default_rng(seed)
+        prompts = [rng.integers(0, config.vocab_size, int(rng.integers(4, 64))).tolist() for _ in range(num_prompts)]
+        sampling = SamplingParams(max_tokens=max_tokens)
+        engines = {dtype: LLMEngine(model, max_num_seqs=8, kv_cache_dtype=dtype) for dtype in KV_CACHE_DTYPES}
+        outs = {dtype: engine.generate(prompts, sampling) for dtype, engine in engines.items()}
+        whole = sum(a.output_token_ids == b.output_token_ids for a, b in zip(outs["float32"], outs["int8"]))
+        first = sum(a.output_token_ids[0] == b.output_token_ids[0] for a, b in zip(outs["float32"], outs["int8"]))
+        agree = total = 0
+        max_err = max_logit = 0.0
+        for prompt, out in zip(prompts, outs["float32"]):
+            tokens = prompt + out.output_token_ids[:-1]
+            logits = {}
+            for dtype in KV_CACHE_DTYPES:
+                seq = PagedSequence(model)
+                seq.cache = KVCache(config, seq.cache.num_blocks, seq.cache.block_size, dtype=dtype)
+                seq.extend(tokens)
+                logits[dtype] = seq.run()[len(prompt) - 1:]   # the positions that chose an output
+            agree += int((logits["float32"].argmax(-1) == logits["int8"].argmax(-1)).sum())
+            total += len(out.output_token_ids)
+            max_err = max(max_err, float(np.abs(logits["float32"] - logits["int8"]).max()))
+            max_logit = max(max_logit, float(np.abs(logits["float32"]).max()))
+        f32, i8 = engines["float32"].kv_cache.nbytes, engines["int8"].kv_cache.nbytes
+        say(f"bench kv-int8: n_embd {config.n_embd}, {config.n_layer} layers, {config.n_head} heads x "
+            f"{config.head_dim}, vocab {config.vocab_size}, {num_prompts} prompts x {max_tokens} greedy tokens")
+        say(f"  cache {f32 / 2**20:.1f} MiB float32 -> {i8 / 2**20:.1f} MiB int8 ({f32 / i8:.2f}x smaller, "
+            f"scales included)")
+        say(f"  greedy outputs identical {whole}/{num_prompts}, first tokens {first}/{num_prompts}; teacher-"
+            f"forced argmax agreement {agree}/{total} = {agree / total:.1%}; max |logit diff| {max_err:.3f} "
+            f"(logits up to {max_logit:.1f})")
     return "\n".join(lines)
 
 
@@ -1315,16 +1557,22 @@ class LLMEngine:
     length fit at once (then nothing is ever preempted); pass fewer to study memory pressure.
     `scheduling` is "continuous" (Scheduler) or "static" (StaticBatchScheduler with
     batch_size = max_num_seqs). Metrics are wall-clock seconds from `time.perf_counter`.
+    `kv_cache_dtype="int8"` keeps K/V as int8 with per-token scales (`KVCache`): the same
+    memory holds about 4x the blocks of float32, at a small cost in logit accuracy.
     """
 
     def __init__(self, model: ToyTransformer, num_blocks: int | None = None, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512, scheduling: str = "continuous",
-                 enable_prefix_caching: bool = False, enable_chunked_prefill: bool = True):
+                 enable_prefix_caching: bool = False, enable_chunked_prefill: bool = True,
+                 kv_cache_dtype: str = "float32"):
+        if not (isinstance(kv_cache_dtype, str) and kv_cache_dtype in KV_CACHE_DTYPES):
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
+                             f"got {kv_cache_dtype!r}")
         if num_blocks is None:
             num_blocks = max_num_seqs * blocks_needed(model.config.n_positions, block_size)
         self.model = model
         self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
-        self.kv_cache = KVCache(model.config, num_blocks, block_size)
+        self.kv_cache = KVCache(model.config, num_blocks, block_size, dtype=kv_cache_dtype)
         self.scheduler = _make_scheduler(scheduling, self.allocator, max_num_seqs, max_num_batched_tokens,
                                          enable_chunked_prefill)
         self.num_steps = 0
@@ -1434,11 +1682,12 @@ class LLMEngine:
         sequence whose last pending token this step processes."""
         self.kv_cache.copy_blocks(out.blocks_to_copy)  # before the forward writes into the copies
         num_new = [out.num_scheduled_tokens[s.request_id] for s in out.scheduled]
+        # Logits only for each sequence's last row: the only one a sequence can sample from.
         logits = self.model.forward(self.kv_cache, [s.block_table for s in out.scheduled],
-                                    [s.num_computed_tokens for s in out.scheduled], num_new)
-        last_rows = np.cumsum(num_new) - 1
-        return {s.request_id: sample_token(logits[row], s.sampling, s.rng)
-                for s, row in zip(out.scheduled, last_rows) if out.completes(s)}
+                                    [s.num_computed_tokens for s in out.scheduled], num_new,
+                                    logits_indices=np.cumsum(num_new) - 1)
+        return {s.request_id: sample_token(logits[j], s.sampling, s.rng)
+                for j, s in enumerate(out.scheduled) if out.completes(s)}
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
@@ -2433,10 +2682,12 @@ class ModelSpec:
     dtype_bytes: int = 2
     num_attention_heads: int | None = None
     max_position_embeddings: int = 0
+    kv_dtype_bytes: int | None = None  # bytes per KV-cache element; None: dtype_bytes
 
     def __post_init__(self) -> None:
-        for field in ("num_params", "num_layers", "num_kv_heads", "head_dim", "dtype_bytes"):
-            check_int(f"ModelSpec {self.name!r}: {field}", getattr(self, field), minimum=1)
+        for field in ("num_params", "num_layers", "num_kv_heads", "head_dim", "dtype_bytes", "kv_dtype_bytes"):
+            if field != "kv_dtype_bytes" or self.kv_dtype_bytes is not None:
+                check_int(f"ModelSpec {self.name!r}: {field}", getattr(self, field), minimum=1)
         heads = self.num_attention_heads
         if heads is not None and (heads < self.num_kv_heads or heads % self.num_kv_heads):
             raise ValueError(
@@ -2539,8 +2790,29 @@ def get_gpu(gpu: GPUSpec | str) -> GPUSpec:
 
 def kv_bytes_per_token(model: ModelSpec) -> int:
     """KV-cache bytes one token occupies: a key AND a value vector (the 2) of `head_dim`
-    for every KV head in every layer. GQA shrinks it by using num_kv_heads, not query heads."""
-    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+    for every KV head in every layer. GQA shrinks it by using num_kv_heads, not query heads;
+    an 8-bit KV cache by storing 1 byte per element (`kv_dtype_bytes`) instead of the model's
+    `dtype_bytes`."""
+    element = model.dtype_bytes if model.kv_dtype_bytes is None else model.kv_dtype_bytes
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * element
+
+
+# vLLM's `kv_cache_dtype`: "auto" stores K/V in the model's dtype; fp8 (on GPUs) and int8 store
+# 1 byte per element. The few bytes of scales per block are left out, as vLLM's sizing does for
+# fp8 with per-tensor scales.
+PLAN_KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "int8": 1}
+
+
+def with_kv_cache_dtype(model: ModelSpec | str, kv_cache_dtype: str) -> ModelSpec:
+    """`model` with its KV-cache elements stored as `kv_cache_dtype`: "fp8" or "int8" (1 byte),
+    or "auto" (the spec unchanged: its `kv_dtype_bytes`, by default the model's own dtype)."""
+    if not (isinstance(kv_cache_dtype, str) and kv_cache_dtype in PLAN_KV_CACHE_DTYPES):
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, PLAN_KV_CACHE_DTYPES))}, "
+                         f"got {kv_cache_dtype!r}")
+    model = get_model(model)
+    if kv_cache_dtype == "auto":
+        return model
+    return dataclasses.replace(model, kv_dtype_bytes=PLAN_KV_CACHE_DTYPES[kv_cache_dtype])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -2615,6 +2887,7 @@ def plan_deployment(
     tensor_parallel_size: int = 1,
     mean_prompt_len: float = _DEFAULT_PROMPT_LEN,
     mean_output_len: float = _DEFAULT_OUTPUT_LEN,
+    kv_cache_dtype: str = "auto",
 ) -> DeploymentPlan:
     """Size a vLLM-style deployment of `model` on GPUs of type `gpu`, per GPU of a
     tensor-parallel group of `tensor_parallel_size` (tp) GPUs.
@@ -2650,8 +2923,11 @@ def plan_deployment(
     a negative activation reserve, tp < 1 or tp not dividing the KV heads, traffic whose mean
     prompt + output exceeds `max_model_len`, weights (plus activations) that do not fit the
     budget (saying by how many GB), and a cache too small for one `max_model_len` sequence.
-    `model` and `gpu` may be presets' names.
+    `model` and `gpu` may be presets' names. `kv_cache_dtype` "fp8" or "int8" stores the KV
+    cache at 1 byte per element (`with_kv_cache_dtype`): `kv_bytes_per_token(model)` is then
+    half of fp16's, and the same pool holds twice the blocks.
     """
+    model = with_kv_cache_dtype(model, kv_cache_dtype)  # kv_bytes_per_token(model) follows it
     model, gpu = get_model(model), get_gpu(gpu)
     _check_plan_inputs(model, max_model_len, block_size, gpu_memory_utilization,
                        activation_bytes, tensor_parallel_size, mean_prompt_len, mean_output_len)
@@ -2668,6 +2944,7 @@ def format_plan(plan: DeploymentPlan) -> str:
     weights, half the context, the mean request's length, an 8-KV-head GQA twin)."""
     m, g, tp = plan.model, plan.gpu, plan.tensor_parallel_size
     per_seq = blocks_needed(plan.max_model_len, plan.block_size)
+    kv_element = m.dtype_bytes if m.kv_dtype_bytes is None else m.kv_dtype_bytes
 
     def variant(**changes) -> DeploymentPlan:
         args = dict(model=m, gpu=g, max_model_len=plan.max_model_len, block_size=plan.block_size,
@@ -2693,7 +2970,8 @@ def format_plan(plan: DeploymentPlan) -> str:
         f"{plan.num_kv_blocks} blocks x {plan.block_bytes_per_gpu / 2**20:g} MiB "
         f"= {plan.num_cache_tokens} tokens",
         f"  KV per token {kv_bytes_per_token(m) / 2**10:g} KiB = 2 (K,V) x {m.num_layers} layers x "
-        f"{m.num_kv_heads} KV heads x {m.head_dim} x {m.dtype_bytes} B"
+        f"{m.num_kv_heads} KV heads x {m.head_dim} x {kv_element} B"
+        + (" (8-bit KV cache)" if kv_element == 1 else "")
         + (f", / tp {tp} = {plan.kv_bytes_per_token_per_gpu / 2**10:g} KiB per GPU" if tp > 1 else ""),
         f"  max concurrent sequences at {plan.max_model_len} tokens: {plan.num_kv_blocks} // "
         f"{per_seq} blocks = {plan.max_concurrent_seqs}",
@@ -2716,6 +2994,10 @@ def format_plan(plan: DeploymentPlan) -> str:
     if m.num_kv_heads > 8 and m.num_kv_heads % 8 == 0 and 8 % tp == 0:
         gqa = variant(model=dataclasses.replace(m, name=m.name + "-gqa8", num_kv_heads=8))
         evidence.append(f"a GQA twin with 8 KV heads -> {gqa.max_concurrent_seqs}")
+    if kv_element > 1:
+        int8 = variant(model=with_kv_cache_dtype(m, "int8"))
+        evidence.append(f"an 8-bit KV cache (--kv-cache-dtype int8) -> {int8.max_concurrent_seqs} "
+                        f"({int8.num_kv_blocks} blocks)")
     mean_len = math.ceil(plan.mean_prompt_len + plan.mean_output_len)
     typical = variant(max_model_len=mean_len)
     if plan.ceiling == "kv-blocks":
@@ -2987,14 +3269,14 @@ def status_report() -> str:
 def scenario_size(model: str = "llama-2-13b", gpu: str = "a100-80gb", max_model_len: int = 8192,
                   block_size: int = 16, gpu_memory_utilization: float = 0.9, activation_gb: float = 0.0,
                   tensor_parallel_size: int = 1, prompt_len: float | None = None,
-                  output_len: float | None = None) -> str:
+                  output_len: float | None = None, kv_cache_dtype: str = "auto") -> str:
     """Size a vLLM deployment (by default the curriculum's: a 13B model on an 80 GB GPU at 8k context),
     then the KV waste a paged cache removes."""
     lengths = {k: v for k, v in (("mean_prompt_len", prompt_len), ("mean_output_len", output_len)) if v is not None}
     plan = plan_deployment(model, gpu, max_model_len, block_size=block_size,
                            gpu_memory_utilization=gpu_memory_utilization,
                            activation_bytes=int(activation_gb * GB), tensor_parallel_size=tensor_parallel_size,
-                           **lengths)
+                           kv_cache_dtype=kv_cache_dtype, **lengths)
     return format_plan(plan) + "\n\n" + format_waste(block_size=block_size)
 
 
@@ -3028,6 +3310,7 @@ def scenario_stack(hardware: str | None = None, priority: str = "throughput", pr
 BENCHMARKS = {
     "attention": lambda: bench_attention(log=print),
     "decode": lambda: bench_decode(log=print),
+    "kv-int8": lambda: bench_kv_int8(log=print),
     "batching": lambda: print(bench_batching()),
     "speculative": lambda: print(bench_speculative()),
 }
@@ -3088,6 +3371,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     size.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel GPUs")
     size.add_argument("--prompt-len", type=_positive(float), help="mean prompt tokens (default: ShareGPT)")
     size.add_argument("--output-len", type=_positive(float), help="mean output tokens (default: ShareGPT)")
+    size.add_argument("--kv-cache-dtype", choices=list(PLAN_KV_CACHE_DTYPES), default="auto",
+                      help="KV-cache element type: auto (the model's), fp8 or int8 (1 byte)")
     batching = commands.add_parser("batching", help="static vs continuous batching: a skewed workload, then a stream")
     batching.add_argument("--slots", type=_positive(int), default=16)
     batching.add_argument("--long", type=_positive(int), default=2000, help="tokens of the long answer")
@@ -3122,7 +3407,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "size":
             print(scenario_size(args.model, args.gpu, args.max_model_len, args.block_size,
                                 args.gpu_memory_utilization, args.activation_gb, args.tp, args.prompt_len,
-                                args.output_len))
+                                args.output_len, args.kv_cache_dtype))
         elif args.command == "batching":
             print(scenario_batching(args.slots, args.long, args.short, args.num_short))
         elif args.command == "speculate":

@@ -1080,11 +1080,11 @@ def test_bad_weights_are_a_value_error_naming_the_tensor(edit, name):
         lab.ToyTransformer(config, weights)
 
 
-def run_chunked(model, prompts, schedules, block_size, num_blocks=256):
+def run_chunked(model, prompts, schedules, block_size, num_blocks=256, kv_dtype="float32"):
     """Feed every sequence through `forward` in the given chunk sizes, all sequences in one batch
     per step. Returns each sequence's logits, concatenated in position order."""
     alloc = lab.BlockAllocator(num_blocks, block_size)
-    cache = lab.KVCache(model.config, num_blocks, block_size)
+    cache = lab.KVCache(model.config, num_blocks, block_size, dtype=kv_dtype)
     tables = [lab.BlockTable(alloc) for _ in prompts]
     done = [0] * len(prompts)
     out = [[] for _ in prompts]
@@ -1160,6 +1160,214 @@ def test_forked_sequences_diverge_through_copy_on_write(tiny_model):
         np.testing.assert_allclose(logits, tiny_model.forward_dense(tokens + [0])[-1], atol=LOGITS_ATOL,
                                    err_msg="a forked sequence saw the other's tokens: copy-on-write failed")
     assert parent.block_ids[0] == child.block_ids[0], "the full first block stays shared"
+
+
+# --- the paged path's contract: the cache must fit the model and the tables (provided) --------
+
+
+def one_sequence(model, tokens, block_size=4, num_blocks=16, **cache_kwargs):
+    alloc = lab.BlockAllocator(num_blocks, block_size)
+    table = lab.BlockTable(alloc)
+    table.append_tokens(tokens)
+    return table, lab.KVCache(model.config, num_blocks, block_size, **cache_kwargs)
+
+
+@pytest.mark.exercise4
+@pytest.mark.parametrize("mismatch, says", [
+    ("block_size", "block_size"), ("n_layer", "layers"), ("n_head", "heads"), ("num_blocks", "blocks"),
+])
+def test_forward_refuses_a_cache_that_does_not_fit_the_model_or_tables(tiny_model, mismatch, says):
+    config = tiny_model.config
+    table, cache = one_sequence(tiny_model, list(range(10)), block_size=4, num_blocks=16)
+    if mismatch == "block_size":
+        cache = lab.KVCache(config, 16, 8)
+    elif mismatch == "n_layer":
+        cache = lab.KVCache(lab.ModelConfig(**{**TINY, "n_layer": 1}), 16, 4)
+    elif mismatch == "n_head":
+        cache = lab.KVCache(lab.ModelConfig(**{**TINY, "n_head": 2}), 16, 4)
+    else:
+        cache = lab.KVCache(config, 2, 4)  # the table's blocks 0..2 are not all in it
+    with pytest.raises(ValueError, match=says):
+        tiny_model.forward(cache, [table], [0], [10])
+
+
+@pytest.mark.exercise4
+@pytest.mark.parametrize("dtype", [np.uint64, np.uint32, np.int32])
+def test_paged_attention_takes_any_integer_dtype_for_lengths_and_tables(dtype):
+    lens = [5, 9, 1]
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size=4, seed=4, padding="zero")
+    with np.errstate(all="ignore"):
+        out = lab.paged_attention(q, k_cache, v_cache, tables.astype(dtype), np.array(lens, dtype=dtype))
+    for b in range(len(lens)):
+        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]),
+                                   rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{np.dtype(dtype).name} context_lens: -x of an unsigned x "
+                                           "wraps around, so ceil(len / block_size) written as "
+                                           "-(-len // block_size) is garbage unless converted first")
+
+
+# --- logits only where they are used (provided) ---------------------------------------
+
+
+@pytest.mark.exercise4
+def test_forward_computes_logits_only_for_the_rows_asked(tiny_model):
+    table, cache = one_sequence(tiny_model, [5, 6, 7, 8, 9, 10, 11])
+    every_row = tiny_model.forward(cache, [table], [0], [7])
+    kept = tiny_model.forward(cache, [table], [0], [7], logits_indices=[6, 2])
+    assert kept.shape == (2, tiny_model.config.vocab_size), "one logits row per index asked for"
+    np.testing.assert_allclose(kept, every_row[[6, 2]], rtol=1e-5, atol=1e-5,
+                               err_msg="logits_indices selects rows of the batch, in the order given")
+    for bad in ([7], [-1], [1.5]):
+        with pytest.raises(ValueError, match="logits_indices"):
+            tiny_model.forward(cache, [table], [0], [7], logits_indices=bad)
+
+
+@pytest.mark.exercise5
+def test_engine_asks_the_model_for_one_logits_row_per_sequence(tiny_model):
+    engine = lab.LLMEngine(tiny_model, num_blocks=32, block_size=4, max_num_batched_tokens=64)
+    shapes = []
+    forward = engine.model.forward
+
+    def spy(kv_cache, tables, starts, counts, logits_indices=None):
+        logits = forward(kv_cache, tables, starts, counts, logits_indices=logits_indices)
+        shapes.append((len(tables), sum(counts), logits.shape[0]))
+        return logits
+
+    engine.model = type("Spy", (), {"forward": staticmethod(spy), "config": tiny_model.config})()
+    engine.generate([[1, 2, 3, 4, 5, 6, 7, 8, 9], [4, 4, 4]], lab.SamplingParams(max_tokens=3))
+    assert shapes and shapes[0][1] == 12, "the first step prefills both prompts (12 tokens)"
+    assert all(rows == seqs for seqs, _, rows in shapes), (
+        f"(sequences, tokens, logits rows) per step: {shapes}: the engine samples one row per "
+        "sequence, so the LM head must run on those rows only (logits_indices), not on every token")
+
+
+# --- an int8 KV cache (provided; the kernel sees float32) -----------------------------
+
+
+@pytest.mark.provided
+@settings(max_examples=50)
+@given(seed=st.integers(0, 2**32 - 1), shape=st.tuples(st.integers(1, 6), st.integers(1, 3), st.integers(1, 16)))
+def test_int8_round_trip_is_within_half_a_step_of_each_tokens_own_scale(seed, shape):
+    rng = np.random.default_rng(seed)
+    # Magnitudes from 1e-3 to 1e3 across tokens and heads: one scale for all would flatten the
+    # small vectors to zero.
+    x = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 3, shape[:-1] + (1,))).astype(np.float32)
+    values, scale = lab.quantize_int8(x)
+    assert values.dtype == np.int8 and values.shape == x.shape
+    assert scale.dtype == np.float32 and scale.shape == shape[:-1], "one float32 scale per token and head"
+    back = lab.dequantize_int8(values, scale)
+    assert back.dtype == np.float32
+    bound = np.abs(x).max(axis=-1, keepdims=True) / 254 * (1 + 1e-5)
+    assert np.all(np.abs(back - x) <= bound), (
+        "int8 round trip: each element must come back within half a step, max|vector| / 254, of "
+        "its own token and head's absmax (scale = max|x| / 127 per vector, values = round(x / scale))")
+
+
+@pytest.mark.provided
+def test_int8_quantize_keeps_zeros_and_refuses_what_it_cannot_hold():
+    values, scale = lab.quantize_int8(np.zeros((2, 3, 4), np.float32))
+    assert np.all(values == 0) and np.all(scale == 0), "an all-zero vector: scale 0, values 0 (no 0/0)"
+    assert np.all(lab.dequantize_int8(values, scale) == 0)
+    for bad in (np.array([[1.0, np.nan]], np.float32), np.array([[np.inf, 0.0]], np.float32),
+                np.ones((2, 4), np.float64)):
+        with pytest.raises(ValueError):
+            lab.quantize_int8(bad)
+
+
+@pytest.mark.provided
+def test_int8_kv_cache_is_int8_with_scales_and_nbytes_counts_both():
+    config = lab.ModelConfig(vocab_size=64, n_positions=64, n_embd=256, n_layer=2, n_head=4)  # head_dim 64
+    f32 = lab.KVCache(config, 10, 16)
+    i8 = lab.KVCache(config, 10, 16, dtype="int8")
+    shape = (2, 10, 16, 4, 64)
+    assert f32.k.shape == i8.k.shape == i8.v.shape == shape, "the layout is the same for both dtypes"
+    assert i8.k.dtype == i8.v.dtype == np.int8
+    assert i8.k_scale.shape == i8.v_scale.shape == shape[:-1] and i8.k_scale.dtype == np.float32
+    assert f32.nbytes == 2 * 4 * np.prod(shape)
+    assert i8.nbytes == 2 * np.prod(shape) + 2 * 4 * np.prod(shape[:-1]), "int8 values plus float32 scales"
+    assert 3.7 < f32.nbytes / i8.nbytes < 4, "at head_dim 64 the int8 cache is ~3.8x smaller than float32"
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("dtype", ["float16", "fp8", "INT8", np.int8, None])
+def test_kv_cache_and_engine_refuse_a_kv_dtype_they_do_not_store(tiny_model, dtype):
+    with pytest.raises(ValueError, match="dtype"):
+        lab.KVCache(tiny_model.config, 4, 4, dtype=dtype)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        lab.LLMEngine(tiny_model, num_blocks=4, block_size=4, kv_cache_dtype=dtype)
+
+
+@pytest.mark.provided
+def test_int8_cache_copy_on_write_copies_values_and_scales(tiny_model):
+    cache = lab.KVCache(tiny_model.config, 6, 4, dtype="int8")
+    rng = np.random.default_rng(5)
+    H, D = tiny_model.config.n_head, tiny_model.config.head_dim
+    for layer in range(tiny_model.config.n_layer):
+        k = (rng.standard_normal((4, H, D)) * 10.0 ** rng.uniform(-2, 2, (4, H, 1))).astype(np.float32)
+        cache.write(layer, np.arange(8, 12), k, -k)  # block 2
+    cache.copy_blocks([(2, 5)])
+    for layer in range(tiny_model.config.n_layer):
+        for src, dst in zip(cache.read(layer, np.arange(8, 12)), cache.read(layer, np.arange(20, 24))):
+            np.testing.assert_array_equal(dst, src, err_msg="copy_blocks on an int8 cache must copy "
+                                                            "the int8 values AND their scales")
+
+
+@pytest.mark.exercise4
+@settings(max_examples=40)
+@given(paged_batches())
+def test_paged_attention_on_int8_blocks_is_dense_attention_on_their_dequantised_values(case):
+    batch, block_size, lens, n_head, head_dim, _, padding, extra_columns, seed = case
+    rng = np.random.default_rng(seed)
+    seqs_k = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
+    seqs_v = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
+    q = rng.standard_normal((batch, n_head, head_dim)).astype(np.float32)
+    # Stale slots and spare blocks: zeros, then quantised; their scales huge so a read shows.
+    k_cache, v_cache, tables = scatter_into_paged_cache(seqs_k, seqs_v, block_size, rng, 0.0,
+                                                        extra_columns=extra_columns, padding=padding)
+    (kq, ks), (vq, vs) = lab.quantize_int8(k_cache), lab.quantize_int8(v_cache)
+    kq[ks == 0], vq[vs == 0] = 100, -100
+    ks[ks == 0], vs[vs == 0] = 1e30, 1e30
+    with np.errstate(all="ignore"):
+        out = lab.paged_attention(q, kq, vq, tables, np.array(lens), k_scale=ks, v_scale=vs)
+    assert out.dtype == np.float32 and np.all(np.isfinite(out)), "read a stale slot or a spare block"
+    for b in range(batch):
+        k_deq, v_deq = (lab.dequantize_int8(*lab.quantize_int8(x)) for x in (seqs_k[b], seqs_v[b]))
+        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], k_deq, v_deq), rtol=1e-4, atol=1e-5,
+                                   err_msg=f"sequence {b}: int8 paged attention must equal plain attention "
+                                           "over the dequantised K/V (values * per-token scales)")
+
+
+@pytest.mark.exercise4
+@given(case=chunk_schedules(), block_size=st.sampled_from([2, 4]))
+@settings(max_examples=25)
+def test_paged_model_on_an_int8_cache_stays_close_to_forward_dense(tiny_model, case, block_size):
+    prompts, schedules = case
+    f32 = run_chunked(tiny_model, prompts, schedules, block_size)
+    i8 = run_chunked(tiny_model, prompts, schedules, block_size, kv_dtype="int8")
+    for want, got in zip(f32, i8):
+        # Measured on this model: max error ~0.15 on logits of size ~5; reading int8 values
+        # without their scales, or a scale per write instead of per token, is off by far more.
+        assert np.abs(got - want).max() < 0.5, (
+            f"int8 cache: logits differ from the float32 cache by {np.abs(got - want).max():.2f}: "
+            "prefill chunks and decode must both read dequantised K/V (values * scales)")
+
+
+@pytest.mark.exercise5
+def test_engine_on_an_int8_cache_mostly_keeps_the_greedy_tokens(tiny_model):
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 64, int(rng.integers(3, 20))).tolist() for _ in range(24)]
+    sampling = lab.SamplingParams(max_tokens=12)
+    ref = lab.LLMEngine(tiny_model, num_blocks=64, block_size=4, max_num_seqs=8).generate(prompts, sampling)
+    engine = lab.LLMEngine(tiny_model, num_blocks=64, block_size=4, max_num_seqs=8, kv_cache_dtype="int8")
+    assert engine.kv_cache.k.dtype == np.int8, "kv_cache_dtype='int8' must give the engine an int8 cache"
+    got = engine.generate(prompts, sampling)
+    first = sum(a.output_token_ids[0] == b.output_token_ids[0] for a, b in zip(ref, got))
+    whole = sum(a.output_token_ids == b.output_token_ids for a, b in zip(ref, got))
+    # Measured: 24/24 first tokens and 21/24 whole outputs agree; a greedy choice between two
+    # logits closer than the quantisation error may flip, and the continuation with it.
+    assert first >= 22 and whole >= 16, (
+        f"int8 KV cache: {first}/24 first tokens and {whole}/24 whole greedy outputs match the "
+        "float32 cache; quantisation should flip only near-ties")
 
 
 # =====================================================================================
@@ -1861,6 +2069,23 @@ def test_unknown_preset_name_lists_the_known_ones():
         lab.get_gpu("tpu-v9")
 
 
+@pytest.mark.provided
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int8"])
+def test_a_one_byte_kv_cache_halves_kv_bytes_per_token_against_fp16(kv_cache_dtype):
+    model = lab.with_kv_cache_dtype("llama-2-13b", kv_cache_dtype)
+    fp16 = lab.MODELS["llama-2-13b"]
+    assert lab.kv_bytes_per_token(model) == 2 * 40 * 40 * 128 * 1 == lab.kv_bytes_per_token(fp16) // 2
+    assert model.weight_bytes == lab.MODELS["llama-2-13b"].weight_bytes, "the weights keep their dtype"
+    assert lab.with_kv_cache_dtype(model, "auto") == model, "auto keeps the spec's own KV dtype"
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("kv_cache_dtype", ["fp16", "int4", "INT8", None])
+def test_plan_refuses_an_unknown_kv_cache_dtype(kv_cache_dtype):
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        lab.plan_deployment("llama-2-13b", "a100-80gb", 8192, kv_cache_dtype=kv_cache_dtype)
+
+
 # --- Exercise 8: plan_deployment ---------------------------------------------
 
 SEED_BUDGET = 0.9 * 81920 * MiB          # 77,309,411,328 B usable on an A100 80GB
@@ -1881,6 +2106,19 @@ def test_plan_13b_on_a100_80gb_at_8k_hand_computed():
     # an 8192-token sequence needs 8192 / 16 = 512 blocks; 3912 // 512 = 7
     assert plan.max_concurrent_seqs == 7
     assert plan.ceiling == "kv-blocks", "51 GB of KV pool vs 26 GB of weights: the KV blocks set the ceiling"
+
+
+@pytest.mark.exercise8
+def test_plan_with_an_8bit_kv_cache_doubles_the_blocks_hand_computed():
+    plan = lab.plan_deployment("llama-2-13b", "a100-80gb", 8192, kv_cache_dtype="int8")
+    block = 16 * 409_600                                   # 6,553,600 B: 1 byte per element
+    free = SEED_BUDGET - LLAMA13_WEIGHTS                   # the weights stay bf16
+    assert block * 7824 <= free < block * 7825
+    assert plan.kv_bytes_per_token_per_gpu == 409_600 and plan.block_bytes_per_gpu == block
+    assert plan.num_kv_blocks == 7824, (
+        f"KV blocks {plan.num_kv_blocks}: an int8 KV cache stores 1 byte per element, half of bf16, "
+        "so the same pool holds twice the blocks (7824, hand arithmetic); use kv_bytes_per_token(model)")
+    assert plan.max_concurrent_seqs == 7824 // 512 == 15
 
 
 @pytest.mark.exercise8
@@ -2763,6 +3001,17 @@ def test_cli_size_with_options():
     assert "llama-3-8b on 2 x h100-80gb, max_model_len 4096" in proc.stdout
 
 
+@pytest.mark.exercise8
+def test_cli_size_with_an_int8_kv_cache_shows_the_blocks_and_concurrency_double():
+    proc = run_cli("size", "--kv-cache-dtype", "int8")
+    assert proc.returncode == 0, proc.stderr
+    assert "x 128 x 1 B (8-bit KV cache)" in proc.stdout
+    assert "max concurrent sequences at 8192 tokens: 7824 // 512 blocks = 15" in proc.stdout
+    default = run_cli("size")
+    assert "an 8-bit KV cache (--kv-cache-dtype int8) -> 15 (7824 blocks)" in default.stdout, \
+        "the default sizing names the int8 KV cache among the levers"
+
+
 @pytest.mark.exercise5
 def test_cli_batching_shows_both_timelines():
     proc = run_cli("batching", "--long", "400", "--short", "20", "--num-short", "15")
@@ -2790,6 +3039,7 @@ def test_cli_subcommands_exit_0_and_print_their_headline(args, headline):
     (("size", "--max-model-len", "-1"), "--max-model-len"),
     (("size", "--activation-gb", "inf"), "--activation-gb"),
     (("speculate", "--c", "nan"), "--c"),
+    (("size", "--kv-cache-dtype", "fp4"), "--kv-cache-dtype"),
     (("speculate", "--alpha", "1.5"), "alpha"),
     (("stack", "--priority", "cheap"), "--priority"),
     (("frobnicate",), "invalid choice"),
