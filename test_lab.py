@@ -1757,7 +1757,7 @@ def test_a_block_another_request_reads_is_never_rewritten_by_a_fully_cached_prom
         "the last block into a private block")
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=12, deadline=None, report_multiple_bugs=False)
 @given(ops=st.lists(st.tuples(st.sampled_from(["add", "bad", "step", "abort"]), st.integers(0, 10**6)),
                     min_size=1, max_size=40))
 @pytest.mark.exercise5
