@@ -1916,6 +1916,24 @@ def test_simulator_rejects_a_bad_workload_by_name(workload, says):
         lab.simulate_serving(workload)
 
 
+@pytest.mark.provided
+def test_the_scheduler_refuses_an_empty_prompt_instead_of_planning_zero_work_forever():
+    scheduler = lab.Scheduler(lab.BlockAllocator(8, 4))
+    with pytest.raises(ValueError, match="prompt"):
+        scheduler.add_request(lab.Request("empty", [], lab.SamplingParams(max_tokens=2)))
+    assert not scheduler.has_unfinished(), "a refused request must not be queued"
+
+
+@pytest.mark.exercise5
+def test_simulator_without_a_timeline_measures_the_same():
+    workload = [(0.1 * i, 8, 4 + i % 5) for i in range(20)]
+    full = lab.simulate_serving(workload, max_num_seqs=4)
+    lean = lab.simulate_serving(workload, max_num_seqs=4, record_timeline=False)
+    assert lean.timeline == [] and len(full.timeline) == full.num_steps
+    assert (lean.num_steps, lean.duration, lean.wasted_slot_steps) == (full.num_steps, full.duration,
+                                                                       full.wasted_slot_steps)
+
+
 @pytest.mark.exercise5
 def test_simulator_reports_a_request_that_can_never_fit_as_rejected():
     sim = lab.simulate_serving([(0.0, 8, 8), (0.0, 200, 8), (1.0, 8, 8)], num_blocks=4, block_size=8)
