@@ -878,7 +878,8 @@ class RequestMetrics:
 @dataclasses.dataclass
 class RequestOutput:
     """What a request produced. `finish_reason` is "stop" (a stop token), "length"
-    (max_tokens), "rejected: <why>" (it can never fit; no tokens), or None while running."""
+    (max_tokens), "abort" (`LLMEngine.abort_request`), "rejected: <why>" (it can never fit;
+    no tokens), or None while running."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -1067,6 +1068,21 @@ class Scheduler:
         seq.block_table.free()
         self.running.remove(seq)
 
+    def abort(self, request_id: str) -> SequenceState | None:
+        """Drop a waiting or running request now and free its blocks (its client went away).
+        Returns its finished record ("abort"), or None when no unfinished request has this id."""
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                seq.status, seq.finish_reason = SequenceState.FINISHED, "abort"
+                seq.block_table.free()  # a preempted sequence holds none; a chunked one may
+                return seq
+        for seq in self.running:
+            if seq.request_id == request_id:
+                self._finish(seq, "abort")
+                return seq
+        return None
+
     def update(self, out: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[SequenceState]:
         """After the step ran: advance every scheduled sequence by its tokens, append the token
         sampled for each sequence that `out.completes`, and retire the ones that are done NOW
@@ -1226,6 +1242,18 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._just_finished)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Drop a waiting or running request now and free its blocks (its client went away).
+
+        Its output, with `finish_reason="abort"` and the tokens it had, comes from the next
+        `step()`. False for an id that is unknown or already finished."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return False
+        seq.finish_time = time.perf_counter()
+        self._just_finished.append(seq)
+        return True
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step on the model. Returns an output for every request that got a

@@ -1274,6 +1274,52 @@ def test_bad_input_is_a_value_error_that_names_the_request_and_runs_nothing(engi
 
 
 @pytest.mark.exercise5
+def test_abort_request_frees_a_running_request_and_reports_it_once_while_the_others_continue(engine_model):
+    prompts = random_prompts(3, seed=21, low=6, high=12)
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_seqs=4)
+    ids = [engine.add_request(p, lab.SamplingParams(max_tokens=10)) for p in prompts]
+    engine.step()
+    engine.step()
+    assert engine.abort_request(ids[1]) is True, "abort_request of a running request returns True"
+    assert engine.abort_request(ids[1]) is False, "a request can be aborted once; then it is finished"
+    results = {}
+    for _ in range(50):
+        if not engine.has_unfinished():
+            break
+        for out in engine.step():
+            assert out.request_id not in results or not results[out.request_id].finished, (
+                f"request {out.request_id} was reported again after it finished")
+            results[out.request_id] = out
+    aborted = results[ids[1]]
+    assert aborted.finish_reason == "abort", "an aborted request's output comes from the next step"
+    assert 1 <= len(aborted.output_token_ids) <= 2, "an aborted request keeps the tokens it had, no more"
+    for i in (0, 2):
+        assert results[ids[i]].output_token_ids == greedy_alone(engine_model, prompts[i], 10), (
+            "aborting one request changed another's tokens")
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, "an aborted request's blocks leaked"
+
+
+@pytest.mark.exercise5
+def test_abort_request_drops_a_waiting_request_and_refuses_unknown_ids(engine_model):
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_seqs=1)
+    first = engine.add_request([1, 2, 3], lab.SamplingParams(max_tokens=3))
+    waiting = engine.add_request([4, 5, 6], lab.SamplingParams(max_tokens=3))
+    engine.step()
+    assert engine.abort_request(waiting) is True
+    assert engine.abort_request("no such id") is False
+    outputs = []
+    for _ in range(20):
+        if not engine.has_unfinished():
+            break
+        outputs += [o for o in engine.step() if o.finished]
+    by_id = {o.request_id: o for o in outputs}
+    assert by_id[waiting].finish_reason == "abort" and by_id[waiting].output_token_ids == []
+    assert by_id[first].finish_reason == "length"
+    assert engine.abort_request(first) is False, "a finished request cannot be aborted"
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+@pytest.mark.exercise5
 def test_a_finished_sequence_leaves_and_frees_its_blocks_in_the_step_it_finishes():
     allocator = lab.BlockAllocator(64, 4)
     scheduler = lab.Scheduler(allocator, max_num_seqs=2)
