@@ -3307,7 +3307,8 @@ class _EngineBridge:
         self.inbox: list[tuple[str, object]] = []  # ("add", Request) or ("abort", request_id), in order
         self.wakeup = asyncio.Event()
         self.closing = False
-        self.gauges = self._read_gauges()  # no other thread runs yet
+        # As of the last step (so an idle server reports an idle engine without touching it).
+        self.gauges = {"running": 0, "waiting": 0, "kv_usage": 0.0, "preemptions": 0, "queries": 0, "hits": 0}
 
     def submit(self, request: Request) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue()
@@ -3750,10 +3751,10 @@ def summarize_load(results: Sequence[StreamResult], duration: float, slo_ttft: f
 
 
 def find_knee(rates: Sequence[float], p99_ttfts: Sequence[float], factor: float = 3.0) -> float | None:
-    """The highest offered rate before p99 TTFT first exceeds `factor` times its value at the
-    lowest rate (there the queue starts to grow: past it TTFT is waiting, not work); None if it
-    never does in the rates tried. `rates` ascending."""
-    base = p99_ttfts[0]
+    """The highest offered rate before p99 TTFT first exceeds `factor` times its lowest value
+    (there the queue starts to grow: past it TTFT is waiting, not work); None if it never does
+    in the rates tried. `rates` ascending."""
+    base = min((t for t in p99_ttfts if t == t), default=math.nan)  # t == t: not NaN
     for i in range(1, len(rates)):
         if not p99_ttfts[i] <= factor * base:  # NaN (nothing completed) counts as past the knee
             return rates[i - 1]
@@ -3778,7 +3779,7 @@ def format_load_chart(rates: Sequence[float], summaries: Sequence[dict], width: 
         lines.append(f"{rate:>5g} r/s | {_bar(ttft, top_ttft, width)} {ttft:8.1f} | "
                      f"{_bar(tput, top_tput, width)} {tput:7.0f}{mark}")
     lines.append(f"knee: {knee:g} req/s (p99 TTFT more than triples past it)" if knee is not None else
-                 "knee: not reached (p99 TTFT stays within 3x of the lowest rate's): offer higher rates")
+                 "knee: not reached (p99 TTFT stays within 3x of its lowest): offer higher rates")
     return "\n".join(lines)
 
 
@@ -4068,6 +4069,7 @@ BENCHMARKS = {
     "decode": lambda: bench_decode(log=print),
     "batching": lambda: print(bench_batching()),
     "speculative": lambda: print(bench_speculative()),
+    "serving": lambda: print(bench_serving()),
 }
 
 
@@ -4109,6 +4111,14 @@ def _positive(kind):
     return parse
 
 
+def _rates(text: str) -> list[float]:
+    """`--qps 1,2,4` (inf: all at once)."""
+    rates = [float(r) for r in text.split(",")]
+    if not all(r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"every rate must be > 0, got {text}")
+    return rates
+
+
 def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="The design-review scenarios of the inference-serving lab. "
                                             "With no command: all four scenarios in order.")
@@ -4141,6 +4151,33 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure on this machine, side by side")
     bench.add_argument("which", nargs="?", choices=(*BENCHMARKS, "all"), default="all")
     commands.add_parser("status", help="which exercises are done")
+    serve = commands.add_parser("serve", help="serve a toy model over HTTP, OpenAI-compatible, until Ctrl-C")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0: any free port")
+    serve.add_argument("--duration", type=_positive(float), help="stop after this many seconds")
+    for name, value in SERVE_MODEL.items():
+        serve.add_argument(f"--{name.replace('_', '-')}", type=_positive(int), default=value, help="model")
+    serve.add_argument("--seed", type=int, default=0, help="of the model's random weights")
+    serve.add_argument("--block-size", type=_positive(int), default=16)
+    serve.add_argument("--num-blocks", type=_positive(int), help="KV blocks (default: max-num-seqs full sequences)")
+    serve.add_argument("--max-num-seqs", type=_positive(int), default=64)
+    serve.add_argument("--max-num-batched-tokens", type=_positive(int), default=512)
+    serve.add_argument("--no-chunked-prefill", action="store_true")
+    serve.add_argument("--enable-prefix-caching", action="store_true")
+    load = commands.add_parser("loadtest", help="open-loop load test of any OpenAI-compatible server")
+    load.add_argument("--url", required=True, help="e.g. http://127.0.0.1:8000")
+    load.add_argument("--qps", type=_rates, default=[1.0, 2.0, 4.0], help="offered req/s: 1,2,4 (inf: all at once)")
+    load.add_argument("--num-prompts", type=_positive(int), default=50, help="requests per rate")
+    load.add_argument("--workload", choices=list(LOAD_WORKLOADS), default="sharegpt")
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--prompt-format", choices=("token-ids", "text"), default="token-ids",
+                      help="text for servers with a real tokenizer (vLLM)")
+    load.add_argument("--model", help="default: the first model of /v1/models")
+    load.add_argument("--max-model-len", type=_positive(int), help="default: from /v1/models, else 2048")
+    load.add_argument("--slo-ttft-ms", type=_positive(float))
+    load.add_argument("--slo-tpot-ms", type=_positive(float))
+    load.add_argument("--save-workload", metavar="FILE", help="write the requests as JSONL for vllm bench serve")
+    load.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds per request")
     return parser
 
 
@@ -4167,6 +4204,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "bench":
             for name in BENCHMARKS if args.which == "all" else [args.which]:
                 BENCHMARKS[name]()
+        elif args.command == "serve":
+            model = ToyTransformer(ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}), seed=args.seed)
+            serve(LLMEngine(model, args.num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
+                            enable_prefix_caching=args.enable_prefix_caching,
+                            enable_chunked_prefill=not args.no_chunked_prefill), args.host, args.port, args.duration)
+        elif args.command == "loadtest":
+            loadtest(args.url, args.qps, args.num_prompts, args.workload, args.seed, args.prompt_format, args.model,
+                     args.max_model_len, args.slo_ttft_ms, args.slo_tpot_ms, args.save_workload, args.timeout)
         else:
             print(status_report())
     except ValueError as exc:
