@@ -20,17 +20,24 @@ The three mechanisms behind vLLM, TensorRT-LLM and SGLang, on a NumPy GPT-2:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import hashlib
+import http.client
 import inspect
 import itertools
+import json
 import math
 import numbers
 import os
 import re
+import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -3232,6 +3239,919 @@ def format_stack_choice(workloads=STACK_WORKLOADS) -> str:
 
 
 # =====================================================================================
+# Serving over HTTP: the engine behind an OpenAI-compatible endpoint, and a load generator
+# =====================================================================================
+#
+# `generate()` answers "how many tokens per second can this engine make?". A deployment is
+# asked a different question: requests arrive when they like, each one waits for its first
+# token (TTFT) and then for every next one (TPOT/ITL), and past some arrival rate the queue
+# grows without bound. The server below puts the engine on a socket with the wire format of
+# OpenAI and vLLM (`/v1/completions`, server-sent events, `/metrics` under vLLM's metric
+# names); the load generator after it offers Poisson traffic at several rates and measures the
+# latencies with vLLM's benchmark definitions. It speaks only the public API, so the same
+# command measures a vLLM deployment on a GPU.
+#
+# One thread owns the engine. The asyncio loop parses HTTP and hands each request over; a
+# single worker thread adds it, steps the engine and returns the step's outputs; the loop
+# routes every new token to the request's own queue, whose handler writes it to the socket.
+
+MAX_BODY_BYTES = 1 << 20  # a completion body is a prompt and a few fields; a larger one is refused unread
+MAX_HEADER_BYTES = 16 << 10
+READ_TIMEOUT_S = 10.0  # to receive a request's head and body; a silent client is dropped
+SHUTDOWN_TIMEOUT_S = 10.0
+# vLLM's TTFT histogram uses buckets of this shape (ms to tens of seconds); these are the lab's own.
+TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+class _HTTPError(Exception):
+    """A request that ends in an error response: HTTP status and OpenAI's error body."""
+
+    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": str(self), "type": self.kind, "param": None, "code": self.status}}
+
+
+class _ClientGone(Exception):
+    """The client closed its connection: abort its request."""
+
+
+_CLIENT_GONE = object()  # put in a request's queue when its client disconnects
+
+
+# --- the wire format: prompts, fields, chunks ------------------------------------------
+
+
+def token_text(token_id: int) -> str:
+    """The lab's byte tokenizer: token id = byte value, so a token's text is that byte decoded
+    (a lone byte >= 128 is not UTF-8 on its own and shows as U+FFFD; `token_ids` carry the truth)."""
+    return bytes([token_id]).decode("utf-8", errors="replace") if 0 <= token_id < 256 else ""
+
+
+def _prompt_token_ids(prompt: object, vocab_size: int) -> list[int]:
+    """A prompt as token ids: a list of ints as given, or a string encoded byte by byte (UTF-8)."""
+    if isinstance(prompt, str):
+        token_ids = list(prompt.encode("utf-8"))
+        outside = [t for t in token_ids if t >= vocab_size]
+        if outside:
+            raise _HTTPError(f"prompt: byte {outside[0]} of the UTF-8 text has no token in this model's "
+                             f"vocabulary of {vocab_size} (token id = byte value)")
+    elif isinstance(prompt, list) and all(type(t) is int for t in prompt):
+        token_ids = prompt
+    else:
+        raise _HTTPError("prompt must be a string or a list of token ids (ints); one prompt per request")
+    if not token_ids:
+        raise _HTTPError("prompt is empty; expected at least one token")
+    return token_ids
+
+
+def _optional(body: dict, name: str, kinds: tuple, default, what: str):
+    """body[name] if it is present, not null and of one of `kinds` (bool is never an int here)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        raise _HTTPError(f"{name} must be {what}, got {json.dumps(value)}")
+    return value
+
+
+def parse_completion_request(body: bytes, config: ModelConfig, request_id: str) -> tuple[Request, bool, bool]:
+    """A `/v1/completions` body as (Request, stream, include_usage); `_HTTPError` (400) naming the
+    field otherwise. Fields: prompt, max_tokens (16), temperature (0: greedy, the lab's default),
+    seed, stop_token_ids, stream, stream_options.include_usage, n (only 1); others are ignored."""
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _HTTPError(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise _HTTPError("the body must be a JSON object")
+    if "prompt" not in payload:
+        raise _HTTPError("prompt is required")
+    prompt = _prompt_token_ids(payload["prompt"], config.vocab_size)
+    max_tokens = _optional(payload, "max_tokens", (int,), 16, "an int >= 1")
+    temperature = _optional(payload, "temperature", (int, float), 0.0, "a number >= 0")
+    seed = _optional(payload, "seed", (int,), None, "an int >= 0")
+    stop = _optional(payload, "stop_token_ids", (list,), [], "a list of token ids")
+    stream = _optional(payload, "stream", (bool,), False, "true or false")
+    options = _optional(payload, "stream_options", (dict,), {}, "an object")
+    include_usage = _optional(options, "include_usage", (bool,), False, "true or false")
+    _optional(payload, "ignore_eos", (bool,), False, "true or false")  # vLLM's; the toy model has no EOS
+    if _optional(payload, "n", (int,), 1, "1") != 1:
+        raise _HTTPError("n must be 1: this server returns one choice per request")
+    if seed is not None and seed < 0:
+        raise _HTTPError(f"seed must be an int >= 0, got {seed}")
+    if not all(type(t) is int for t in stop):
+        raise _HTTPError(f"stop_token_ids must be a list of token ids (ints), got {json.dumps(stop)}")
+    request = Request(request_id, prompt, SamplingParams(float(temperature), max_tokens, seed, tuple(stop)))
+    try:
+        _check_request(request, config)
+    except ValueError as exc:
+        raise _HTTPError(str(exc)) from None
+    return request, stream, include_usage
+
+
+def _choice(token_ids: list[int], finish_reason: str | None) -> dict:
+    return {"index": 0, "text": "".join(token_text(t) for t in token_ids), "token_ids": token_ids,
+            "logprobs": None, "finish_reason": finish_reason}
+
+
+def _usage(request: Request, num_output_tokens: int) -> dict:
+    n_prompt = len(request.prompt_token_ids)
+    return {"prompt_tokens": n_prompt, "completion_tokens": num_output_tokens,
+            "total_tokens": n_prompt + num_output_tokens}
+
+
+def _http_head(status: int, content_type: str, length: int | None = None) -> bytes:
+    """Response head; `length=None` means a chunked body (a stream). One response per connection."""
+    lines = [f"HTTP/1.1 {status} {_REASONS[status]}", f"Content-Type: {content_type}", "Connection: close"]
+    lines += ["Cache-Control: no-cache", "Transfer-Encoding: chunked"] if length is None else [
+        f"Content-Length: {length}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _http_chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode("ascii") + data + b"\r\n"
+
+
+def _sse(event: dict | str) -> bytes:
+    """One server-sent event, as one HTTP chunk: `data: {json}` and a blank line."""
+    data = event if isinstance(event, str) else json.dumps(event, separators=(",", ":"))
+    return _http_chunk(f"data: {data}\n\n".encode())
+
+
+async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[str, str, bytes]:
+    """(method, path, body) of one HTTP/1.1 request. A head over MAX_HEADER_BYTES or a body over
+    MAX_BODY_BYTES is a 400 raised before the body is read."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.LimitOverrunError:
+        raise _HTTPError(f"the request head is over {MAX_HEADER_BYTES} bytes") from None
+    request_line, *header_lines = head.decode("latin-1").split("\r\n")
+    parts = request_line.split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise _HTTPError(f"malformed request line {request_line[:80]!r}")
+    headers = {}
+    for line in filter(None, header_lines):
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise _HTTPError(f"malformed header line {line[:80]!r}")
+        headers[name.strip().lower()] = value.strip()
+    if "transfer-encoding" in headers:
+        raise _HTTPError("chunked request bodies are not supported: send Content-Length")
+    length = headers.get("content-length", "0")
+    if not length.isdigit():
+        raise _HTTPError(f"Content-Length must be a number of bytes, got {length!r}")
+    if int(length) > MAX_BODY_BYTES:
+        raise _HTTPError(f"the body is {length} bytes; the limit is {MAX_BODY_BYTES}")
+    if headers.get("expect", "").lower() == "100-continue":  # curl waits for this before a large body
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    return parts[0], parts[1].split("?", 1)[0], await reader.readexactly(int(length))
+
+
+async def _watch_disconnect(reader: asyncio.StreamReader) -> None:
+    """Return when the client closes its side (nothing else is expected after the request)."""
+    try:
+        while await reader.read(4096):
+            pass
+    except ConnectionError:
+        pass
+
+
+# --- the engine side: one worker thread owns the engine ---------------------------------
+
+
+class _Histogram:
+    """A Prometheus histogram: cumulative bucket counts, sum and count."""
+
+    def __init__(self, bounds: Sequence[float]):
+        self.bounds, self.counts, self.sum, self.count = tuple(bounds), [0] * len(bounds), 0.0, 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.bounds):
+            self.counts[i] += value <= bound
+        self.sum += value
+        self.count += 1
+
+
+class _EngineBridge:
+    """Hands requests to the engine and routes its outputs back, request by request.
+
+    Contract: only `self.worker` (one thread) ever calls the engine; everything else here runs
+    on the event loop. `submit` returns the request's queue, which receives a RequestOutput per
+    step that gave it a token and ends with a finished one, or receives one `_HTTPError`
+    (rejected by the engine, engine failure, shutdown). An error in a step fails the requests
+    then in flight (500) and the bridge goes on serving.
+    """
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")
+        self.streams: dict[str, asyncio.Queue] = {}
+        self.inbox: list[tuple[str, object]] = []  # ("add", Request) or ("abort", request_id), in order
+        self.wakeup = asyncio.Event()
+        self.closing = False
+        # As of the last step (so an idle server reports an idle engine without touching it).
+        self.gauges = {"running": 0, "waiting": 0, "kv_usage": 0.0, "preemptions": 0, "queries": 0, "hits": 0}
+
+    def submit(self, request: Request) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue()
+        self.streams[request.request_id] = queue
+        self._send(("add", request))
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        if self.streams.pop(request_id, None) is not None:
+            self._send(("abort", request_id))
+
+    def _send(self, command: tuple[str, object]) -> None:
+        self.inbox.append(command)
+        self.wakeup.set()
+
+    async def run(self) -> None:
+        """Step while anything is in flight; sleep on `wakeup` when idle."""
+        loop, busy = asyncio.get_running_loop(), False
+        while not self.closing:
+            if not (busy or self.inbox):
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                continue
+            commands, self.inbox = self.inbox, []
+            try:
+                rejected, outputs, busy = await loop.run_in_executor(self.worker, self._step, commands)
+            except Exception as exc:  # the engine failed: fail what is in flight, keep serving
+                busy = await self._fail_all(_HTTPError(f"the engine failed: {type(exc).__name__}: {exc}",
+                                                       500, "server_error"))
+                continue
+            for request_id, message in rejected.items():
+                self._finish(request_id, _HTTPError(message))
+            for out in outputs:
+                if out.finish_reason and out.finish_reason.startswith("rejected"):
+                    self._finish(out.request_id, _HTTPError(f"request {out.request_id!r}: {out.finish_reason}"))
+                elif out.request_id in self.streams:
+                    self.streams[out.request_id].put_nowait(out)
+                    if out.finished:
+                        del self.streams[out.request_id]
+
+    def _step(self, commands: list[tuple[str, object]]) -> tuple[dict[str, str], list[RequestOutput], bool]:
+        """In the worker: apply the commands, run one step, read the gauges."""
+        rejected = {}
+        for kind, arg in commands:
+            if kind == "add":
+                try:
+                    self.engine.add_request(arg)
+                except ValueError as exc:
+                    rejected[arg.request_id] = str(exc)
+            else:
+                self.engine.abort_request(arg)
+        outputs = self.engine.step() if self.engine.has_unfinished() else []
+        self.gauges = self._read_gauges()
+        return rejected, outputs, self.engine.has_unfinished()
+
+    def _read_gauges(self) -> dict[str, float]:
+        engine, allocator = self.engine, self.engine.allocator
+        return {"running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting),
+                "kv_usage": 1.0 - allocator.num_free_blocks / allocator.num_blocks,
+                "preemptions": engine.num_preemptions, "queries": allocator.stats.queries,
+                "hits": allocator.stats.hits}
+
+    def _finish(self, request_id: str, error: _HTTPError) -> None:
+        queue = self.streams.pop(request_id, None)
+        if queue is not None:
+            queue.put_nowait(error)
+
+    async def _fail_all(self, error: _HTTPError) -> bool:
+        """Send `error` to every request in flight and abort them; whether the engine is still busy."""
+        request_ids = list(self.streams)
+        for request_id in request_ids:
+            self._finish(request_id, error)
+        return await asyncio.get_running_loop().run_in_executor(self.worker, self._abort_and_flush, request_ids)
+
+    def _abort_and_flush(self, request_ids: list[str]) -> bool:
+        """In the worker: abort, then let one step hand out the aborted outputs."""
+        try:
+            for request_id in request_ids:
+                self.engine.abort_request(request_id)
+            if self.engine.has_unfinished():
+                self.engine.step()
+            self.gauges = self._read_gauges()
+        except Exception:  # noqa: BLE001 - a broken engine stays broken; each new request gets its 500
+            pass
+        return self.engine.has_unfinished()
+
+    async def close(self) -> None:
+        """Stop stepping, then end every request in flight with a 503 and abort it in the engine."""
+        self.closing = True
+        self.wakeup.set()
+        await self._fail_all(_HTTPError("the server is shutting down", 503, "server_error"))
+
+
+# --- the HTTP side: routes and the completion handler ------------------------------------
+
+
+class CompletionServer:
+    """An OpenAI-compatible server for one LLMEngine, on a background thread (see start_server).
+
+    `.url`, `.port`, `.model_name`; `.close()` stops accepting, ends every request in flight
+    (503) and aborts it in the engine, and joins the thread; it is idempotent. A context manager.
+    Not to be closed from inside one of its own handlers.
+    """
+
+    def __init__(self, engine: LLMEngine, host: str = "127.0.0.1", port: int = 0):
+        self.engine, self.host = engine, host
+        config = engine.model.config
+        self.model_name = f"toy-gpt2-{config.n_layer}x{config.n_embd}-v{config.vocab_size}"
+        self.port = port
+        self._ids = itertools.count()
+        self._ttft = _Histogram(TTFT_BUCKETS_S)
+        self._counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
+        self._connections: set[asyncio.Task] = set()
+        self._closed, self._close_lock = False, threading.Lock()
+        self._started, self._startup_error = threading.Event(), None
+        self._thread = threading.Thread(target=self._run, args=(port,), name="lab-server", daemon=True)
+        self._thread.start()
+        if not self._started.wait(SHUTDOWN_TIMEOUT_S):
+            raise RuntimeError("the server thread did not start")
+        if self._startup_error is not None:
+            raise self._startup_error
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(SHUTDOWN_TIMEOUT_S * 3)
+
+    def __enter__(self) -> CompletionServer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # --- the server thread ---
+
+    def _run(self, port: int) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._serve(port))
+        except BaseException as exc:  # noqa: BLE001 - reported to the thread that called start_server
+            self._startup_error = exc
+        finally:
+            self._started.set()
+            loop.close()
+
+    async def _serve(self, port: int) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._bridge = _EngineBridge(self.engine)
+        server = await asyncio.start_server(self._connection, self.host, port, limit=MAX_HEADER_BYTES)
+        self.port = server.sockets[0].getsockname()[1]
+        engine_task = asyncio.create_task(self._bridge.run())
+        self._started.set()
+        await self._stop.wait()
+        server.close()  # stop accepting
+        await self._bridge.close()  # in-flight handlers get their 503 and finish
+        pending = list(self._connections)
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=SHUTDOWN_TIMEOUT_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        await engine_task
+        await server.wait_closed()
+        self._bridge.worker.shutdown(wait=True)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One request per connection: read it, route it, answer, close."""
+        task = asyncio.current_task()
+        self._connections.add(task)
+        try:
+            try:
+                method, path, body = await asyncio.wait_for(_read_request(reader, writer), READ_TIMEOUT_S)
+                await self._route(method, path, body, reader, writer)
+            except _HTTPError as exc:
+                self._respond_json(writer, exc.status, exc.body())
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            pass  # the client went away, or said too little too slowly
+        except Exception as exc:  # noqa: BLE001 - a bug answers 500 for this request only
+            error = _HTTPError(f"internal error: {type(exc).__name__}: {exc}", 500, "server_error")
+            self._respond_json(writer, 500, error.body())
+        finally:
+            writer.close()
+            self._connections.discard(task)
+
+    async def _route(self, method: str, path: str, body: bytes, reader, writer) -> None:
+        routes = {"/health": "GET", "/v1/models": "GET", "/metrics": "GET", "/v1/completions": "POST"}
+        if path not in routes:
+            raise _HTTPError(f"no route {path}; try /v1/completions, /v1/models, /health, /metrics",
+                             404, "not_found_error")
+        if method != routes[path]:
+            raise _HTTPError(f"{path} takes {routes[path]}, not {method}", 405)
+        if path == "/health":
+            writer.write(_http_head(200, "text/plain", 0))
+        elif path == "/v1/models":
+            self._respond_json(writer, 200, self._models())
+        elif path == "/metrics":
+            text = self._metrics().encode()
+            writer.write(_http_head(200, "text/plain; version=0.0.4", len(text)) + text)
+        else:
+            await self._complete(body, reader, writer)
+
+    def _respond_json(self, writer: asyncio.StreamWriter, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        writer.write(_http_head(status, "application/json", len(data)) + data)
+
+    def _models(self) -> dict:
+        config = self.engine.model.config
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "lab",
+                                            "max_model_len": config.n_positions,
+                                            "vocab_size": config.vocab_size}]}
+
+    async def _complete(self, body: bytes, reader, writer) -> None:
+        """POST /v1/completions. The status line waits for the engine's first word (a token or a
+        rejection), so a request the engine refuses is still a clean 400; a disconnect aborts."""
+        request, stream, include_usage = parse_completion_request(
+            body, self.engine.model.config, f"cmpl-{next(self._ids)}")
+        received = time.perf_counter()
+        queue = self._bridge.submit(request)
+        watcher = asyncio.create_task(_watch_disconnect(reader))
+        watcher.add_done_callback(lambda _: queue.put_nowait(_CLIENT_GONE))
+        try:
+            respond = self._stream if stream else self._respond_whole
+            await respond(request, queue, writer, received, include_usage)
+        except (_ClientGone, ConnectionError):
+            self._bridge.abort(request.request_id)
+        finally:
+            watcher.cancel()
+
+    async def _outputs(self, queue: asyncio.Queue, received: float):
+        """The request's RequestOutputs up to the finished one (first token: into the TTFT histogram)."""
+        first = True
+        while True:
+            item = await queue.get()
+            if item is _CLIENT_GONE:
+                raise _ClientGone
+            if isinstance(item, _HTTPError):
+                raise item
+            if first and item.output_token_ids:
+                self._ttft.observe(time.perf_counter() - received)
+                first = False
+            yield item
+            if item.finished:
+                return
+
+    def _completion(self, request: Request, kind: str) -> dict:
+        return {"id": request.request_id, "object": kind, "created": int(time.time()), "model": self.model_name}
+
+    def _count(self, request: Request, num_output_tokens: int) -> None:
+        self._counters["requests"] += 1
+        self._counters["prompt_tokens"] += len(request.prompt_token_ids)
+        self._counters["generation_tokens"] += num_output_tokens
+
+    async def _respond_whole(self, request: Request, queue, writer, received: float, include_usage: bool) -> None:
+        async for out in self._outputs(queue, received):
+            last = out
+        tokens = last.output_token_ids
+        self._count(request, len(tokens))
+        self._respond_json(writer, 200, self._completion(request, "text_completion") | {
+            "choices": [_choice(tokens, last.finish_reason)], "usage": _usage(request, len(tokens))})
+
+    async def _stream(self, request: Request, queue, writer, received: float, include_usage: bool) -> None:
+        """Server-sent events: one chunk per token, the last with its finish_reason, then [DONE]."""
+        header, sent = self._completion(request, "text_completion"), 0
+        try:
+            async for out in self._outputs(queue, received):
+                new = out.output_token_ids[sent:]
+                finish = [None] * (len(new) - 1) + [out.finish_reason]
+                events = [_sse(header | {"choices": [_choice([t], f)]}) for t, f in zip(new, finish)]
+                writer.write(b"".join(([_http_head(200, "text/event-stream")] if sent == 0 else []) + events))
+                sent += len(new)
+                await writer.drain()
+        except _HTTPError as exc:
+            if sent == 0:
+                raise  # nothing sent yet: a plain error response
+            writer.write(_sse(exc.body()))
+        self._count(request, sent)
+        if include_usage:
+            writer.write(_sse(header | {"choices": [], "usage": _usage(request, sent)}))
+        writer.write(_sse("[DONE]") + _http_chunk(b""))
+
+    def _metrics(self) -> str:
+        """Prometheus text under vLLM's names (prefix-cache counts are in blocks here, tokens in vLLM)."""
+        gauges, label = self._bridge.gauges, f'model_name="{self.model_name}"'
+        lines = []
+
+        def metric(name: str, kind: str, text: str, value: float) -> None:
+            lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name}{{{label}}} {value}"])
+
+        metric("vllm:num_requests_running", "gauge", "Requests in the running batch.", gauges["running"])
+        metric("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", gauges["waiting"])
+        metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 means 100 percent.", gauges["kv_usage"])
+        metric("vllm:num_preemptions_total", "counter", "Preemptions by the scheduler.", gauges["preemptions"])
+        metric("vllm:prefix_cache_queries_total", "counter", "Prefix-cache lookups (blocks).", gauges["queries"])
+        metric("vllm:prefix_cache_hits_total", "counter", "Prefix-cache hits (blocks).", gauges["hits"])
+        metric("vllm:prompt_tokens_total", "counter", "Prompt tokens of completed requests.",
+               self._counters["prompt_tokens"])
+        metric("vllm:generation_tokens_total", "counter", "Generated tokens of completed requests.",
+               self._counters["generation_tokens"])
+        metric("vllm:request_success_total", "counter", "Completed requests.", self._counters["requests"])
+        name, hist = "vllm:time_to_first_token_seconds", self._ttft
+        lines += [f"# HELP {name} Time to first token, from request received to token sent.",
+                  f"# TYPE {name} histogram"]
+        for bound, count in zip(hist.bounds, hist.counts):
+            lines.append(f'{name}_bucket{{{label},le="{bound}"}} {count}')
+        lines += [f'{name}_bucket{{{label},le="+Inf"}} {hist.count}',
+                  f"{name}_sum{{{label}}} {hist.sum}", f"{name}_count{{{label}}} {hist.count}"]
+        return "\n".join(lines) + "\n"
+
+
+def start_server(engine: LLMEngine, host: str = "127.0.0.1", port: int = 0) -> CompletionServer:
+    """Serve `engine` over HTTP from a background thread (port 0: any free port) and return the
+    handle once it accepts connections. The server owns the engine until `close()`."""
+    return CompletionServer(engine, host, port)
+
+
+# --- the load generator: open-loop Poisson traffic, vLLM's latency definitions -------------
+#
+# Open loop: each request is sent at its arrival time whether or not earlier ones finished,
+# as users do. (A closed loop, "send the next when one returns", can never offer more than
+# the server handles, so it cannot show the knee.) Each request's latencies come from the
+# arrival times of its streamed chunks, as in vLLM's benchmark_serving:
+#   TTFT = first chunk - send;  E2E = last chunk - send;
+#   TPOT = (E2E - TTFT) / (output tokens - 1);  ITL = the gaps between consecutive chunks.
+
+LOAD_WORKLOADS = {
+    "sharegpt": SHAREGPT,
+    "alpaca": ALPACA,
+    "tiny": LengthStats("tiny", 8.0, 8.0, "a smoke test, not a trace"),
+}
+# In a text prompt every token is a one-letter word: one token each for the BPE tokenizers of
+# GPT-2 or Llama ("▁q"), two bytes each for the lab's byte tokenizer.
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadRequest:
+    """One request of a synthetic workload: its prompt in both forms, and its output length."""
+
+    prompt_token_ids: list[int]
+    prompt_text: str
+    max_tokens: int
+
+
+def make_workload(name: str, num_prompts: int, seed: int = 0, max_model_len: int = 2048,
+                  vocab_size: int = 256) -> list[WorkloadRequest]:
+    """`num_prompts` requests with lengths from `sample_request_lengths(LOAD_WORKLOADS[name])`
+    (prompt + output within `max_model_len`); random token ids below `vocab_size`. Deterministic."""
+    if name not in LOAD_WORKLOADS:
+        raise ValueError(f"workload must be one of {sorted(LOAD_WORKLOADS)}, got {name!r}")
+    prompt_lens, output_lens = sample_request_lengths(LOAD_WORKLOADS[name], num_prompts, seed, max_model_len)
+    rng = np.random.default_rng(seed + 1)
+    requests = []
+    for n_in, n_out in zip(prompt_lens.tolist(), output_lens.tolist()):
+        ids = rng.integers(0, min(vocab_size, 256), n_in).tolist()
+        text = " ".join(_LETTERS[i % len(_LETTERS)] for i in ids)
+        requests.append(WorkloadRequest(ids, text, n_out))
+    return requests
+
+
+def save_workload(requests: Sequence[WorkloadRequest], path: str) -> None:
+    """JSONL that `vllm bench serve --dataset-name custom --custom-output-len -1` replays:
+    one {"prompt": text, "output_tokens": n} per line."""
+    with open(path, "w") as fh:
+        for r in requests:
+            fh.write(json.dumps({"prompt": r.prompt_text, "output_tokens": r.max_tokens}) + "\n")
+
+
+def poisson_arrival_times(rate: float, num_requests: int, seed: int = 0) -> np.ndarray:
+    """Send times (seconds from the start) of a Poisson process of `rate` requests per second:
+    exponential gaps of mean 1/rate, the first request at 0. `rate=inf` sends everything at 0."""
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 requests per second (inf: all at once), got {rate}")
+    if math.isinf(rate):
+        return np.zeros(num_requests)
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, num_requests)
+    return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+
+
+@dataclasses.dataclass
+class StreamResult:
+    """What the client saw of one streamed request (perf_counter seconds)."""
+
+    send_time: float
+    chunk_times: list[float] = dataclasses.field(default_factory=list)
+    num_output_tokens: int = 0
+    num_prompt_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.chunk_times)
+
+
+def stream_metrics(result: StreamResult) -> RequestMetrics:
+    """vLLM's benchmark definitions (see above) for one successful streamed request."""
+    times = result.chunk_times
+    ttft, e2e = times[0] - result.send_time, times[-1] - result.send_time
+    n = result.num_output_tokens
+    tpot = (e2e - ttft) / (n - 1) if n > 1 else math.nan
+    return RequestMetrics(ttft, tpot, np.diff(times).tolist(), e2e)
+
+
+def _percentiles(values: Sequence[float], prefix: str) -> dict[str, float]:
+    values = np.asarray(values, dtype=np.float64)
+    stats = {"mean": np.mean, "p50": lambda x: np.percentile(x, 50), "p90": lambda x: np.percentile(x, 90),
+             "p99": lambda x: np.percentile(x, 99)}
+    return {f"{stat}_{prefix}": float(f(values)) if values.size else math.nan for stat, f in stats.items()}
+
+
+def summarize_load(results: Sequence[StreamResult], duration: float, slo_ttft: float | None = None,
+                   slo_tpot: float | None = None) -> dict[str, float]:
+    """A benchmark's numbers, vLLM-style: completed / failed counts; request and output-token
+    throughput over `duration` (first send to last chunk); goodput, the requests per second that
+    met every SLO given (TTFT <= slo_ttft and, with 2+ tokens, TPOT <= slo_tpot; seconds);
+    mean, p50, p90, p99 of TTFT, TPOT (requests with 2+ tokens), ITL (all gaps) and E2E."""
+    metrics = [(r, stream_metrics(r)) for r in results if r.ok]
+    good = [r for r, m in metrics if (slo_ttft is None or m.ttft <= slo_ttft)
+            and (slo_tpot is None or r.num_output_tokens < 2 or m.tpot <= slo_tpot)]
+    num_out = sum(r.num_output_tokens for r, _ in metrics)
+    per_second = (lambda x: x / duration) if duration > 0 else (lambda x: math.nan)
+    summary = {"completed": len(metrics), "failed": len(results) - len(metrics), "duration": duration,
+               "output_tokens": num_out, "request_throughput": per_second(len(metrics)),
+               "output_throughput": per_second(num_out), "goodput": per_second(len(good))}
+    summary |= _percentiles([m.ttft for _, m in metrics], "ttft")
+    summary |= _percentiles([m.tpot for r, m in metrics if r.num_output_tokens > 1], "tpot")
+    summary |= _percentiles([gap for _, m in metrics for gap in m.itl], "itl")
+    summary |= _percentiles([m.e2e_latency for _, m in metrics], "e2e")
+    return summary
+
+
+def find_knee(rates: Sequence[float], p99_ttfts: Sequence[float], factor: float = 3.0) -> float | None:
+    """The highest offered rate before p99 TTFT first exceeds `factor` times its lowest value
+    (there the queue starts to grow: past it TTFT is waiting, not work); None if it never does
+    in the rates tried. `rates` ascending."""
+    base = min((t for t in p99_ttfts if t == t), default=math.nan)  # t == t: not NaN
+    for i in range(1, len(rates)):
+        if not p99_ttfts[i] <= factor * base:  # NaN (nothing completed) counts as past the knee
+            return rates[i - 1]
+    return None
+
+
+def _bar(value: float, top: float, width: int) -> str:
+    filled = 0 if not (top > 0 and value > 0) else max(1, round(width * min(value, top) / top))
+    return "#" * filled + " " * (width - filled)
+
+
+def format_load_chart(rates: Sequence[float], summaries: Sequence[dict], width: int = 30) -> str:
+    """p99 TTFT and output throughput against the offered rate, as bars, with the knee marked."""
+    ttfts = [s["p99_ttft"] * 1e3 for s in summaries]
+    tputs = [s["output_throughput"] for s in summaries]
+    knee = find_knee(rates, ttfts)
+    top_ttft = max((t for t in ttfts if t == t), default=0.0)
+    top_tput = max((t for t in tputs if t == t), default=0.0)
+    lines = [f"{'offered':>9} | {'p99 TTFT (ms)':<{width + 9}} | {'output tokens/s':<{width + 8}}"]
+    for rate, ttft, tput in zip(rates, ttfts, tputs):
+        mark = "  <- knee" if rate == knee else ""
+        lines.append(f"{rate:>5g} r/s | {_bar(ttft, top_ttft, width)} {ttft:8.1f} | "
+                     f"{_bar(tput, top_tput, width)} {tput:7.0f}{mark}")
+    lines.append(f"knee: {knee:g} req/s (p99 TTFT more than triples past it)" if knee is not None else
+                 "knee: not reached (p99 TTFT stays within 3x of its lowest): offer higher rates")
+    return "\n".join(lines)
+
+
+def format_load_table(rates: Sequence[float], summaries: Sequence[dict]) -> str:
+    """One row per offered rate: counts, throughput, goodput, and p50/p90/p99 of each latency (ms)."""
+    head = (f"{'rate':>6} {'done':>5} {'fail':>4} {'req/s':>6} {'tok/s':>7} {'good/s':>6} | "
+            + " | ".join(f"{name + ' p50/p90/p99 ms':^23}" for name in ("TTFT", "TPOT", "ITL", "E2E")))
+    lines = [head]
+    for rate, s in zip(rates, summaries):
+        cells = " | ".join(" ".join(f"{s[f'{p}_{m}'] * 1e3:7.1f}" for p in ("p50", "p90", "p99"))
+                           for m in ("ttft", "tpot", "itl", "e2e"))
+        lines.append(f"{rate:>6g} {s['completed']:>5} {s['failed']:>4} {s['request_throughput']:>6.2f} "
+                     f"{s['output_throughput']:>7.0f} {s['goodput']:>6.2f} | {cells}")
+    return "\n".join(lines)
+
+
+# --- the client: one thread per request, stdlib http.client, every read under a timeout ---
+
+
+def _http_get_json(url: str, path: str, timeout: float) -> dict:
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("GET", parts.path.rstrip("/") + path)
+        resp = conn.getresponse()
+        body = resp.read(MAX_BODY_BYTES)
+        if resp.status != 200:
+            raise ValueError(f"GET {path}: HTTP {resp.status}: {body[:200]!r}")
+        return json.loads(body)
+    finally:
+        conn.close()
+
+
+def server_model_card(url: str, timeout: float = 10.0) -> dict:
+    """The first model the server lists at /v1/models (its "id", and "max_model_len" where given)."""
+    data = _http_get_json(url, "/v1/models", timeout).get("data") or []
+    if not data:
+        raise ValueError(f"{url}/v1/models lists no model")
+    return data[0]
+
+
+def stream_completion(url: str, payload: dict, timeout: float) -> StreamResult:
+    """POST one streaming completion and time its chunks. Never raises for a failed request:
+    the error is in `.error`. Bounded: at most max_tokens + 16 events, `timeout` seconds in all."""
+    parts = urllib.parse.urlsplit(url)
+    result = StreamResult(send_time=time.perf_counter())
+    deadline = result.send_time + timeout
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("POST", parts.path.rstrip("/") + "/v1/completions", json.dumps(payload),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            result.error = f"HTTP {resp.status}: {resp.read(4096).decode(errors='replace')}"
+            return result
+        for _ in range(2 * (payload.get("max_tokens") or 16) + 32):  # event lines and blank lines
+            line = resp.readline(MAX_BODY_BYTES)
+            if not line or time.perf_counter() > deadline:
+                break
+            if _read_event(line.strip(), result):
+                return result
+        result.error = result.error or "the stream ended without data: [DONE]"
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    return result
+
+
+def _read_event(line: bytes, result: StreamResult) -> bool:
+    """Record one server-sent event line; True at `data: [DONE]`."""
+    if not line.startswith(b"data:"):
+        return False
+    data = line[5:].strip()
+    if data == b"[DONE]":
+        return True
+    event = json.loads(data)
+    if "error" in event:
+        result.error = json.dumps(event["error"])
+    if event.get("choices"):
+        result.chunk_times.append(time.perf_counter())
+        result.num_output_tokens += len(event["choices"][0].get("token_ids") or [None])
+    if event.get("usage"):  # the count the server reports wins (a chunk may hold several tokens)
+        result.num_output_tokens = event["usage"].get("completion_tokens", result.num_output_tokens)
+        result.num_prompt_tokens = event["usage"].get("prompt_tokens")
+    return False
+
+
+def completion_payload(request: WorkloadRequest, model: str, prompt_format: str = "token-ids") -> dict:
+    """The body the load generator sends: greedy, streamed, usage at the end, and `ignore_eos` so
+    that a real model produces exactly `max_tokens` tokens (vLLM's benchmark does the same)."""
+    prompt = request.prompt_token_ids if prompt_format == "token-ids" else request.prompt_text
+    return {"model": model, "prompt": prompt, "max_tokens": request.max_tokens, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+
+
+def run_load(url: str, payloads: Sequence[dict], rate: float, seed: int = 0,
+             timeout: float = 300.0) -> tuple[list[StreamResult], float]:
+    """Send `payloads` open-loop at Poisson `rate` (req/s), each on its own thread; wait for all
+    (at most `timeout` after the last send). Returns the results in order and the duration from
+    the first send to the last chunk."""
+    arrivals = poisson_arrival_times(rate, len(payloads), seed)
+    results: list[StreamResult | None] = [None] * len(payloads)
+
+    def send(i: int) -> None:
+        results[i] = stream_completion(url, payloads[i], timeout)
+
+    threads, start = [], time.perf_counter()
+    for i, at in enumerate(arrivals):
+        time.sleep(max(0.0, start + at - time.perf_counter()))
+        threads.append(threading.Thread(target=send, args=(i,), daemon=True))
+        threads[-1].start()
+    deadline = time.perf_counter() + timeout + 5.0
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.perf_counter()))
+    results = [r or StreamResult(start, error="no answer within the timeout") for r in results]
+    end = max((r.chunk_times[-1] for r in results if r.chunk_times), default=start)
+    return results, end - start
+
+
+def loadtest(url: str, rates: Sequence[float], num_prompts: int, workload: str = "sharegpt", seed: int = 0,
+             prompt_format: str = "token-ids", model: str | None = None, max_model_len: int | None = None,
+             slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+             save_workload_path: str | None = None, timeout: float = 300.0, log=print) -> list[dict]:
+    """`python solution.py loadtest`: the same workload at each offered rate (ascending); prints
+    a table, the chart and the first error, and returns one summary per rate. Works against any
+    OpenAI-compatible /v1/completions; the model name and max_model_len come from /v1/models."""
+    if prompt_format not in ("token-ids", "text"):
+        raise ValueError(f"prompt_format must be 'token-ids' or 'text', got {prompt_format!r}")
+    card = server_model_card(url)
+    model = model or card["id"]
+    max_model_len = max_model_len or card.get("max_model_len") or 2048
+    requests = make_workload(workload, num_prompts, seed, max_model_len, card.get("vocab_size", 256))
+    if save_workload_path:
+        save_workload(requests, save_workload_path)
+        log(f"wrote {len(requests)} requests to {save_workload_path} (vLLM: --dataset-name custom)")
+    payloads = [completion_payload(r, model, prompt_format) for r in requests]
+    mean_in, mean_out = np.mean([len(r.prompt_token_ids) for r in requests]), np.mean([r.max_tokens for r in requests])
+    log(f"{url} model {model}: {num_prompts} {workload} requests (mean {mean_in:.0f} in / {mean_out:.0f} out "
+        f"tokens, {prompt_format} prompts) per rate")
+    rates = sorted(rates)
+    summaries, first_error = [], None
+    for rate in rates:
+        results, duration = run_load(url, payloads, rate, seed, timeout)
+        summaries.append(summarize_load(results, duration, slo_ttft_ms and slo_ttft_ms / 1e3,
+                                        slo_tpot_ms and slo_tpot_ms / 1e3))
+        first_error = first_error or next((r.error for r in results if r.error), None)
+        log(f"  rate {rate:g} req/s: {summaries[-1]['completed']}/{num_prompts} done in {duration:.1f} s")
+    slo = ", ".join(f"{k} <= {v:g} ms" for k, v in (("TTFT", slo_ttft_ms), ("TPOT", slo_tpot_ms)) if v)
+    log(format_load_table(rates, summaries))
+    log(f"goodput: requests per second meeting {slo or 'no SLO (give --slo-ttft-ms / --slo-tpot-ms)'}")
+    log(format_load_chart(rates, summaries))
+    if first_error:
+        log(f"first error: {first_error}")
+    return summaries
+
+
+# --- measured here: the server's overhead against offline generate --------------------------
+
+# The model `python solution.py serve` runs by default: the lab's GPT-2 with room for ShareGPT-
+# like requests (prompt + output <= 512 tokens).
+SERVE_MODEL = dict(vocab_size=256, n_positions=512, n_embd=64, n_layer=2, n_head=4)
+
+
+def serve(engine: LLMEngine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None) -> None:
+    """`python solution.py serve`: run the server until Ctrl-C (or for `duration` seconds)."""
+    with start_server(engine, host, port) as server:
+        print(f"serving {server.model_name} at {server.url}  (POST /v1/completions, GET /v1/models /health "
+              f"/metrics; Ctrl-C stops)", flush=True)
+        try:
+            threading.Event().wait(duration)
+        except KeyboardInterrupt:
+            print("stopping", flush=True)
+
+
+def _serve_in_subprocess() -> tuple[subprocess.Popen, str]:
+    """`python <this file> serve --port 0` (the default model) in a child process, and its URL."""
+    proc = subprocess.Popen([sys.executable, sys.modules[__name__].__file__, "serve", "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    found = re.search(r"http://\S+", proc.stdout.readline())  # its first line, or "" if it died
+    if not found:
+        proc.kill()
+        raise RuntimeError("the server process did not start")
+    return proc, found.group(0)
+
+
+def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: int = 16, repeats: int = 5) -> str:
+    """`python solution.py bench serving`: the same model and requests (a) offline through
+    `generate` and (b) through `python solution.py serve` in a child process (its own core, as
+    a server has) from this process's load generator, all sent at once (saturation), best of
+    `repeats` each; then requests one at a time, for the server's own TTFT overhead (medians)."""
+    model = ToyTransformer(ModelConfig(**SERVE_MODEL))
+    requests = make_workload(workload, num_prompts, 0, model.config.n_positions, model.config.vocab_size)
+    sampling = [SamplingParams(max_tokens=r.max_tokens) for r in requests]
+    num_tokens = sum(r.max_tokens for r in requests)
+    alone = [LLMEngine(model).generate([r.prompt_token_ids], [s])[0].metrics
+             for r, s in zip(requests[:num_alone], sampling)]
+    payloads = [completion_payload(r, "") for r in requests]
+    offline, runs = 0.0, []
+    proc, url = _serve_in_subprocess()
+    try:
+        for _ in range(repeats):  # interleaved, so that a noisy moment of the machine hits both
+            start = time.perf_counter()
+            LLMEngine(model).generate([r.prompt_token_ids for r in requests], sampling)
+            offline = max(offline, num_tokens / (time.perf_counter() - start))
+            runs.append(summarize_load(*run_load(url, payloads, math.inf)))
+        served = max(runs, key=lambda s: s["output_throughput"])
+        served_alone = [stream_metrics(stream_completion(url, p, 60.0)) for p in payloads[:num_alone]]
+    finally:
+        proc.terminate()
+        proc.wait(SHUTDOWN_TIMEOUT_S)
+    ttft_offline = float(np.median([m.ttft for m in alone]))
+    ttft_served = float(np.median([m.ttft for m in served_alone]))
+    step = float(np.median([gap for m in alone for gap in m.itl]))
+    c = model.config
+    return "\n".join([
+        f"== Serving over HTTP: {num_prompts} {workload} requests ({num_tokens} output tokens), model "
+        f"{c.n_layer} layers x n_embd {c.n_embd}, n_positions {c.n_positions} ==",
+        f"offline generate:        {offline:8.0f} output tokens/s",
+        f"through the server:      {served['output_throughput']:8.0f} output tokens/s "
+        f"({served['completed']}/{num_prompts} completed) = {served['output_throughput'] / offline:.0%} of offline",
+        f"TTFT of a lone request:  engine {ttft_offline * 1e3:.2f} ms, through the server {ttft_served * 1e3:.2f} ms: "
+        f"the server adds {(ttft_served - ttft_offline) * 1e3:.2f} ms (one decode step: {step * 1e3:.2f} ms)",
+    ])
+
+
+# =====================================================================================
 # 6. The command line
 # =====================================================================================
 
@@ -3313,6 +4233,7 @@ BENCHMARKS = {
     "kv-int8": lambda: bench_kv_int8(log=print),
     "batching": lambda: print(bench_batching()),
     "speculative": lambda: print(bench_speculative()),
+    "serving": lambda: print(bench_serving()),
 }
 
 
@@ -3355,6 +4276,14 @@ def _positive(kind, allow_zero: bool = False):
     return parse
 
 
+def _rates(text: str) -> list[float]:
+    """`--qps 1,2,4` (inf: all at once)."""
+    rates = [float(r) for r in text.split(",")]
+    if not all(r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"every rate must be > 0, got {text}")
+    return rates
+
+
 def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="The design-review scenarios of the inference-serving lab. "
                                             "With no command: all four scenarios in order.")
@@ -3391,6 +4320,33 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure on this machine, side by side")
     bench.add_argument("which", nargs="?", choices=(*BENCHMARKS, "all"), default="all")
     commands.add_parser("status", help="which exercises are done")
+    serve = commands.add_parser("serve", help="serve a toy model over HTTP, OpenAI-compatible, until Ctrl-C")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0: any free port")
+    serve.add_argument("--duration", type=_positive(float), help="stop after this many seconds")
+    for name, value in SERVE_MODEL.items():
+        serve.add_argument(f"--{name.replace('_', '-')}", type=_positive(int), default=value, help="model")
+    serve.add_argument("--seed", type=int, default=0, help="of the model's random weights")
+    serve.add_argument("--block-size", type=_positive(int), default=16)
+    serve.add_argument("--num-blocks", type=_positive(int), help="KV blocks (default: max-num-seqs full sequences)")
+    serve.add_argument("--max-num-seqs", type=_positive(int), default=64)
+    serve.add_argument("--max-num-batched-tokens", type=_positive(int), default=512)
+    serve.add_argument("--no-chunked-prefill", action="store_true")
+    serve.add_argument("--enable-prefix-caching", action="store_true")
+    load = commands.add_parser("loadtest", help="open-loop load test of any OpenAI-compatible server")
+    load.add_argument("--url", required=True, help="e.g. http://127.0.0.1:8000")
+    load.add_argument("--qps", type=_rates, default=[1.0, 2.0, 4.0], help="offered req/s: 1,2,4 (inf: all at once)")
+    load.add_argument("--num-prompts", type=_positive(int), default=50, help="requests per rate")
+    load.add_argument("--workload", choices=list(LOAD_WORKLOADS), default="sharegpt")
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--prompt-format", choices=("token-ids", "text"), default="token-ids",
+                      help="text for servers with a real tokenizer (vLLM)")
+    load.add_argument("--model", help="default: the first model of /v1/models")
+    load.add_argument("--max-model-len", type=_positive(int), help="default: from /v1/models, else 2048")
+    load.add_argument("--slo-ttft-ms", type=_positive(float))
+    load.add_argument("--slo-tpot-ms", type=_positive(float))
+    load.add_argument("--save-workload", metavar="FILE", help="write the requests as JSONL for vllm bench serve")
+    load.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds per request")
     return parser
 
 
@@ -3417,6 +4373,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "bench":
             for name in BENCHMARKS if args.which == "all" else [args.which]:
                 BENCHMARKS[name]()
+        elif args.command == "serve":
+            model = ToyTransformer(ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}), seed=args.seed)
+            serve(LLMEngine(model, args.num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
+                            enable_prefix_caching=args.enable_prefix_caching,
+                            enable_chunked_prefill=not args.no_chunked_prefill), args.host, args.port, args.duration)
+        elif args.command == "loadtest":
+            loadtest(args.url, args.qps, args.num_prompts, args.workload, args.seed, args.prompt_format, args.model,
+                     args.max_model_len, args.slo_ttft_ms, args.slo_tpot_ms, args.save_workload, args.timeout)
         else:
             print(status_report())
     except ValueError as exc:

@@ -3078,3 +3078,359 @@ def test_cli_main_job_prints_the_four_scenarios_in_order():
     positions = [proc.stdout.find(h) for h in headlines]
     assert all(p >= 0 for p in positions) and positions == sorted(positions), (
         f"`python {lab.__name__}.py` must print the four design-review scenarios in order; found {positions}")
+
+
+# =====================================================================================
+# Serving over HTTP: the engine behind an OpenAI-compatible endpoint, and the load generator
+# =====================================================================================
+#
+# Real sockets on 127.0.0.1 only, a timeout on every socket and a bound on every loop. The server
+# is provided code; the tests that need tokens run the engine, whose scheduler is Exercise 5: a
+# stub it hits comes back as a 500, which these helpers re-raise as the stub's NotImplementedError.
+
+import http.client  # noqa: E402
+import json  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+
+HTTP_TIMEOUT = 10.0
+
+
+def reraise_stub(text):
+    stub = re.search(r"NotImplementedError: (Exercise \d+: [\w.]+)", text)
+    if stub:
+        raise NotImplementedError(stub.group(1))
+
+
+def http_call(server, method, path, body=None):
+    """(status, headers, body bytes) of one request."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    try:
+        conn.request(method, path, body, {"Content-Type": "application/json"} if body is not None else {})
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    if resp.status == 500:
+        reraise_stub(data.decode())
+    return resp.status, dict(resp.getheaders()), data
+
+
+def complete(server, **fields):
+    status, _, data = http_call(server, "POST", "/v1/completions", json.dumps(fields))
+    assert status == 200, f"POST /v1/completions {fields}: HTTP {status} {data[:300]!r}"
+    return json.loads(data)
+
+
+def stream_events(server, **fields):
+    """The parsed `data:` events of one streamed completion, up to and including [DONE]."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(fields | {"stream": True}))
+        resp = conn.getresponse()
+        if resp.status != 200:
+            text = resp.read().decode()
+            reraise_stub(text)
+            raise AssertionError(f"streamed completion: HTTP {resp.status} {text[:300]}")
+        events = []
+        for _ in range(2 * fields.get("max_tokens", 16) + 8):
+            line = resp.readline().strip()
+            if line.startswith(b"data: "):
+                events.append("[DONE]" if line == b"data: [DONE]" else json.loads(line[6:]))
+                if events[-1] == "[DONE]":
+                    return events
+        raise AssertionError(f"the stream did not end with data: [DONE]; got {events[-2:]}")
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine_model):
+    # num_blocks given: the default would call blocks_needed, and the provided tests below must
+    # pass before Exercise 1 is written (8 sequences of n_positions = 128 tokens in blocks of 4).
+    engine = lab.LLMEngine(engine_model, num_blocks=256, block_size=4, max_num_seqs=8, max_num_batched_tokens=64)
+    with lab.start_server(engine) as running:
+        yield running
+
+
+@pytest.mark.exercise5
+def test_concurrent_streaming_clients_get_the_tokens_of_greedy_decoding_alone(server, engine_model):
+    prompts = random_prompts(6, seed=40)
+    max_tokens = [3, 9, 1, 14, 6, 11]
+    events, errors = [None] * 6, []
+
+    def client(i):
+        try:
+            events[i] = stream_events(server, prompt=prompts[i], max_tokens=max_tokens[i], temperature=0)
+        except Exception as exc:  # noqa: BLE001 - reported below, stub first
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HTTP_TIMEOUT)
+    for exc in errors:
+        if isinstance(exc, NotImplementedError):
+            raise exc
+    assert not errors, errors
+    for i, got in enumerate(events):
+        chunks, done = got[:-1], got[-1]
+        assert done == "[DONE]"
+        assert all(len(c["choices"][0]["token_ids"]) == 1 for c in chunks), "one event per token"
+        tokens = [c["choices"][0]["token_ids"][0] for c in chunks]
+        assert tokens == greedy_alone(engine_model, prompts[i], max_tokens[i]), (
+            f"client {i}: the streamed tokens differ from greedy decoding of its prompt alone; "
+            "serving concurrently must change nothing but timing")
+        assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == bytes(tokens).decode()
+
+
+@pytest.mark.exercise5
+def test_a_completion_has_its_tokens_text_and_usage(server, engine_model):
+    prompt = "!(*/+"  # bytes 33..47: inside the 64-token vocabulary
+    expected = greedy_alone(engine_model, list(prompt.encode()), 7)
+    body = complete(server, prompt=prompt, max_tokens=7)
+    assert body["object"] == "text_completion" and body["model"] == server.model_name
+    choice = body["choices"][0]
+    assert choice["token_ids"] == expected, "a string prompt is its UTF-8 bytes as token ids"
+    assert choice["text"] == bytes(expected).decode() and choice["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+
+
+@pytest.mark.exercise5
+def test_a_stop_token_ends_the_stream_and_usage_comes_last(server, engine_model):
+    prompt = random_prompts(1, seed=41)[0]
+    free_run = greedy_alone(engine_model, prompt, 10)
+    events = stream_events(server, prompt=prompt, max_tokens=10, stop_token_ids=[free_run[3]],
+                           stream_options={"include_usage": True})
+    chunks, usage, done = events[:-2], events[-2], events[-1]
+    stop_at = free_run.index(free_run[3]) + 1
+    assert [c["choices"][0]["token_ids"][0] for c in chunks] == free_run[:stop_at]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and done == "[DONE]"
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == stop_at, (
+        "with stream_options.include_usage the last event before [DONE] carries the usage")
+
+
+BAD_REQUESTS = [
+    (b"{", "not valid JSON"),
+    (b"[1, 2]", "JSON object"),
+    (b'{"max_tokens": 3}', "prompt is required"),
+    (b'{"prompt": 5}', "prompt must be"),
+    (b'{"prompt": [1, "2"]}', "prompt must be"),
+    (b'{"prompt": [1, true]}', "prompt must be"),
+    (b'{"prompt": []}', "empty"),
+    (b'{"prompt": ""}', "empty"),
+    (b'{"prompt": [64]}', "vocabulary"),
+    (b'{"prompt": [-1]}', "vocabulary"),
+    (b'{"prompt": "hello"}', "vocabulary"),  # byte 104 has no token in a vocabulary of 64
+    (b'{"prompt": [1], "max_tokens": 128}', "n_positions"),
+    (json.dumps({"prompt": [1] * 129}).encode(), "n_positions"),
+    (b'{"prompt": [1], "max_tokens": "3"}', "max_tokens"),
+    (b'{"prompt": [1], "max_tokens": 0}', "max_tokens"),
+    (b'{"prompt": [1], "max_tokens": true}', "max_tokens"),
+    (b'{"prompt": [1], "temperature": -1}', "temperature"),
+    (b'{"prompt": [1], "stream": "yes"}', "stream"),
+    (b'{"prompt": [1], "seed": -3}', "seed"),
+    (b'{"prompt": [1], "stop_token_ids": [1.5]}', "stop_token_ids"),
+]
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("body, says", BAD_REQUESTS, ids=[says for _, says in BAD_REQUESTS])
+def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_keeps_serving(server, body, says):
+    status, headers, data = http_call(server, "POST", "/v1/completions", body)
+    assert status == 400, f"{body!r}: expected HTTP 400, got {status}"
+    error = json.loads(data)["error"]
+    assert error["type"] == "invalid_request_error" and says in error["message"], (
+        f"{body!r}: the error must say what was wrong ({says!r}); got {error}")
+    assert http_call(server, "GET", "/health")[0] == 200, "after a bad request the server must keep serving"
+
+
+@pytest.mark.provided
+def test_a_body_over_the_limit_is_refused_before_it_is_read(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n" + b"{" * 1000)
+        reply = b""
+        for _ in range(100):  # the server answers without waiting for the gigabyte
+            data = sock.recv(65536)
+            if not data:
+                break
+            reply += data
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:100]
+    assert b"limit" in reply and b"invalid_request_error" in reply
+    assert http_call(server, "GET", "/health")[0] == 200
+
+
+@pytest.mark.provided
+def test_models_health_and_unknown_routes(server):
+    status, _, data = http_call(server, "GET", "/v1/models")
+    models = json.loads(data)
+    assert status == 200 and models["object"] == "list" and models["data"][0]["id"] == server.model_name
+    assert http_call(server, "GET", "/health")[0] == 200
+    status, _, data = http_call(server, "GET", "/v2/nothing")
+    assert status == 404 and "error" in json.loads(data)
+    assert http_call(server, "GET", "/v1/completions")[0] == 405
+
+
+VLLM_METRICS = [("vllm:num_requests_running", "gauge"), ("vllm:num_requests_waiting", "gauge"),
+                ("vllm:kv_cache_usage_perc", "gauge"), ("vllm:num_preemptions_total", "counter"),
+                ("vllm:prefix_cache_queries_total", "counter"), ("vllm:prefix_cache_hits_total", "counter"),
+                ("vllm:time_to_first_token_seconds", "histogram")]
+
+
+def read_metric(text, name):
+    """The value of one unlabelled-by-le sample `name{...} value` in Prometheus text."""
+    match = re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M)
+    assert match, f"/metrics has no sample {name}"
+    return float(match.group(1))
+
+
+@pytest.mark.provided
+def test_metrics_are_prometheus_text_with_vllms_names(server):
+    status, headers, data = http_call(server, "GET", "/metrics")
+    text = data.decode()
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    for name, kind in VLLM_METRICS:
+        assert f"# TYPE {name} {kind}\n" in text, f"/metrics must declare {name} as a {kind} (vLLM's name)"
+    ttft = "vllm:time_to_first_token_seconds"
+    assert re.search(rf'^{ttft}_bucket{{[^}}]*le="\+Inf"}} \d+$', text, re.M), "a histogram ends with le=+Inf"
+    assert read_metric(text, f"{ttft}_count") >= 0 and read_metric(text, "vllm:kv_cache_usage_perc") >= 0
+
+
+@pytest.mark.exercise5
+def test_metrics_count_a_served_request(server):
+    before = http_call(server, "GET", "/metrics")[2].decode()
+    complete(server, prompt=[1, 2, 3], max_tokens=4)
+    after = http_call(server, "GET", "/metrics")[2].decode()
+    ttft = "vllm:time_to_first_token_seconds_count"
+    assert read_metric(after, ttft) == read_metric(before, ttft) + 1, "one request, one TTFT observation"
+    assert read_metric(after, "vllm:num_requests_running") == 0
+    assert read_metric(after, "vllm:kv_cache_usage_perc") == 0, "a finished request holds no KV block"
+
+
+@pytest.mark.exercise5
+def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_return(engine_model):
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
+    outputs, step = [], engine.step
+
+    def slow_recorded_step():  # 5 ms a step: 100 tokens outlast the client by far
+        time.sleep(0.005)
+        out = step()
+        outputs.extend(out)
+        return out
+
+    engine.step = slow_recorded_step
+    with lab.start_server(engine) as srv:
+        body = json.dumps({"prompt": [5] * 20, "max_tokens": 100, "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            reply = b""
+            for _ in range(100):  # until the first token's event
+                data = sock.recv(4096)
+                reply += data
+                if not data or b"data: " in reply or (len(reply) > 12 and not reply.startswith(b"HTTP/1.1 200")):
+                    break
+            reraise_stub(reply.decode(errors="replace"))
+            assert b"data: " in reply, f"expected the first token as a data: event, got {reply[:200]!r}"
+        # the client has gone (socket closed)
+        deadline = time.monotonic() + HTTP_TIMEOUT
+        while time.monotonic() < deadline and engine.allocator.num_free_blocks < 64:
+            time.sleep(0.01)
+        assert engine.allocator.num_free_blocks == 64, "the aborted request's blocks must return to the pool"
+    reasons = [o.finish_reason for o in outputs if o.finished]
+    assert reasons == ["abort"], f"the engine must abort the request when its client goes; it finished as {reasons}"
+    assert len(outputs[-1].output_token_ids) < 50, "the abort must come at once, not after the request ran on"
+
+
+
+# --- the load generator: its statistics on hand-made streams, then end to end ------------
+
+
+def hand_made(send, chunks, tokens=None, error=None):
+    return lab.StreamResult(send, list(chunks), len(chunks) if tokens is None else tokens, None, error)
+
+
+@pytest.mark.provided
+def test_stream_metrics_follow_vllms_benchmark_definitions():
+    m = lab.stream_metrics(hand_made(10.0, [10.5, 10.7, 11.0, 11.6]))
+    assert m.ttft == pytest.approx(0.5), "TTFT = first chunk - send"
+    assert m.e2e_latency == pytest.approx(1.6), "E2E = last chunk - send"
+    assert m.tpot == pytest.approx(1.1 / 3), "TPOT = (E2E - TTFT) / (output tokens - 1)"
+    assert m.itl == pytest.approx([0.2, 0.3, 0.6]), "ITL = the gaps between consecutive chunks"
+    several = lab.stream_metrics(hand_made(10.0, [10.5, 10.7, 11.0, 11.6], tokens=7))
+    assert several.tpot == pytest.approx(1.1 / 6), "TPOT divides by tokens, not chunks (a chunk may hold several)"
+    assert math.isnan(lab.stream_metrics(hand_made(0.0, [0.3])).tpot), "one token has no TPOT"
+
+
+@pytest.mark.provided
+def test_summarize_load_percentiles_throughput_and_goodput():
+    ttfts = [0.1, 0.2, 0.3, 0.4, 2.0]
+    results = [hand_made(0.0, [t, t + 0.05 * (i + 1), t + 0.1 * (i + 1)], tokens=3) for i, t in enumerate(ttfts)]
+    results.append(hand_made(0.0, [], error="HTTP 500"))
+    s = lab.summarize_load(results, duration=2.0, slo_ttft=0.35, slo_tpot=0.1)
+    assert (s["completed"], s["failed"], s["output_tokens"]) == (5, 1, 15), "a failed request counts only as failed"
+    for p in (50, 90, 99):
+        assert s[f"p{p}_ttft"] == pytest.approx(np.percentile(ttfts, p))
+    tpots = [0.05 * (i + 1) for i in range(5)]  # (e2e - ttft) / 2
+    assert s["p90_tpot"] == pytest.approx(np.percentile(tpots, 90))
+    assert s["p50_itl"] == pytest.approx(np.percentile([g for t in tpots for g in (t, t)], 50))
+    assert s["request_throughput"] == pytest.approx(2.5) and s["output_throughput"] == pytest.approx(7.5)
+    # Good: TTFT <= 0.35 s and TPOT <= 0.1 s -> requests 0 and 1 (request 2 misses TPOT, 3 and 4 TTFT).
+    assert s["goodput"] == pytest.approx(2 / 2.0), "goodput: requests per second that met EVERY SLO"
+    assert lab.summarize_load(results, 2.0)["goodput"] == s["request_throughput"], "no SLO: every request is good"
+
+
+@pytest.mark.provided
+def test_poisson_arrivals_have_the_offered_rate_and_exponential_gaps():
+    times = lab.poisson_arrival_times(50.0, 4000, seed=3)
+    gaps = np.diff(times)
+    assert times[0] == 0 and np.all(gaps >= 0)
+    assert gaps.mean() == pytest.approx(1 / 50, rel=0.06), "the mean gap is 1 / rate"
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.08), "exponential gaps: std = mean (open loop)"
+    assert np.array_equal(times, lab.poisson_arrival_times(50.0, 4000, seed=3))
+    assert not lab.poisson_arrival_times(math.inf, 5).any(), "rate inf sends everything at once"
+
+
+@pytest.mark.provided
+def test_find_knee_is_the_last_rate_before_p99_ttft_explodes():
+    rates = [1, 2, 4, 8, 16]
+    assert lab.find_knee(rates, [0.05, 0.04, 0.06, 0.5, 3.0]) == 4
+    assert lab.find_knee(rates, [0.05, 0.05, 0.05, 0.06, 0.1]) is None
+    assert lab.find_knee(rates, [0.05, 0.05, math.nan, 0.06, 0.1]) == 2, "a rate where nothing completed is past it"
+    chart = lab.format_load_chart(rates[:4], [{"p99_ttft": t, "output_throughput": 100.0 * r}
+                                              for r, t in zip(rates, [0.05, 0.04, 0.06, 0.5])])
+    assert "<- knee" in chart.splitlines()[3] and "knee: 4 req/s" in chart
+
+
+@pytest.mark.provided
+def test_workload_is_deterministic_and_saved_as_vllm_custom_jsonl(tmp_path):
+    requests = lab.make_workload("sharegpt", 30, seed=1, max_model_len=128, vocab_size=64)
+    assert requests == lab.make_workload("sharegpt", 30, seed=1, max_model_len=128, vocab_size=64)
+    for r in requests:
+        assert 1 <= len(r.prompt_token_ids) and len(r.prompt_token_ids) + r.max_tokens <= 128
+        assert max(r.prompt_token_ids) < 64 and len(r.prompt_text.split()) == len(r.prompt_token_ids)
+    path = tmp_path / "workload.jsonl"
+    lab.save_workload(requests, str(path))
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == [{"prompt": r.prompt_text, "output_tokens": r.max_tokens} for r in requests], (
+        "vLLM's custom dataset: one JSON object per line, a text prompt and output_tokens")
+
+
+@pytest.mark.exercise5
+def test_loadtest_cli_against_the_lab_server_reports_every_request(tmp_path):
+    # Vocabulary 256, so that text prompts (one-letter words) are in it too.
+    model = lab.ToyTransformer(lab.ModelConfig(vocab_size=256, n_positions=128, n_embd=32, n_layer=2, n_head=4))
+    engine = lab.LLMEngine(model, num_blocks=256, block_size=4, max_num_seqs=8)
+    with lab.start_server(engine) as srv:
+        proc = run_cli("loadtest", "--url", srv.url, "--qps", "40,inf", "--num-prompts", "6", "--workload", "tiny",
+                       "--prompt-format", "text", "--slo-ttft-ms", "5000", "--save-workload", str(tmp_path / "w.jsonl"))
+        reraise_stub(proc.stdout)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.count("6/6 done") == 2, f"every request at every rate must complete:\n{proc.stdout}"
+        assert "p99 TTFT" in proc.stdout and "knee" in proc.stdout and "first error" not in proc.stdout
+        assert len((tmp_path / "w.jsonl").read_text().splitlines()) == 6
+        lines = []
+        [summary] = lab.loadtest(srv.url, [math.inf], 4, "tiny", prompt_format="token-ids", log=lines.append)
+        reraise_stub("\n".join(lines))
+        assert summary["completed"] == 4 and summary["output_tokens"] > 0

@@ -178,6 +178,16 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ("KV bytes from the weights' dtype, not the KV cache's, in plan_deployment", 'exercise8',
      'kv_token = kv_bytes_per_token(model) // tp',
      'kv_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes // tp'),
+    ("disconnected client not aborted", "exercise5",
+     "        except (_ClientGone, ConnectionError):\n            self._bridge.abort(request.request_id)\n",
+     "        except (_ClientGone, ConnectionError):\n            pass\n"),
+    ("load generator: TPOT divided by chunks, not tokens", "provided",
+     "    n = result.num_output_tokens\n", "    n = len(times)\n"),
+    ("load generator: goodput ignores the TPOT SLO", "provided",
+     "and (slo_tpot is None or r.num_output_tokens < 2 or m.tpot <= slo_tpot)]", "]"),
+    ("load generator: evenly spaced arrivals instead of Poisson", "provided",
+     "gaps = np.random.default_rng(seed).exponential(1.0 / rate, num_requests)",
+     "gaps = np.full(num_requests, 1.0 / rate)"),
 ]
 
 
