@@ -437,8 +437,11 @@ class BlockTable:
         This is how rejected speculative tokens are rolled back. A block that keeps some
         tokens stays; the next append copies it first if it is shared or cached. The hashes of
         blocks that are no longer full go too: a hash names a block's whole content, and the
-        tokens appended next will be different ones. (Checked before your code: an int in
-        0..num_tokens, else TypeError/ValueError.)
+        tokens appended next will be different ones. Release the dropped blocks from the last
+        to the first: the allocator evicts in the order blocks were freed, so a cached prefix then
+        loses its deepest block first and keeps the first ones, which every prompt with the same
+        start can reuse. (Checked before your code: an int in 0..num_tokens, else
+        TypeError/ValueError.)
         """
         num_tokens = check_int("num_tokens", num_tokens, 0)
         if num_tokens > self.num_tokens:
@@ -466,7 +469,8 @@ class BlockTable:
         # END SOLUTION
 
     def free(self) -> None:
-        """Release every block; the table is empty afterwards."""
+        """Release every block, from the last to the first (as `truncate` does); the table is
+        empty afterwards."""
         # BEGIN SOLUTION: Exercise 2
         self.truncate(0)
         # END SOLUTION

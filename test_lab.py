@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -529,7 +530,8 @@ def test_a_freed_prefix_is_evicted_from_its_deepest_block_first():
     computed = lab.BlockTable(alloc).allocate_prompt([1, 1, 2, 2, 3, 3, 9])
     assert computed == 6, (
         f"after one eviction the first three blocks of the prefix should still hit, got {computed} tokens: "
-        "free a table's blocks from the last to the first, so a prefix is evicted from its end (a deep block "
+        "BlockTable.truncate / free (Exercise 2) must free a table's blocks from the last to the first, "
+        "so a prefix is evicted from its end (a deep block "
         "without its parents is useless, a first block serves every prompt that starts the same way)")
 
 
@@ -934,6 +936,30 @@ def test_paged_attention_reads_a_last_block_that_is_exactly_full(extra_columns):
                                    rtol=1e-4, atol=1e-5,
                                    err_msg=f"sequence {b} fills its last block exactly: its last "
                                            "token (offset block_size - 1) must be attended to")
+
+
+@pytest.mark.exercise4
+def test_paged_attention_never_copies_the_whole_kv_of_the_batch():
+    batch, n_head, head_dim, block_size, context = 8, 4, 16, 16, 2048
+    rng = np.random.default_rng(5)
+    num_blocks = batch * context // block_size
+    k_cache = rng.standard_normal((num_blocks, block_size, n_head, head_dim), dtype=np.float32)
+    v_cache = rng.standard_normal((num_blocks, block_size, n_head, head_dim), dtype=np.float32)
+    tables = rng.permutation(num_blocks).reshape(batch, -1)
+    q = rng.standard_normal((batch, n_head, head_dim), dtype=np.float32)
+    lens = np.full(batch, context)
+    lab.paged_attention(q, k_cache, v_cache, tables, lens)  # warm-up: any one-time allocation
+    tracemalloc.start()
+    try:
+        lab.paged_attention(q, k_cache, v_cache, tables, lens)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    whole = 2 * k_cache.nbytes
+    assert peak < whole / 4, (
+        f"paged_attention allocated {peak / 2**20:.1f} MiB at its peak for {whole / 2**20:.0f} MiB of K/V: it "
+        "gathers (nearly) the whole K/V at once. Walk the block columns a chunk at a time and fold each chunk "
+        "into an online softmax, as the docstring says, so the memory it touches stays small")
 
 
 @pytest.mark.exercise4

@@ -139,6 +139,8 @@ MUTANTS: list[tuple[str, str, str, str]] = [
     ('causal mask lets a token see the next one', 'exercise4',
      'mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None]',
      'mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None] + 1'),
+    ('attention gathers every block column at once (a copy of the whole K/V)', 'exercise4',
+     'step = max(1, PAGED_ATTENTION_CHUNK_TOKENS // block_size)', 'step = max(1, block_tables.shape[1])'),
     ('running prefill chunk not capped by the token budget', 'exercise5',
      'num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)',
      'num_new = seq.num_tokens - seq.num_computed_tokens'),
