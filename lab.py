@@ -24,6 +24,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import enum
 import hashlib
 import http.client
 import inspect
@@ -723,7 +724,7 @@ class ToyTransformer:
         T, H, D = x.shape[0], self.config.n_head, self.config.head_dim
         return tuple(qkv.reshape(T, 3, H, D).transpose(1, 0, 2, 3))
 
-    def _finish_block(self, x: np.ndarray, attn: np.ndarray, layer: dict) -> np.ndarray:
+    def _finish_layer(self, x: np.ndarray, attn: np.ndarray, layer: dict) -> np.ndarray:
         """Residual adds around the attention output projection and the MLP."""
         x = x + attn.reshape(x.shape) @ layer["attn.c_proj.weight"] + layer["attn.c_proj.bias"]
         h = _gelu(self._ln(x, layer, "ln_2") @ layer["mlp.c_fc.weight"] + layer["mlp.c_fc.bias"])
@@ -752,7 +753,7 @@ class ToyTransformer:
             q, k, v = self._qkv(x, layer)
             scores = np.einsum("qhd,khd->hqk", q, k) * scale
             probs = _softmax(np.where(causal, scores, -np.inf))
-            x = self._finish_block(x, np.einsum("hqk,khd->qhd", probs, v), layer)
+            x = self._finish_layer(x, np.einsum("hqk,khd->qhd", probs, v), layer)
         return self._logits(x)
 
     # --- the serving path ------------------------------------------------------------
@@ -793,7 +794,7 @@ class ToyTransformer:
                 scores = np.einsum("qhd,khd->hqk", q[prefill_rows], k_ctx) * scale
                 probs = _softmax(np.where(mask, scores, -np.inf))
                 attn[prefill_rows] = np.einsum("hqk,khd->qhd", probs, v_ctx)
-            x = self._finish_block(x, attn, layer)
+            x = self._finish_layer(x, attn, layer)
         return self._logits(x if rows is None else x[rows])
 
     def _check_cache(self, kv_cache: KVCache, block_tables: Sequence[BlockTable]) -> None:
@@ -1222,8 +1223,9 @@ class RequestMetrics:
 @dataclasses.dataclass
 class RequestOutput:
     """What a request produced. `finish_reason` is "stop" (a stop token), "length"
-    (max_tokens), "abort" (`LLMEngine.abort_request`), "rejected: <why>" (it can never fit;
-    no tokens), or None while running."""
+    (max_tokens), "abort" (`LLMEngine.abort_request`), "rejected" (it can never fit; no
+    tokens), "error" (the step it ran in raised), or None while running. `finish_detail` says
+    why, in words, for "rejected" and "error"."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -1231,10 +1233,19 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     finish_reason: str | None = None
     num_preemptions: int = 0
+    finish_detail: str | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is: in the waiting queue, in the running batch, or done."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
 
 
 class SequenceState:
@@ -1246,8 +1257,6 @@ class SequenceState:
     table, and in the prefix cache, only once its K/V is being computed.
     """
 
-    WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
-
     def __init__(self, request: Request, allocator: BlockAllocator):
         self.request = request
         self.request_id = request.request_id
@@ -1256,8 +1265,9 @@ class SequenceState:
         self.output_token_ids: list[int] = []
         self.block_table = BlockTable(allocator, request.cache_salt)
         self.num_computed_tokens = 0
-        self.status = SequenceState.WAITING
+        self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
+        self.finish_detail: str | None = None
         self.num_preemptions = 0
         # Filled in by whoever runs the steps (engine or simulator): its clock, its sampler.
         self.arrival_time = request.arrival_time
@@ -1266,7 +1276,7 @@ class SequenceState:
         self.rng: np.random.Generator | None = None
 
     def __repr__(self) -> str:
-        return (f"SequenceState({self.request_id!r}, {self.status}, {self.num_computed_tokens} of "
+        return (f"SequenceState({self.request_id!r}, {self.status.value}, {self.num_computed_tokens} of "
                 f"{self.num_tokens} tokens computed, {len(self.output_token_ids)} generated)")
 
     @property
@@ -1285,7 +1295,8 @@ class SequenceState:
     def to_output(self) -> RequestOutput:
         metrics = RequestMetrics.from_times(self.arrival_time, self.token_times, self.finish_time)
         return RequestOutput(self.request_id, list(self.prompt_token_ids), list(self.output_token_ids),
-                             metrics if self.finish_reason else None, self.finish_reason, self.num_preemptions)
+                             metrics if self.finish_reason else None, self.finish_reason, self.num_preemptions,
+                             self.finish_detail)
 
 
 @dataclasses.dataclass
@@ -1341,14 +1352,15 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add_request(self, request: Request) -> SequenceState:
-        """Queue a request; one that can never run is finished at once as "rejected: ...".
+        """Queue a request; one that can never run is finished at once as "rejected", with the
+        reason in `finish_detail`.
         An empty prompt, or no max_tokens >= 1, is a ValueError: there would be nothing to run."""
         if len(request.prompt_token_ids) == 0 or check_int("max_tokens", request.sampling.max_tokens) < 1:
             raise ValueError(f"request {request.request_id!r} needs a non-empty prompt and max_tokens >= 1")
         seq = SequenceState(request, self.allocator)
         reason = self._rejection(seq)
         if reason:
-            seq.status, seq.finish_reason = SequenceState.FINISHED, f"rejected: {reason}"
+            seq.status, seq.finish_reason, seq.finish_detail = SequenceStatus.FINISHED, "rejected", reason
         else:
             self.waiting.append(seq)
         return seq
@@ -1376,16 +1388,16 @@ class Scheduler:
         """Leading tokens whose K/V allocate_prompt will reuse (a peek: no reference is taken)."""
         if not self.allocator.enable_prefix_caching:
             return 0
-        bs = self.allocator.block_size
-        hashes = chained_block_hashes(token_ids, bs, seq.request.cache_salt)
-        return len(self.allocator.cached_prefix(hashes, len(token_ids))) * bs
+        block_size = self.allocator.block_size
+        hashes = chained_block_hashes(token_ids, block_size, seq.request.cache_salt)
+        return len(self.allocator.cached_prefix(hashes, len(token_ids))) * block_size
 
-    def _allocate_slots(self, seq: SequenceState, num_new_tokens: int, out: SchedulerOutput) -> bool:
+    def _allocate_slots(self, seq: SequenceState, num_new_tokens: int, plan: SchedulerOutput) -> bool:
         """Put the next `num_new_tokens` tokens into the block table; False if the blocks
         are not there (the table is unchanged)."""
         stop = seq.num_computed_tokens + num_new_tokens
         try:
-            out.blocks_to_copy += seq.block_table.append_tokens(seq.token_ids_slice(seq.block_table.num_tokens, stop))
+            plan.blocks_to_copy += seq.block_table.append_tokens(seq.token_ids_slice(seq.block_table.num_tokens, stop))
         except OutOfBlocksError:
             return False
         return True
@@ -1415,8 +1427,28 @@ class Scheduler:
         sequences or `max_num_batched_tokens` scheduled tokens."""
         raise NotImplementedError("Exercise 5: Scheduler.schedule")
 
+    # --- one step, for whoever drives the scheduler (the engine, the simulator) -----------
+
+    def plan_step(self) -> SchedulerOutput:
+        """`schedule()`, checked: a step that runs nothing while requests wait would repeat forever."""
+        plan = self.schedule()
+        if not plan.scheduled and self.has_unfinished():
+            raise RuntimeError("the scheduler planned an empty step while requests are waiting")
+        return plan
+
+    def finish_step(self, plan: SchedulerOutput, sampled_token_ids: dict[str, int], now: float) -> list[SequenceState]:
+        """`update()`, then the driver's clock: `now` is the time of every token sampled in the
+        step and the finish time of every sequence it retired. Returns the retired ones."""
+        finished = self.update(plan, sampled_token_ids)
+        for seq in plan.scheduled:
+            if seq.request_id in sampled_token_ids:
+                seq.token_times.append(now)
+        for seq in finished:
+            seq.finish_time = now
+        return finished
+
     def _finish(self, seq: SequenceState, reason: str) -> None:
-        seq.status, seq.finish_reason = SequenceState.FINISHED, reason
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
         seq.block_table.free()
         self.running.remove(seq)
 
@@ -1426,7 +1458,7 @@ class Scheduler:
         for seq in self.waiting:
             if seq.request_id == request_id:
                 self.waiting.remove(seq)
-                seq.status, seq.finish_reason = SequenceState.FINISHED, "abort"
+                seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
                 seq.block_table.free()  # a preempted sequence holds none; a chunked one may
                 return seq
         for seq in self.running:
@@ -1435,10 +1467,10 @@ class Scheduler:
                 return seq
         return None
 
-    def update(self, out: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[SequenceState]:
+    def update(self, plan: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[SequenceState]:
         """After the step ran: advance every scheduled sequence by its tokens and register the
         blocks that are now computed (`block_table.cache_full_blocks(num_computed_tokens)`),
-        append the token sampled for each sequence that `out.completes`, and retire the ones
+        append the token sampled for each sequence that `plan.completes`, and retire the ones
         that are done NOW (their blocks go back to the pool before the next step is planned):
         "stop" if the token is in `stop_token_ids` (checked first: a stop token that is also
         the max_tokens-th token finishes as "stop"), else "length" at `max_tokens` outputs.
@@ -1460,18 +1492,18 @@ class StaticBatchScheduler(Scheduler):
                          enable_chunked_prefill=False)
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        plan = SchedulerOutput()
         if not self.running:
-            self._start_batch(out)
-            return out
+            self._start_batch(plan)
+            return plan
         for seq in self.running:
             num_new = seq.num_tokens - seq.num_computed_tokens
-            if not self._allocate_slots(seq, num_new, out):
+            if not self._allocate_slots(seq, num_new, plan):
                 raise RuntimeError("a static batch ran out of the blocks it reserved")
-            out.add(seq, num_new)
-        return out
+            plan.add(seq, num_new)
+        return plan
 
-    def _start_batch(self, out: SchedulerOutput) -> None:
+    def _start_batch(self, plan: SchedulerOutput) -> None:
         free, reserved = self.allocator.num_free_blocks, 0
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -1481,9 +1513,9 @@ class StaticBatchScheduler(Scheduler):
             num_new = self._try_admit(seq, self.max_num_batched_tokens)
             reserved += worst
             self.waiting.popleft()
-            seq.status = SequenceState.RUNNING
+            seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.add(seq, num_new)
+            plan.add(seq, num_new)
 
 
 # --- the engine: the scheduler driving the toy model ---------------------------------
@@ -1663,42 +1695,35 @@ class LLMEngine:
         (its blocks freed, its output reported by the next step) and the error propagates:
         no request is left behind half-computed."""
         held, self._held = list(self._held.values()), {}
-        out = self.scheduler.schedule()
+        plan = self.scheduler.plan_step()
         done, self._just_finished = self._just_finished, []
-        if not out.scheduled:
-            if self.scheduler.has_unfinished():
-                raise RuntimeError("the scheduler planned an empty step while requests are waiting")
+        if not plan.scheduled:
             return held + [seq.to_output() for seq in done]
         try:
-            sampled = self._run_model(out)
+            sampled = self._run_model(plan)
         except Exception as exc:
-            for seq in out.scheduled:
+            for seq in plan.scheduled:
                 self.scheduler.abort(seq.request_id)
-                seq.finish_reason, seq.finish_time = f"error: {type(exc).__name__}", time.perf_counter()
-            self._just_finished = done + out.scheduled
+                seq.finish_reason, seq.finish_time = "error", time.perf_counter()
+                seq.finish_detail = f"{type(exc).__name__}: {exc}"
+            self._just_finished = done + plan.scheduled
             raise
-        finished = self.scheduler.update(out, sampled)
+        self.scheduler.finish_step(plan, sampled, time.perf_counter())
         self.num_steps += 1
-        now = time.perf_counter()
-        for seq in out.scheduled:
-            if seq.request_id in sampled:
-                seq.token_times.append(now)
-        for seq in finished:
-            seq.finish_time = now
-        progressed = [s for s in out.scheduled if s.request_id in sampled]
+        progressed = [s for s in plan.scheduled if s.request_id in sampled]
         return held + [seq.to_output() for seq in done + progressed]
 
-    def _run_model(self, out: SchedulerOutput) -> dict[str, int]:
+    def _run_model(self, plan: SchedulerOutput) -> dict[str, int]:
         """The step's forward pass and sampling: request id -> sampled token, for every
         sequence whose last pending token this step processes."""
-        self.kv_cache.copy_blocks(out.blocks_to_copy)  # before the forward writes into the copies
-        num_new = [out.num_scheduled_tokens[s.request_id] for s in out.scheduled]
+        self.kv_cache.copy_blocks(plan.blocks_to_copy)  # before the forward writes into the copies
+        num_new = [plan.num_scheduled_tokens[s.request_id] for s in plan.scheduled]
         # Logits only for each sequence's last row: the only one a sequence can sample from.
-        logits = self.model.forward(self.kv_cache, [s.block_table for s in out.scheduled],
-                                    [s.num_computed_tokens for s in out.scheduled], num_new,
+        logits = self.model.forward(self.kv_cache, [s.block_table for s in plan.scheduled],
+                                    [s.num_computed_tokens for s in plan.scheduled], num_new,
                                     logits_indices=np.cumsum(num_new) - 1)
         return {s.request_id: sample_token(logits[j], s.sampling, s.rng)
-                for j, s in enumerate(out.scheduled) if out.completes(s)}
+                for j, s in enumerate(plan.scheduled) if plan.completes(s)}
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
@@ -1867,21 +1892,17 @@ def simulate_serving(workload: Sequence[tuple[float, int, int]], scheduling: str
             step_clock[str(i)] = [num_steps]
         if not scheduler.has_unfinished():
             continue  # every arrival so far was rejected
-        out = scheduler.schedule()
-        if not out.scheduled:
-            raise RuntimeError("the scheduler planned an empty step while requests are waiting")
-        context = sum(s.num_computed_tokens + out.num_scheduled_tokens[s.request_id] for s in out.scheduled)
-        clock += cost.step_time(out.total_num_scheduled_tokens, context)
+        plan = scheduler.plan_step()
+        context = sum(s.num_computed_tokens + plan.num_scheduled_tokens[s.request_id] for s in plan.scheduled)
+        clock += cost.step_time(plan.total_num_scheduled_tokens, context)
         row = _occupy_slots(slot_of, scheduler.running, max_num_seqs, waiting=len(scheduler.waiting))
         num_steps += 1
         if record_timeline:
             timeline.append(row)
         wasted += min(row.count(-1), len(scheduler.waiting))
-        sampled = {s.request_id: 0 for s in out.scheduled if out.completes(s)}
-        for seq in scheduler.update(out, sampled):
-            seq.finish_time = clock
+        sampled = {s.request_id: 0 for s in plan.scheduled if plan.completes(s)}
+        scheduler.finish_step(plan, sampled, clock)
         for rid in sampled:
-            seqs[int(rid)].token_times.append(clock)
             step_clock[rid].append(num_steps)
     outputs = [s.to_output() for s in seqs]
     in_steps = []
@@ -3493,8 +3514,9 @@ class _EngineBridge:
             for request_id, message in rejected.items():
                 self._finish(request_id, _HTTPError(message))
             for out in outputs:
-                if out.finish_reason and out.finish_reason.startswith("rejected"):
-                    self._finish(out.request_id, _HTTPError(f"request {out.request_id!r}: {out.finish_reason}"))
+                if out.finish_reason == "rejected":
+                    message = f"request {out.request_id!r} rejected: {out.finish_detail}"
+                    self._finish(out.request_id, _HTTPError(message))
                 elif out.request_id in self.streams:
                     self.streams[out.request_id].put_nowait(out)
                     if out.finished:
