@@ -3076,6 +3076,18 @@ def test_cli_subcommands_exit_0_and_print_their_headline(args, headline):
     assert proc.returncode == 0 and headline in proc.stdout, f"{args}: exit {proc.returncode}\n{proc.stderr}"
 
 
+@pytest.mark.exercise7
+def test_cli_speculate_runs_speculative_generate_and_sets_measured_alpha_beside_the_formula():
+    proc = run_cli("speculate")
+    stub = re.search(r"(Exercise \d+: \S+) is still a stub", proc.stdout)
+    if stub:
+        raise NotImplementedError(stub.group(1))
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"alpha: measured 0\.\d+ .*formula 0\.\d+", proc.stdout), (
+        f"`python {lab.__name__}.py speculate` must run speculative_generate on the toy models and print "
+        f"the measured alpha beside the formula's; got:\n{proc.stdout[-600:]}")
+
+
 @pytest.mark.provided
 @pytest.mark.parametrize("args, says", [
     (("size", "--model", "gpt-5"), "choose from 'llama-2-7b'"),

@@ -198,7 +198,7 @@ def run(name: str, marker: str, source: str, workdir: Path) -> tuple[bool, str]:
     (workdir / f"{module}.py").write_text(source)
     env = dict(os.environ, LAB_MODULE=module, PYTHONPATH=f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                HYPOTHESIS_PROFILE="ci")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-m", marker, "-p", "no:cacheprovider"],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-m", marker, "-p", "no:cacheprovider"],
                           cwd=ROOT, env=env, capture_output=True, text=True)
     failed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
     if failed:
