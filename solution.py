@@ -1345,7 +1345,9 @@ class SamplingParams:
     """How to pick each output token. Temperature 0 is greedy (argmax).
 
     A run stops after `max_tokens` output tokens, or at the first token in `stop_token_ids`
-    (that token is kept in the output, as vLLM does for its stop_token_ids).
+    (that token is kept in the output, as vLLM does for its stop_token_ids). At temperature
+    T > 0 the request owns `np.random.default_rng(seed)` and draws each output token once from
+    it, as `rng.choice(vocab_size, p=softmax(logits / T))` of its last token's logits.
     """
 
     temperature: float = 0.0
@@ -1764,7 +1766,8 @@ def token_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
 
 
 def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Generator | None) -> int:
-    """Greedy at temperature 0; else one draw from softmax(logits / T), computed in float64.
+    """Greedy at temperature 0; else one draw `rng.choice(V, p=softmax(logits / T))`, computed in
+    float64, where `rng` is the request's `np.random.default_rng(sampling.seed)`.
 
     Each request owns its generator and draws exactly once per output token, so what it
     samples does not depend on what it was batched with, nor on preemptions.

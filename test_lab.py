@@ -300,6 +300,21 @@ def test_append_that_runs_out_of_blocks_changes_nothing():
 
 
 @pytest.mark.exercise2
+def test_an_append_that_needs_a_copy_and_a_new_block_but_has_one_free_changes_nothing():
+    alloc, parent = table_with(range(6), num_blocks=4)  # 2 blocks, the last one shared and half full
+    child = parent.fork()
+    alloc.allocate()  # one block left: the copy of the shared last block fits, the new block after it not
+    blocks, refs = list(child.block_ids), [alloc.ref_count(b) for b in range(4)]
+    with pytest.raises(lab.OutOfBlocksError):
+        child.append_tokens([10, 11, 12])  # copy-on-write of the last block + 1 new block = 2 blocks
+    assert child.block_ids == blocks and child.token_ids == list(range(6)), (
+        "a failed append changed the table: count the copy-on-write block among the blocks needed "
+        "and ask for all of them before taking any")
+    assert [alloc.ref_count(b) for b in range(4)] == refs and alloc.num_free_blocks == 1, (
+        "a failed append took the copy-on-write block (or dropped the shared one) and did not give it back")
+
+
+@pytest.mark.exercise2
 def test_fork_shares_every_block():
     alloc, parent = table_with(range(6))
     child = parent.fork()
@@ -661,6 +676,25 @@ def test_allocate_prompt_that_does_not_fit_changes_nothing():
     assert alloc.stats.queries == queries, "a failed allocate_prompt must not look anything up (ask first, then act)"
 
 
+@pytest.mark.exercise3
+def test_forked_tables_each_register_their_own_blocks_under_their_own_prefix():
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    parent = computed_table(alloc, [1, 2, 3, 4, 5])  # block [1, 2, 3, 4] cached, [5] shared after the fork
+    child = parent.fork()
+    child.append_tokens([6, 7, 8])
+    child.cache_full_blocks(8)
+    parent.append_tokens([9, 9, 9])
+    parent.cache_full_blocks(8)
+    for name, table in (("child", child), ("parent", parent)):
+        computed = lab.BlockTable(alloc).allocate_prompt(table.token_ids + [0])
+        assert computed == 8, (
+            f"the {name}'s second block is not findable ({computed} cached tokens, expected 8): a fork gets "
+            "its own copy of the registered hashes (not the same list), so each table registers the "
+            "blocks it fills, chained on the prefix they share")
+    assert alloc.ref_count(child.block_ids[0]) == 4 and child.block_ids[1] != parent.block_ids[1], (
+        "the first block stays shared (2 tables + 2 hits); the half-full one was copied before either wrote")
+
+
 # --- the allocator as a state machine ------------------------------------------------
 
 
@@ -912,6 +946,33 @@ def test_paged_attention_is_stable_with_huge_logits():
     for b in range(3):
         np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]),
                                    rtol=1e-4, atol=1e-4, err_msg="huge logits: wrong attention")
+
+
+@pytest.mark.exercise4
+@pytest.mark.parametrize("block_size", [17, 32])
+def test_paged_attention_over_many_blocks_where_an_early_token_dominates_equals_dense_attention(block_size):
+    # Contexts of 3 to 6 large blocks. In sequence 0 token 3 outscores every later token by ~300
+    # (exp(-300) underflows): whatever is folded in after the first block must be scaled by the max so
+    # far, not by the max of the block (or chunk) at hand. Sequence 1 has no dominant token, but its
+    # scores spread over ~+-10, so every block's max differs and each must rescale what came before.
+    lens = [3 * block_size + 5, 6 * block_size, 2 * block_size + 1]
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size=block_size, seed=7)
+    head_dim = q.shape[-1]
+    boost = np.float32(300.0 * math.sqrt(head_dim)) * q[0] / np.linalg.norm(q[0], axis=-1, keepdims=True) ** 2
+    seqs_k[0][3] += boost                                     # q . k gains 300 sqrt(D) on every head
+    k_cache[tables[0, 0], 3] = seqs_k[0][3]
+    q[1] *= np.float32(4.0)
+    with np.errstate(all="ignore"):
+        out = lab.paged_attention(q, k_cache, v_cache, tables, np.array(lens))
+    assert np.all(np.isfinite(out)), (
+        "non-finite output: the running max must be the max over EVERY block read so far; rescaling the "
+        "sums by exp(old max - new max) overflows when the new max is the current block's only")
+    for b, name in ((0, "an early token dominates"), (1, "scores spread"), (2, "plain")):
+        np.testing.assert_allclose(
+            out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]), rtol=1e-4, atol=1e-4,
+            err_msg=f"sequence {b} ({name}, {lens[b]} tokens in blocks of {block_size}): online softmax "
+                    "over the blocks differs from dense attention; the running max, running sum and "
+                    "accumulator must all be rescaled to the new max before a block is added")
 
 
 @pytest.mark.exercise4
@@ -1462,9 +1523,11 @@ def test_batched_engine_outputs_equal_greedy_decoding_of_each_prompt_alone(engin
     assert [o.request_id for o in outputs] == [str(i) for i in range(24)], "outputs must come back in prompt order"
     for i, (out, prompt, m) in enumerate(zip(outputs, prompts, max_tokens)):
         assert out.prompt_token_ids == prompt
+        assert len(out.output_token_ids) == m and out.finish_reason == "length", (
+            f"prompt {i}: {len(out.output_token_ids)} tokens ({out.finish_reason!r}) for max_tokens={m}: a request "
+            "without a stop token finishes as 'length' in the step that appends its max_tokens-th token")
         assert out.output_token_ids == greedy_alone(engine_model, prompt, m), (
             f"prompt {i}: batching changed the tokens; a batch must change nothing but speed")
-        assert out.finish_reason == "length"
 
 
 @pytest.mark.exercise5
@@ -1540,16 +1603,80 @@ def test_every_step_respects_max_num_seqs_and_the_token_budget(jobs, max_num_seq
                               enable_chunked_prefill=chunked)
     seqs = [scheduler.add_request(request(i, p, m)) for i, (p, m) in enumerate(jobs)]
     for plan in drive(scheduler):
-        assert len(plan.scheduled) <= max_num_seqs, f"{len(plan.scheduled)} sequences in one step"
+        assert len(plan.scheduled) <= max_num_seqs, (
+            f"{len(plan.scheduled)} sequences in one step with max_num_seqs={max_num_seqs}: admit a waiting "
+            "sequence only while fewer than max_num_seqs are running")
         assert len(scheduler.running) <= max_num_seqs
         assert plan.total_num_scheduled_tokens <= budget, (
             f"{plan.total_num_scheduled_tokens} tokens scheduled, the budget is {budget}")
-        assert all(n >= 1 for n in plan.num_scheduled_tokens.values())
-        assert len({s.request_id for s in plan.scheduled}) == len(plan.scheduled)
+        assert all(n >= 1 for n in plan.num_scheduled_tokens.values()), (
+            f"{plan.num_scheduled_tokens}: a scheduled sequence runs at least one token")
+        assert len({s.request_id for s in plan.scheduled}) == len(plan.scheduled), (
+            "a sequence was scheduled twice in one step")
     for seq, (_, m) in zip(seqs, jobs):
         if seq.finish_reason != "rejected":
             assert seq.output_token_ids == [1] * m, "every admitted request produces exactly max_tokens tokens"
     assert allocator.num_free_blocks == num_blocks, "blocks leaked"
+
+
+@pytest.mark.exercise5
+@settings(max_examples=25)
+@given(
+    jobs=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 10)), min_size=2, max_size=16),
+    max_num_seqs=st.integers(1, 6),
+    budget=st.integers(2, 48),
+    num_blocks=st.integers(12, 40),
+    caching=st.booleans(),
+)
+def test_each_step_schedules_the_next_tokens_and_the_table_holds_exactly_the_computed_ones(
+        jobs, max_num_seqs, budget, num_blocks, caching):
+    # Equal prompts ([2] * n), so that with prefix caching admissions hit the cache too.
+    allocator = lab.BlockAllocator(num_blocks, 4, enable_prefix_caching=caching)
+    scheduler = lab.Scheduler(allocator, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    for i, (p, m) in enumerate(jobs):
+        scheduler.add_request(request(i, p, m))
+    for _ in range(2_000):
+        if not scheduler.has_unfinished():
+            break
+        plan = scheduler.schedule()
+        for seq in plan.scheduled:
+            stop = seq.num_computed_tokens + plan.num_scheduled_tokens[seq.request_id]
+            assert seq.block_table.token_ids == seq.all_token_ids[:stop], (
+                f"request {seq.request_id}: after schedule its block table must hold its first "
+                f"num_computed_tokens + scheduled = {stop} tokens (the next tokens, in order), it holds "
+                f"{seq.block_table.num_tokens}")
+        scheduler.update(plan, {s.request_id: 1 for s in plan.scheduled if plan.completes(s)})
+        for seq in scheduler.running:
+            assert seq.block_table.num_tokens == seq.num_computed_tokens, (
+                f"request {seq.request_id} between steps: its block table holds {seq.block_table.num_tokens} "
+                f"tokens but {seq.num_computed_tokens} have K/V; a table holds exactly the computed tokens "
+                "(update advances num_computed_tokens by every token scheduled; the sampled token enters "
+                "the table when the next step schedules it)")
+    assert not scheduler.has_unfinished(), "the scheduler never finished: deadlock or endless preemption"
+
+
+@pytest.mark.exercise5
+def test_a_step_that_preempts_admits_nothing():
+    # 4 blocks of 4, a budget of 3 tokens: A and B grow until B must give way. B's recompute would
+    # fit as a small first chunk, but memory is short: waiting requests wait for the next step.
+    allocator = lab.BlockAllocator(4, 4)
+    scheduler = lab.Scheduler(allocator, max_num_seqs=2, max_num_batched_tokens=3)
+    for rid, prompt_len, max_tokens in (("A", 2, 8), ("B", 2, 8), ("C", 4, 2)):
+        scheduler.add_request(request(rid, prompt_len, max_tokens))
+    preemptions = 0
+    for _ in range(200):
+        if not scheduler.has_unfinished():
+            break
+        running_before = {s.request_id for s in scheduler.running}
+        plan = scheduler.schedule()
+        still_running = running_before - {s.request_id for s in plan.preempted}
+        admitted = [s.request_id for s in plan.scheduled if s.request_id not in still_running]
+        assert not (plan.preempted and admitted), (
+            f"a step preempted {[s.request_id for s in plan.preempted]} and admitted {admitted} from the waiting "
+            "queue: a step that preempts admits nothing (memory is short; the preempted one would thrash)")
+        preemptions += len(plan.preempted)
+        scheduler.update(plan, {s.request_id: 1 for s in plan.scheduled if plan.completes(s)})
+    assert preemptions > 0, "test setup: this scene must force a preemption"
 
 
 @pytest.mark.exercise5
@@ -1627,6 +1754,22 @@ def test_a_seeded_sampled_request_gives_the_same_tokens_alone_and_in_a_large_bat
     assert alone != greedy_alone(engine_model, prompt, 20), "temperature 1 should not be greedy"
 
 
+@pytest.mark.exercise5
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_seeded_sampling_draws_from_softmax_of_logits_over_the_temperature(engine_model, temperature):
+    prompt, seed, n = random_prompts(1, seed=23)[0], 77, 12
+    rng, tokens = np.random.default_rng(seed), list(prompt)  # the reference: no cache, no batch
+    for _ in range(n):
+        logits = engine_model.forward_dense(tokens)[-1].astype(np.float64) / temperature
+        p = np.exp(logits - logits.max())
+        tokens.append(int(rng.choice(len(p), p=p / p.sum())))
+    sampling = lab.SamplingParams(temperature=temperature, max_tokens=n, seed=seed)
+    out = lab.LLMEngine(engine_model, block_size=4).generate([prompt], sampling)[0]
+    assert out.output_token_ids == tokens[len(prompt):], (
+        f"at temperature {temperature} the engine drew other tokens than default_rng(seed).choice(V, "
+        "p=softmax(logits / T)) once per output token, from the logits of the sequence's last token")
+
+
 @pytest.mark.provided
 @pytest.mark.parametrize(
     "prompt, params, why",
@@ -1689,19 +1832,21 @@ def test_abort_request_drops_a_waiting_request_and_refuses_unknown_ids(engine_mo
     engine = lab.LLMEngine(engine_model, block_size=4, max_num_seqs=1)
     first = engine.add_request([1, 2, 3], lab.SamplingParams(max_tokens=3))
     waiting = engine.add_request([4, 5, 6], lab.SamplingParams(max_tokens=3))
-    engine.step()
-    assert engine.abort_request(waiting) is True
-    assert engine.abort_request("no such id") is False
+    assert [o.request_id for o in engine.step()] == [first], (
+        "max_num_seqs=1: the second request must wait while the first runs (the test aborts it waiting)")
+    assert engine.abort_request(waiting) is True, "abort_request of a waiting request returns True"
+    assert engine.abort_request("no such id") is False, "abort_request of an unknown id returns False"
     outputs = []
     for _ in range(20):
         if not engine.has_unfinished():
             break
         outputs += [o for o in engine.step() if o.finished]
     by_id = {o.request_id: o for o in outputs}
-    assert by_id[waiting].finish_reason == "abort" and by_id[waiting].output_token_ids == []
-    assert by_id[first].finish_reason == "length"
+    assert by_id[waiting].finish_reason == "abort" and by_id[waiting].output_token_ids == [], (
+        f"an aborted waiting request finishes as 'abort' with no tokens, got {by_id[waiting]}")
+    assert by_id[first].finish_reason == "length", "aborting a waiting request must not disturb the running one"
     assert engine.abort_request(first) is False, "a finished request cannot be aborted"
-    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, "blocks leaked"
 
 
 @pytest.mark.exercise5
@@ -1834,6 +1979,8 @@ def test_a_finished_sequence_leaves_and_frees_its_blocks_in_the_step_it_finishes
     scheduler = lab.Scheduler(allocator, max_num_seqs=2)
     short, long, waiting = (scheduler.add_request(request(i, 4, m)) for i, m in enumerate((2, 10, 3)))
     plans = [scheduler.schedule()]
+    assert plans[0].scheduled == [short, long], (
+        f"max_num_seqs=2: the third request must wait, got {plans[0].scheduled}")
     scheduler.update(plans[0], {"0": 1, "1": 1})
     plans.append(scheduler.schedule())
     finished = scheduler.update(plans[1], {"0": 1, "1": 1})
@@ -1841,7 +1988,7 @@ def test_a_finished_sequence_leaves_and_frees_its_blocks_in_the_step_it_finishes
         f"the request that reached max_tokens must retire in this step: finished {finished}")
     assert short.block_table.block_ids == [], "a finished sequence must free its blocks at once"
     assert short not in scheduler.running, "a finished sequence must leave the batch in the step it finishes"
-    assert allocator.num_free_blocks == 64 - len(long.block_table.block_ids)
+    assert allocator.num_free_blocks == 64 - len(long.block_table.block_ids), "the finished request's blocks leaked"
     plan = scheduler.schedule()
     assert waiting in plan.scheduled, "the freed slot must be refilled at the very next step"
 
@@ -1857,6 +2004,7 @@ def preemption_scene():
     c = scheduler.add_request(request("C", 4, 2))
     for step in range(6):  # decodes fill the second blocks of A and B; then each needs a third
         plan = scheduler.schedule()
+        assert c not in plan.scheduled, "max_num_seqs=2: C must wait while A and B run"
         if plan.preempted:
             return allocator, scheduler, plan, a, b, c
         scheduler.update(plan, {s.request_id: 10 + step for s in plan.scheduled})
@@ -2263,6 +2411,26 @@ def test_plan_decode_step_is_the_roofline_maximum():
     assert plan.decode_step_s == pytest.approx(max(memory, compute), rel=1e-9)
 
 
+@pytest.mark.exercise8
+def test_plan_times_with_tensor_parallelism_hand_computed():
+    # llama-3-8b on two A100 40GB at 8k: 57 sequences (see the GQA test), default traffic 161.31 + 337.99
+    plan = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2)
+    B, prompt, output = 57, 161.31, 337.99
+    context = prompt + output / 2                                    # 330.305 tokens
+    step_bytes = 8_030_261_248 + B * context * 65_536                # half the weights, half of each KV token
+    decode = step_bytes / 1.555e12                                   # 5.96 ms per GPU, both GPUs in parallel
+    assert 2 * 8_030_261_248 * B / (2 * 312e12) < decode             # compute: 1.47 ms
+    prefill = 2 * 8_030_261_248 * prompt / (2 * 312e12)              # 4.15 ms: each GPU does half the FLOPs
+    latency = output * decode + B * prefill                          # 2.25 s
+    assert plan.decode_step_s == pytest.approx(decode, rel=1e-9), (
+        f"decode step {plan.decode_step_s * 1e3:.3f} ms, hand arithmetic {decode * 1e3:.3f} ms: under tensor "
+        "parallelism each GPU reads only its share of the weights and of the KV cache in a step")
+    assert plan.prefill_s == pytest.approx(prefill, rel=1e-9), (
+        f"prefill {plan.prefill_s * 1e3:.3f} ms, hand arithmetic {prefill * 1e3:.3f} ms: tp GPUs split the FLOPs")
+    assert plan.qps == pytest.approx(B / latency, rel=1e-9), "Little's law: QPS = concurrency / latency"
+    assert plan.qps == pytest.approx(25.330, rel=1e-4)
+
+
 @pytest.mark.provided
 @pytest.mark.parametrize("kwargs, fragment", [
     ({"max_model_len": 0}, "max_model_len"),
@@ -2318,6 +2486,16 @@ def test_format_plan_shows_the_kv_blocks_set_the_ceiling():
     assert "3912" in text and "// 512 blocks = 7" in text
     assert "deleting the weights altogether -> 11" in text, "zero-byte weights only lift 7 to 11 sequences"
     assert "QPS" in text
+
+
+@pytest.mark.exercise8
+def test_format_plan_prints_the_block_size_in_mib_of_two_to_the_twenty_bytes():
+    # 16 tokens x 819,200 B = 13,107,200 B = 12.5 x 2**20 (13.1 million: MB would be the other unit)
+    text = lab.format_plan(lab.plan_deployment(**lab.SEED_SIZING))
+    assert "3912 blocks x 12.5 MiB" in text, (
+        "the plan prints its KV blocks as '3912 blocks x 12.5 MiB': a MiB is 2**20 bytes, like nvidia-smi's")
+    text2 = lab.format_plan(lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2))
+    assert "29205 blocks x 1 MiB" in text2, "with tp=2 a llama-3-8b block is 1,048,576 B per GPU = 1 MiB"
 
 
 # --- KV memory waste (provided) -------------------------------------------------
@@ -2911,12 +3089,34 @@ def test_greedy_speculation_with_a_good_draft_equals_the_targets_greedy_output(s
 
 
 @pytest.mark.exercise7
+def test_greedy_rounds_accept_the_drafts_the_draft_model_proposes_from_the_committed_tokens(spec_target):
+    draft = lab.make_self_draft(spec_target, 2)
+    prompt, k, max_tokens = [1, 2, 3], 3, 12
+    out = lab.speculative_generate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=max_tokens), k=k)
+    committed, expected = list(prompt), []  # the reference: both models re-run densely, no cache
+    while len(committed) - len(prompt) < max_tokens:
+        n = min(k, max_tokens - (len(committed) - len(prompt)) - 1)
+        proposals = greedy_reference(draft, committed, n)
+        wanted = greedy_reference(spec_target, committed, n + 1)
+        accepted = next((i for i in range(n) if proposals[i] != wanted[i]), n)
+        expected.append(accepted)
+        committed += wanted[: accepted + 1]
+    assert out.accepted_per_pass == expected, (
+        f"accepted per round {out.accepted_per_pass}, expected {expected}: each round the draft proposes its "
+        "greedy continuation of the COMMITTED tokens, so after a rejection both caches are rolled back to "
+        "them (a draft that keeps its rejected tokens drafts from a wrong context)")
+
+
+@pytest.mark.exercise7
 def test_greedy_speculation_with_an_always_wrong_draft_still_equals_the_target(spec_target):
     wrong = lab.ToyTransformer(lab.ModelConfig(**{**SPEC_TARGET, "n_layer": 1}), seed=99)
     out = lab.speculative_generate(spec_target, wrong, [4, 5, 6], lab.SamplingParams(max_tokens=20), k=3)
-    assert out.num_accepted == 0, "this draft never agrees with the target (the test relies on it)"
     assert out.token_ids == greedy_reference(spec_target, [4, 5, 6], 20), (
         "with every draft rejected, each round must still emit the target's token (the residual)")
+    assert out.num_accepted == 0, (
+        f"{out.num_accepted} drafts accepted: from the committed tokens this draft's greedy proposals never "
+        "equal the target's, so either a draft that differs from the target's argmax was accepted, or the "
+        "draft's cache was not rolled back to the committed tokens and drafted from another context")
     assert out.num_target_passes == 20, "every round emits exactly one token when nothing is accepted"
 
 
@@ -2981,6 +3181,16 @@ def test_stop_token_ends_speculative_generation(spec_target):
     out = lab.speculative_generate(spec_target, lab.make_self_draft(spec_target, 2), [1, 2, 3],
                                    lab.SamplingParams(max_tokens=12, stop_token_ids=(stop,)), k=4)
     assert out.token_ids == full[: full.index(stop) + 1], "generation ends with the first stop token, kept"
+
+
+@pytest.mark.exercise7
+def test_a_draft_identical_to_the_target_has_every_draft_accepted_when_sampling(spec_target):
+    sampling = lab.SamplingParams(temperature=1.0, max_tokens=16, seed=3)
+    out = lab.speculative_generate(spec_target, spec_target, [1, 2, 3], sampling, k=4)
+    assert out.num_draft_tokens > 0 and out.num_accepted == out.num_draft_tokens, (
+        f"{out.num_accepted} of {out.num_draft_tokens} drafts accepted with q = p: a draft is accepted with "
+        "probability min(1, p/q) = 1. The draft must sample at the request's temperature (a greedy draft "
+        "against a sampling target is accepted only with probability p(draft))")
 
 
 SPEC_TINY = dict(vocab_size=8, n_positions=16, n_embd=16, n_head=2)
