@@ -1,19 +1,26 @@
 # The lab: generated from solution.py by tools/make_lab.py. Students: write each exercise here,
 # in place of its `raise NotImplementedError`. Maintainers: edit solution.py and regenerate.
-"""Inference-serving internals, small enough to read in an afternoon.
+"""Inference-serving internals: the three mechanisms behind vLLM, TensorRT-LLM and SGLang,
+on a NumPy GPT-2.
 
-The three mechanisms behind vLLM, TensorRT-LLM and SGLang, on a NumPy GPT-2:
+Reading map. Sections 1-5 are the chapter: 1994 lines, a day's reading at 300-400 lines
+an hour (the exercises' own code, an afternoon). Stop at section 6; the rest stands beside it.
 
-1. Paged KV-cache (PagedAttention): K/V live in fixed-size blocks addressed through a
-   per-sequence block table, like pages through a page table.
-2. The model and the paged attention path: a GPT-2 that reads its past through block tables.
-3. Continuous batching: admit and retire requests at every step, so the batch stays full.
-4. Speculative decoding: a cheap draft proposes, the target verifies in one pass, and the
-   accept/resample rule keeps the target's distribution exactly.
-5. Capacity planning: the same ideas as arithmetic for a real GPU.
-6. The command line: the design-review scenarios (`python solution.py --help`).
+   section                                     lines        what it holds
+   1. Paged KV-cache (PagedAttention)          52-460       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   461-880      a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      881-1459     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1460-1746    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1747-1994    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   ---- the reading path ends here ----
+   6. Argument checks                          1995-2282    provided: the exercises start from checked arguments
+   7. Beside the path                          2283-2711    int8 K/V arithmetic, static baseline, simulator, presets
+   8. Serving over HTTP                        2712-3586    an OpenAI-compatible endpoint and a load generator
+   9. The design-review scenarios              3587-4121    what `python solution.py` prints
+  10. The command line                         4122-4298    `python solution.py --help`
 
-`lab.py` is generated from this file by `tools/make_lab.py`: every region between
+The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
+generated from this file by `tools/make_lab.py`: every region between
 `# BEGIN SOLUTION: Exercise N` and `# END SOLUTION` becomes a stub for the student to write.
 """
 
@@ -56,32 +63,6 @@ import numpy as np
 
 class OutOfBlocksError(RuntimeError):
     """No free or evictable block is left in the pool."""
-
-
-# --- argument checks (provided): the exercises below start from checked arguments -------
-
-
-class NotAnIntError(TypeError, ValueError):
-    """A bool, float or string where an int is meant. Both a TypeError and a ValueError, so
-    that `except ValueError` (the lab's "bad input") catches it too."""
-
-
-def check_int(name: str, value: object, minimum: int | None = None) -> int:
-    """`value` as a Python int. Python and NumPy integers are accepted; a bool, a float (even
-    2.0) or a string is a NotAnIntError naming `name`; below `minimum` is a ValueError."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise NotAnIntError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def check_token_ids(name: str, token_ids: object) -> list[int]:
-    """A sequence of token ids as a list of Python ints (see `check_int`); a string is refused,
-    not read as characters."""
-    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, (Sequence, np.ndarray)):
-        raise NotAnIntError(f"{name} must be a list of token ids (ints), got {type(token_ids).__name__}")
-    return [check_int(f"{name}[{i}]", t, minimum=0) for i, t in enumerate(token_ids)]
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
@@ -449,49 +430,7 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def _check_tokens(config: ModelConfig, token_ids: np.ndarray, positions_end: int) -> None:
-    """Token ids inside the vocabulary, positions (up to `positions_end`) inside n_positions."""
-    if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= config.vocab_size):
-        raise ValueError(f"token ids must be in 0..{config.vocab_size - 1}")
-    if positions_end > config.n_positions:
-        raise ValueError(f"position {positions_end - 1} is beyond n_positions={config.n_positions}")
-
-
-# --- the KV-cache, in float32 or int8 ------------------------------------------------------
-#
-# Decode reads every cached K/V byte once per step, so the cache's element size is both how
-# many tokens fit and how long a step takes. An int8 cache stores each K (and V) vector of one
-# token and one head as 127 levels of a float32 scale: 1 byte per element plus 4 bytes per
-# head_dim elements, about 3.8x smaller than float32 at head_dim 64 (vLLM's fp8 KV cache and
-# KIVI-style int8 caches are the same lever; per-token scales because a new token's K/V is
-# quantised when it is written, before any later token exists).
-
-KV_CACHE_DTYPES = ("float32", "int8")
-
-
-def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per vector: x (..., D) float32 -> (values int8 (..., D), scale float32 (...)).
-
-    scale = max|x| / 127 over the last axis, values = round(x / scale), so values * scale is x
-    to within scale / 2 = max|x| / 254 per element. An all-zero vector gets scale 0 (and
-    dequantises to exact zeros). Non-finite input is refused: one inf would make its scale inf.
-    """
-    x = np.asarray(x)
-    if x.dtype != np.float32 or x.ndim < 1:
-        raise ValueError(f"quantize_int8 takes a float32 array (..., D), got {x.dtype} {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError("quantize_int8: x holds NaN or inf; a scale cannot represent it")
-    scale = np.abs(x).max(axis=-1) * np.float32(1.0 / 127.0)
-    # Divide by 1 where the scale is 0: those vectors are all zeros and stay zeros.
-    safe = np.where(scale > 0, scale, np.float32(1.0))
-    values = np.rint(x / safe[..., None]).astype(np.int8)  # |x / scale| <= 127: no overflow
-    return values, scale
-
-
-def dequantize_int8(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """The float32 vectors `values * scale[..., None]` (the inverse of `quantize_int8`)."""
-    # One pass: int8 * float32 is computed and stored as float32, no float32 copy of `values`.
-    return np.multiply(values, scale[..., None], dtype=np.float32)
+# --- the KV-cache, in float32 or int8 (its arithmetic is in section 6) -------------------
 
 
 class KVCache:
@@ -570,79 +509,14 @@ class KVCache:
                 array[:, dst] = array[:, src]
 
 
+# --- paged attention: the kernel that reads K/V through block tables ---------------------
+
+
 # How many tokens one step of the kernel gathers: one 16-token block at the usual block size.
 # Big enough that NumPy's per-call overhead is small, small enough that the gathered K/V
 # (batch x 16 tokens x n_head x head_dim x 4 bytes, 1.5 MB at batch 32, 12 x 64) stays in the
 # CPU's L2 cache between the gather and the two matmuls that read it.
 PAGED_ATTENTION_CHUNK_TOKENS = 16
-
-
-def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale=None, v_scale=None):
-    """Validate the kernel's inputs; return (block_tables, context_lens) as int64 arrays.
-
-    Also checks that every table entry a sequence really uses names a block of the cache: a
-    -1 there would otherwise silently read the LAST block (NumPy's negative indexing). Unsigned
-    integers are accepted and converted once checked: `-x` of an unsigned x wraps around, so the
-    kernel's `-(-lens // block_size)` would be garbage on them.
-    """
-    if not (isinstance(q, np.ndarray) and q.ndim == 3 and q.dtype == np.float32):
-        raise ValueError(f"q must be a float32 array (batch, n_head, head_dim), got "
-                         f"{getattr(q, 'dtype', type(q).__name__)} {np.shape(q)}")
-    batch, n_head, head_dim = q.shape
-    quantized = k_scale is not None or v_scale is not None
-    element = np.int8 if quantized else np.float32
-    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not (isinstance(cache, np.ndarray) and cache.ndim == 4 and cache.dtype == element
-                and cache.shape[0] >= 1 and cache.shape[1] >= 1
-                and cache.shape[2:] == (n_head, head_dim)):
-            raise ValueError(f"{name} must be {np.dtype(element).name} (num_blocks, block_size, {n_head}, "
-                             f"{head_dim}) to match q{' and the scales' if quantized else ''}, got "
-                             f"{getattr(cache, 'dtype', '?')} {np.shape(cache)}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} must have one shape")
-    if quantized:
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if not (isinstance(scale, np.ndarray) and scale.dtype == np.float32
-                    and scale.shape == k_cache.shape[:3]):
-                raise ValueError(f"{name} must be float32 {k_cache.shape[:3]} (one scale per slot and "
-                                 f"head of the int8 cache), got {getattr(scale, 'dtype', '?')} {np.shape(scale)}")
-    block_tables = np.asarray(block_tables)
-    context_lens = np.asarray(context_lens)
-    if not (block_tables.ndim == 2 and block_tables.shape[0] == batch
-            and np.issubdtype(block_tables.dtype, np.integer)):
-        raise ValueError(f"block_tables must be an integer array ({batch}, max_blocks), got "
-                         f"{block_tables.dtype} {block_tables.shape}")
-    if not (context_lens.shape == (batch,) and np.issubdtype(context_lens.dtype, np.integer)):
-        raise ValueError(f"context_lens must be an integer array ({batch},), got "
-                         f"{context_lens.dtype} {context_lens.shape}")
-    num_blocks, block_size = k_cache.shape[:2]
-    capacity = block_tables.shape[1] * block_size
-    # Compared in their own dtype (exact for unsigned too), then converted: 1..capacity fits int64.
-    if batch and (context_lens.min() < 1 or context_lens.max() > capacity):
-        raise ValueError(f"context_lens must be in 1..{capacity} (max_blocks {block_tables.shape[1]} "
-                         f"x block_size {block_size}), got {context_lens.tolist()}")
-    context_lens = context_lens.astype(np.int64)
-    used = np.arange(block_tables.shape[1]) < -(-context_lens[:, None] // block_size)
-    if np.any(used & ((block_tables < 0) | (block_tables >= num_blocks))):
-        raise ValueError(f"a block table entry in use is not a block id in 0..{num_blocks - 1}")
-    # Entries in use are now known to be < num_blocks; padding may wrap, and is never read.
-    return block_tables.astype(np.int64), context_lens
-
-
-def _dequantize_blocks_read(k_cache, v_cache, k_scale, v_scale, block_tables, context_lens):
-    """The int8 cache's blocks this batch reads, dequantised into a small float32 cache.
-
-    Returns (k, v, tables): k, v (num_read, block_size, H, D) float32 hold the distinct blocks
-    in use (a block shared by several sequences once), and `tables` renumbers the block tables
-    into them (padding entries become 0). Only those blocks are touched: a decode step's cost
-    grows with the contexts in the batch, not with the size of the pool.
-    """
-    block_size = k_cache.shape[1]
-    used = np.arange(block_tables.shape[1]) < -(-context_lens[:, None] // block_size)
-    ids, renumbered = np.unique(block_tables[used], return_inverse=True)
-    tables = np.zeros_like(block_tables)
-    tables[used] = renumbered
-    return dequantize_int8(k_cache[ids], k_scale[ids]), dequantize_int8(v_cache[ids], v_scale[ids]), tables
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
@@ -678,40 +552,18 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     raise NotImplementedError("Exercise 4: paged_attention")
 
 
+# --- the model: a reference path and the serving path ------------------------------------
+
+
 class ToyTransformer:
     """GPT-2: learned positions, pre-LayerNorm blocks, fused qkv, tanh-GELU MLP, tied LM head."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray] | None = None, seed: int = 0):
         self.config = config
-        self.weights = self._validated(init_gpt2_weights(config, seed) if weights is None else weights)
+        self.weights = _checked_gpt2_weights(config, init_gpt2_weights(config, seed) if weights is None else weights)
         w = self.weights
         self.layers = [{name.split(".", 2)[2]: w[name] for name in w if name.startswith(f"h.{i}.")}
                        for i in range(config.n_layer)]
-
-    def _validated(self, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Strip a `transformer.` prefix, drop GPT-2's mask buffers, check every name and shape."""
-        expected = gpt2_weight_shapes(self.config)
-        found: dict[str, np.ndarray] = {}
-        lm_head = None
-        for name, value in weights.items():
-            key = name.removeprefix("transformer.")
-            if key == "lm_head.weight":
-                lm_head = np.asarray(value)
-                continue
-            if key.endswith((".attn.bias", ".attn.masked_bias")) and key.startswith("h."):
-                continue  # causal-mask buffers, not parameters
-            if key not in expected:
-                raise ValueError(f"unknown weight {name!r}: not a GPT-2 tensor for this config")
-            value = np.asarray(value)
-            if value.shape != expected[key]:
-                raise ValueError(f"weight {name!r} has shape {value.shape}, expected {expected[key]}")
-            found[key] = np.ascontiguousarray(value, dtype=np.float32)
-        missing = sorted(set(expected) - set(found))
-        if missing:
-            raise ValueError(f"missing weight(s) {missing[:4]}{' ...' if len(missing) > 4 else ''}")
-        if lm_head is not None and not np.array_equal(lm_head, found["wte.weight"]):
-            raise ValueError("lm_head.weight differs from wte.weight: GPT-2's LM head is tied to the embeddings")
-        return found
 
     # --- the building blocks ---------------------------------------------------------
 
@@ -815,18 +667,6 @@ class ToyTransformer:
                                  f"only {num_blocks} blocks: the allocator and the cache must match")
 
 
-def _check_logits_indices(logits_indices, num_rows: int) -> np.ndarray | None:
-    """None, or the rows to keep as an int64 array of indices in 0..num_rows-1."""
-    if logits_indices is None:
-        return None
-    rows = np.asarray(logits_indices)
-    if not (rows.ndim == 1 and (np.issubdtype(rows.dtype, np.integer) or rows.size == 0)):
-        raise ValueError(f"logits_indices must be a 1-D sequence of ints, got {rows.dtype} {rows.shape}")
-    if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
-        raise ValueError(f"logits_indices must be rows in 0..{num_rows - 1} of this batch, got {rows.tolist()}")
-    return rows.astype(np.int64)
-
-
 class _PagedBatch:
     """The flat layout of one step, computed once and shared by every layer.
 
@@ -868,298 +708,8 @@ class _PagedBatch:
         self.decode_lens = np.array([stop for _, _, stop in decode], dtype=np.int64)
 
 
-# --- `python solution.py bench attention` -------------------------------------------------
-
-
-def _best_side_by_side(fns: dict, repeats: int = 5) -> dict:
-    """Best wall times of several functions measured in turns, so drift hits them all alike."""
-    for fn in fns.values():
-        fn()
-    best = {name: math.inf for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
-
-
-def _timeit(fn, repeats: int = 5) -> float:
-    """Best wall time of `fn()` over `repeats` runs, after a warm-up run."""
-    return _best_side_by_side({"fn": fn}, repeats)["fn"]
-
-
-def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
-    """Bytes copied per second by np.copyto of a buffer far larger than the CPU caches."""
-    src = np.ones(nbytes // 4, np.float32)
-    dst = np.empty_like(src)
-    return nbytes / _timeit(lambda: np.copyto(dst, src), repeats)
-
-
-def _contiguous_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """The same attention on contiguous per-sequence K/V (B, T, H, D), all of length T."""
-    scale = np.float32(1.0 / math.sqrt(q.shape[-1]))
-    scores = np.matmul(k.transpose(0, 2, 1, 3), (q * scale)[..., None])[..., 0]   # (B, H, T)
-    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    return np.matmul(p[:, :, None, :], v.transpose(0, 2, 1, 3))[:, :, 0, :]
-
-
-def _head_major_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """The same attention on head-major contiguous K/V (B, H, T, D): Hugging Face's cache layout."""
-    scale = np.float32(1.0 / math.sqrt(q.shape[-1]))
-    scores = np.matmul(k, (q * scale)[..., None])[..., 0]                           # (B, H, T)
-    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    return np.matmul(p[:, :, None, :], v)[:, :, 0, :]
-
-
-def _per_token_loop_attention(q, k_cache, v_cache, block_tables, context_lens, per_head=False):
-    """The kernel as Python loops over every token (and, with per_head, every head too).
-
-    The baselines vectorisation is measured against: what the formula looks like when each
-    token is looked up through the block table one at a time.
-    """
-    batch, n_head, head_dim = q.shape
-    block_size = k_cache.shape[1]
-    scale = 1.0 / math.sqrt(head_dim)
-    out = np.zeros_like(q)
-    heads = [[h] for h in range(n_head)] if per_head else [slice(None)]
-    for b in range(batch):
-        for h in heads:
-            scores = np.empty((context_lens[b], n_head), np.float32)[:, h]
-            for i in range(context_lens[b]):
-                k = k_cache[block_tables[b, i // block_size], i % block_size, h]      # (heads, D)
-                scores[i] = (k * q[b, h]).sum(axis=-1) * scale
-            p = np.exp(scores - scores.max(axis=0))
-            p /= p.sum(axis=0)
-            for i in range(context_lens[b]):
-                out[b, h] += p[i][:, None] * v_cache[block_tables[b, i // block_size], i % block_size, h]
-    return out
-
-
-def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, head_dim: int = 64,
-                    block_size: int = 16, loop_seqs: int = 4, repeats: int = 9, seed: int = 0,
-                    log=print) -> str:
-    """Paged decode attention vs contiguous K/V, vs a per-token Python loop, vs memory bandwidth.
-
-    The physical blocks are shuffled (a pool that has served many requests), with spare blocks
-    in the pool. Returns the report; each line also goes to `log` (None: silent) as it is measured.
-    """
-    rng = np.random.default_rng(seed)
-    lines: list[str] = []
-
-    def say(line: str) -> None:
-        lines.append(line)
-        if log is not None:
-            log(line)
-
-    per_seq = -(-context_len // block_size)
-    num_blocks = batch * per_seq + 64
-    shape = (num_blocks, block_size, n_head, head_dim)
-    k_cache = rng.standard_normal(shape, dtype=np.float32)
-    v_cache = rng.standard_normal(shape, dtype=np.float32)
-    block_tables = rng.permutation(num_blocks)[:batch * per_seq].reshape(batch, per_seq)
-    context_lens = np.full(batch, context_len)
-    q = rng.standard_normal((batch, n_head, head_dim), dtype=np.float32)
-    # The contiguous layout of the same K/V: what a slab-per-sequence cache would hold.
-    k_dense = k_cache[block_tables].reshape(batch, -1, n_head, head_dim)[:, :context_len].copy()
-    v_dense = v_cache[block_tables].reshape(batch, -1, n_head, head_dim)[:, :context_len].copy()
-    kv_bytes = k_dense.nbytes + v_dense.nbytes
-    say(f"bench attention: batch {batch}, context {context_len}, {n_head} heads x {head_dim}, "
-        f"block size {block_size}, shuffled physical blocks, K+V read {kv_bytes / 2**20:.0f} MiB per call")
-
-    # Head-major (batch, head, token, dim), what Hugging Face's cache holds: each (sequence,
-    # head) is one contiguous (T, D) matrix, the best layout for a per-head matrix-vector product.
-    k_heads = np.ascontiguousarray(k_dense.transpose(0, 2, 1, 3))
-    v_heads = np.ascontiguousarray(v_dense.transpose(0, 2, 1, 3))
-    # The same K/V as an int8 cache with per-token-and-head scales (KVCache(dtype="int8")).
-    (k_int8, k_scale), (v_int8, v_scale) = quantize_int8(k_cache), quantize_int8(v_cache)
-    int8_bytes = (k_int8.nbytes + v_int8.nbytes + k_scale.nbytes + v_scale.nbytes) * kv_bytes // (
-        k_cache.nbytes + v_cache.nbytes)   # the share of the pool this batch reads
-
-    paged = lambda: paged_attention(q, k_cache, v_cache, block_tables, context_lens)
-    dense = lambda: _contiguous_decode_attention(q, k_dense, v_dense)
-    heads = lambda: _head_major_decode_attention(q, k_heads, v_heads)
-    int8 = lambda: paged_attention(q, k_int8, v_int8, block_tables, context_lens, k_scale=k_scale, v_scale=v_scale)
-    out_paged, out_dense = paged(), dense()
-    say(f"  dtypes: q {q.dtype}, cache {k_cache.dtype}, paged out {out_paged.dtype}, "
-        f"contiguous out {out_dense.dtype}; max |paged - contiguous| "
-        f"{float(np.abs(out_paged - out_dense).max()):.1e}, max |paged - head-major| "
-        f"{float(np.abs(out_paged - heads()).max()):.1e}, max |int8 - float32| "
-        f"{float(np.abs(int8() - out_paged).max()):.1e}")
-
-    t = _best_side_by_side({"paged": paged, "dense": dense, "heads": heads, "int8": int8}, repeats)
-    say(f"  paged {t['paged'] * 1e3:.1f} ms, contiguous {t['dense'] * 1e3:.1f} ms: "
-        f"paged / contiguous = {t['paged'] / t['dense']:.2f}x (goal <= 1.3x)")
-    say(f"  head-major contiguous (batch, head, token, dim) {t['heads'] * 1e3:.1f} ms: "
-        f"paged / head-major = {t['paged'] / t['heads']:.2f}x (goal <= 1.5x), token-major "
-        f"contiguous / head-major = {t['dense'] / t['heads']:.2f}x")
-    say(f"  paged on int8 blocks {t['int8'] * 1e3:.1f} ms = {t['int8'] / t['paged']:.2f}x the float32 "
-        f"kernel: reads {int8_bytes / 2**20:.0f} MiB instead of {kv_bytes / 2**20:.0f} MiB, but NumPy "
-        f"dequantises the blocks read into a float32 copy first (a GPU kernel does it in registers)")
-
-    for per_head, seqs in ((False, min(loop_seqs, batch)), (True, 1)):
-        sub = (q[:seqs], k_cache, v_cache, block_tables[:seqs], context_lens[:seqs])
-        out_loop = _per_token_loop_attention(*sub, per_head=per_head)
-        assert np.allclose(out_loop, out_paged[:seqs], atol=1e-5), "the loop baseline disagrees"
-        t_loop = _timeit(lambda: _per_token_loop_attention(*sub, per_head=per_head), 1) * batch / seqs
-        say(f"  Python loop over tokens{' and heads' if per_head else ' (heads vectorised)'} "
-            f"{t_loop * 1e3:.0f} ms (timed on {seqs} sequence{'s' * (seqs > 1)}, scaled x{batch / seqs:g}): "
-            f"paged is {t_loop / t['paged']:.0f}x faster (goal >= 30x); the loop reads K/V at "
-            f"{kv_bytes / t_loop / 1e9:.2f} GB/s")
-
-    copy_bw = copy_bandwidth()
-    paged_bw = kv_bytes / t["paged"]
-    say(f"  np.copyto bandwidth {copy_bw / 1e9:.1f} GB/s copied ({2 * copy_bw / 1e9:.1f} GB/s "
-        f"read + written); paged kernel reads K/V at {paged_bw / 1e9:.1f} GB/s = "
-        f"{paged_bw / copy_bw:.0%} of the copy rate (goal >= 50%), contiguous at "
-        f"{kv_bytes / t['dense'] / 1e9:.1f} GB/s")
-    return "\n".join(lines)
-
-
-# --- `python solution.py bench kv-int8` -----------------------------------------------------
-
-
-def bench_kv_int8(num_prompts: int = 32, max_tokens: int = 32, seed: int = 0, log=print) -> str:
-    """What an int8 KV cache costs in accuracy: the same greedy requests on a float32 and an
-    int8 engine, for the default ModelConfig and a wider one.
-
-    Reports the cache bytes, how many whole greedy outputs and first tokens agree, and, teacher
-    forced along the float32 engine's outputs (so both caches see the same tokens), the share of
-    positions whose argmax agrees and the max |logit difference|.
-    """
-    lines: list[str] = []
-
-    def say(line: str) -> None:
-        lines.append(line)
-        if log is not None:
-            log(line)
-
-    for config in (ModelConfig(), ModelConfig(vocab_size=1024, n_embd=256, n_layer=4, n_head=4)):
-        model = ToyTransformer(config, seed=seed)
-        rng = np.random.default_rng(seed)
-        prompts = [rng.integers(0, config.vocab_size, int(rng.integers(4, 64))).tolist() for _ in range(num_prompts)]
-        sampling = SamplingParams(max_tokens=max_tokens)
-        engines = {dtype: LLMEngine(model, max_num_seqs=8, kv_cache_dtype=dtype) for dtype in KV_CACHE_DTYPES}
-        outs = {dtype: engine.generate(prompts, sampling) for dtype, engine in engines.items()}
-        whole = sum(a.output_token_ids == b.output_token_ids for a, b in zip(outs["float32"], outs["int8"]))
-        first = sum(a.output_token_ids[0] == b.output_token_ids[0] for a, b in zip(outs["float32"], outs["int8"]))
-        agree = total = 0
-        max_err = max_logit = 0.0
-        for prompt, out in zip(prompts, outs["float32"]):
-            tokens = prompt + out.output_token_ids[:-1]
-            logits = {}
-            for dtype in KV_CACHE_DTYPES:
-                seq = PagedSequence(model)
-                seq.cache = KVCache(config, seq.cache.num_blocks, seq.cache.block_size, dtype=dtype)
-                seq.extend(tokens)
-                logits[dtype] = seq.run()[len(prompt) - 1:]   # the positions that chose an output
-            agree += int((logits["float32"].argmax(-1) == logits["int8"].argmax(-1)).sum())
-            total += len(out.output_token_ids)
-            max_err = max(max_err, float(np.abs(logits["float32"] - logits["int8"]).max()))
-            max_logit = max(max_logit, float(np.abs(logits["float32"]).max()))
-        f32, i8 = engines["float32"].kv_cache.nbytes, engines["int8"].kv_cache.nbytes
-        say(f"bench kv-int8: n_embd {config.n_embd}, {config.n_layer} layers, {config.n_head} heads x "
-            f"{config.head_dim}, vocab {config.vocab_size}, {num_prompts} prompts x {max_tokens} greedy tokens")
-        say(f"  cache {f32 / 2**20:.1f} MiB float32 -> {i8 / 2**20:.1f} MiB int8 ({f32 / i8:.2f}x smaller, "
-            f"scales included)")
-        say(f"  greedy outputs identical {whole}/{num_prompts}, first tokens {first}/{num_prompts}; teacher-"
-            f"forced argmax agreement {agree}/{total} = {agree / total:.1%}; max |logit diff| {max_err:.3f} "
-            f"(logits up to {max_logit:.1f})")
-    return "\n".join(lines)
-
-
-# --- `python solution.py bench decode` ------------------------------------------------------
-
-
-def _large_matvec(nbytes: int = 256 * 2**20):
-    """A float32 (1, n) @ (n, n) product whose matrix is far larger than the caches, and its bytes.
-
-    The roofline of a batch-1 decode step: every weight is read once for one row of activations.
-    """
-    n = math.isqrt(nbytes // 4)
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((n, n), dtype=np.float32)
-    x = rng.standard_normal((1, n), dtype=np.float32)
-    return (lambda: x @ w), w.nbytes
-
-
-def bench_decode(n_embd: int = 1024, n_layer: int = 6, n_head: int = 16, vocab_size: int = 4096,
-                 context_len: int = 32, batch_sizes=(1, 2, 4, 8, 16, 32), block_size: int = 16,
-                 repeats: int = 5, log=print) -> str:
-    """Decode throughput of the paged model vs the bare weight GEMMs, and batch-1 bytes/s.
-
-    One decode step = `forward` of one new token per sequence at position context_len - 1, with
-    the earlier K/V already in the cache (the step is repeated in place: it rewrites the same K/V).
-    The ceiling runs the same weight products on random activations of the same batch size:
-    the best any implementation on this BLAS could do, with attention, LayerNorm and Python free.
-    Returns the report; each line also goes to `log` (None: silent) as it is measured.
-    """
-    lines: list[str] = []
-
-    def say(line: str) -> None:
-        lines.append(line)
-        if log is not None:
-            log(line)
-
-    blas_env = {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-                if k in os.environ}
-    config = ModelConfig(vocab_size=vocab_size, n_positions=context_len, n_embd=n_embd,
-                         n_layer=n_layer, n_head=n_head)
-    model = ToyTransformer(config, seed=0)
-    weight_bytes = sum(w.nbytes for name, w in model.weights.items() if name != "wpe.weight")
-    say(f"bench decode: n_embd {n_embd}, {n_layer} layers, {n_head} heads, vocab {vocab_size}: "
-        f"{weight_bytes / 2**20:.0f} MiB of weights read per step (L3 cache: see lscpu), "
-        f"context {context_len}, block size {block_size}, dtype {model.weights['wte.weight'].dtype}, "
-        f"BLAS env {blas_env or 'default'}")
-    rng = np.random.default_rng(0)
-    model_time, gemm_time = {}, {}
-    for batch in batch_sizes:
-        allocator = BlockAllocator(batch * -(-context_len // block_size) + 1, block_size)
-        kv_cache = KVCache(config, allocator.num_blocks, block_size)
-        tables = [BlockTable(allocator) for _ in range(batch)]
-        for table in tables:
-            table.append_tokens(rng.integers(0, vocab_size, context_len).tolist())
-        model.forward(kv_cache, tables, [0] * batch, [context_len] * batch)   # prefill
-        x = rng.standard_normal((batch, n_embd), dtype=np.float32)
-        h = rng.standard_normal((batch, 4 * n_embd), dtype=np.float32)
-
-        def weight_gemms():
-            for layer in model.layers:
-                x @ layer["attn.c_attn.weight"], x @ layer["attn.c_proj.weight"]
-                x @ layer["mlp.c_fc.weight"], h @ layer["mlp.c_proj.weight"]
-            return x @ model.weights["wte.weight"].T
-
-        step = lambda: model.forward(kv_cache, tables, [context_len - 1] * batch, [1] * batch)
-        logits = step()
-        fns = {"model": step, "gemm": weight_gemms}
-        if batch == 1:  # the roofline is measured in the same turns as the step it judges
-            fns["matvec"], matvec_bytes = _large_matvec()
-        t = _best_side_by_side(fns, repeats)
-        if batch == 1:
-            matvec_bw = matvec_bytes / t["matvec"]
-        model_time[batch], gemm_time[batch] = t["model"], t["gemm"]
-        say(f"  batch {batch:2d}: model {t['model'] * 1e3:6.1f} ms/step = {batch / t['model']:6.0f} tok/s, "
-            f"weight GEMMs {t['gemm'] * 1e3:6.1f} ms = {batch / t['gemm']:6.0f} tok/s "
-            f"(model/GEMMs {t['model'] / t['gemm']:.2f}x, logits {logits.dtype})")
-    lo, hi = batch_sizes[0], batch_sizes[-1]
-    model_gain = (hi / model_time[hi]) / (lo / model_time[lo])
-    gemm_gain = (hi / gemm_time[hi]) / (lo / gemm_time[lo])
-    say(f"  throughput batch {hi} / batch {lo}: model {model_gain:.1f}x, weight GEMMs (ceiling) "
-        f"{gemm_gain:.1f}x: the model keeps {model_gain / gemm_gain:.0%} of the ceiling's gain (goal >= 85%)")
-    if lo == 1:
-        kv_bytes = 2 * n_layer * context_len * n_embd * 4
-        achieved = (weight_bytes + kv_bytes) / model_time[1]
-        roof = matvec_bw
-        say(f"  batch-1 step reads {(weight_bytes + kv_bytes) / 2**20:.0f} MiB (weights + KV) at "
-            f"{achieved / 1e9:.1f} GB/s; a large float32 matvec reads {roof / 1e9:.1f} GB/s: "
-            f"{achieved / roof:.0%} of the roofline (goal >= 70%)")
-    return "\n".join(lines)
-
-
 # =====================================================================================
-# 3. Continuous batching: scheduler, engine, serving metrics, the step simulator
+# 3. Continuous batching: requests, the scheduler, the engine
 # =====================================================================================
 #
 # A static batch runs until its LAST sequence finishes, so one long answer holds every other
@@ -1480,47 +1030,7 @@ class Scheduler:
         raise NotImplementedError("Exercise 5: Scheduler.update")
 
 
-class StaticBatchScheduler(Scheduler):
-    """The baseline: a batch of up to `batch_size` requests runs until ALL of them finished;
-    only then does the next batch start. A finished sequence frees its blocks, but its slot
-    stays empty until the whole batch is done (head-of-line blocking).
-
-    Like the static servers it stands for, it reserves each request's worst case
-    (prompt + max_tokens) at admission, so it never preempts; prompts run whole, unchunked.
-    """
-
-    def __init__(self, allocator: BlockAllocator, batch_size: int):
-        super().__init__(allocator, max_num_seqs=batch_size, max_num_batched_tokens=sys.maxsize,
-                         enable_chunked_prefill=False)
-
-    def schedule(self) -> SchedulerOutput:
-        plan = SchedulerOutput()
-        if not self.running:
-            self._start_batch(plan)
-            return plan
-        for seq in self.running:
-            num_new = seq.num_tokens - seq.num_computed_tokens
-            if not self._allocate_slots(seq, num_new, plan):
-                raise RuntimeError("a static batch ran out of the blocks it reserved")
-            plan.add(seq, num_new)
-        return plan
-
-    def _start_batch(self, plan: SchedulerOutput) -> None:
-        free, reserved = self.allocator.num_free_blocks, 0
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            worst = blocks_needed(len(seq.prompt_token_ids) + seq.sampling.max_tokens, self.allocator.block_size)
-            if reserved + worst > free:
-                break
-            num_new = self._try_admit(seq, self.max_num_batched_tokens)
-            reserved += worst
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            plan.add(seq, num_new)
-
-
-# --- the engine: the scheduler driving the toy model ---------------------------------
+# --- the engine: the scheduler driving the toy model -------------------------------------
 
 
 def token_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
@@ -1551,49 +1061,6 @@ def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Ge
         return int(np.argmax(logits))
     p = token_probs(logits, sampling.temperature)
     return int(rng.choice(p.size, p=p))
-
-
-def _check_request(request: Request, config: ModelConfig) -> None:
-    """A ValueError naming the request and what is wrong with it; nothing else is touched.
-    Every field is checked here, so that nothing can fail later inside a step."""
-    def bad(why: str) -> ValueError:
-        return ValueError(f"request {request.request_id!r}: {why}")
-
-    def ids_in_vocab(name: str, ids: object) -> list[int]:
-        try:
-            ids = check_token_ids(name, ids)
-        except TypeError as e:
-            raise bad(str(e)) from None
-        except ValueError:  # a negative id
-            ids = [-1]
-        if any(not 0 <= t < config.vocab_size for t in ids):
-            raise bad(f"{name} has a token id outside the vocabulary 0..{config.vocab_size - 1}")
-        return ids
-
-    s = request.sampling
-    if not isinstance(request.request_id, str):
-        raise bad(f"request_id must be a str, got {type(request.request_id).__name__}")
-    if not isinstance(s, SamplingParams):
-        raise bad(f"sampling must be a SamplingParams, got {type(s).__name__}")
-    prompt = ids_in_vocab("prompt_token_ids", request.prompt_token_ids)
-    if not prompt:
-        raise bad("the prompt is empty; expected at least one token id")
-    if isinstance(s.max_tokens, bool) or not isinstance(s.max_tokens, (int, np.integer)) or s.max_tokens < 1:
-        raise bad(f"max_tokens must be an int >= 1, got {s.max_tokens!r}")
-    if len(prompt) + s.max_tokens > config.n_positions:
-        raise bad(f"prompt ({len(prompt)} tokens) + max_tokens ({s.max_tokens}) exceeds the model's "
-                  f"n_positions = {config.n_positions}")
-    t = s.temperature
-    if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Real) or not 0 <= t < math.inf:
-        raise bad(f"temperature must be a finite number >= 0, got {t!r}")
-    if s.seed is not None and (isinstance(s.seed, (bool, np.bool_)) or not isinstance(s.seed, (int, np.integer))
-                               or s.seed < 0):
-        raise bad(f"seed must be None or an int >= 0, got {s.seed!r}")
-    if not isinstance(s.stop_token_ids, (tuple, list)):
-        raise bad(f"stop_token_ids must be a tuple or list of token ids, got {type(s.stop_token_ids).__name__}")
-    ids_in_vocab("stop_token_ids", s.stop_token_ids)
-    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
-        raise bad(f"cache_salt must be None or a str, got {type(request.cache_salt).__name__}")
 
 
 class LLMEngine:
@@ -1765,6 +1232,826 @@ class LLMEngine:
         return summarize_serving(outputs, duration, self.num_preemptions, self.prefix_cache_hit_rate)
 
 
+# =====================================================================================
+# 4. Speculative decoding: accept/resample, its exact distribution, the speedup algebra, and
+#    draft -> verify on the paged model
+# =====================================================================================
+#
+# References: Leviathan, Kalman, Matias 2023, "Fast Inference from Transformers via Speculative
+# Decoding" (ICML); Chen, Borgeaud, Irving, Lespiau, Sifre, Jumper 2023, "Accelerating Large
+# Language Model Decoding with Speculative Sampling" (arXiv:2302.01318).
+
+
+# A row is a probability distribution when it is finite, non-negative and sums to 1 within
+# PROB_ATOL. 1e-5 admits float32 softmax rows over a large vocabulary (their sums drift by a few
+# float32 ulps per term) and still rejects logits, counts or a forgotten normalisation. Accepted
+# rows are renormalised in float64 before any arithmetic, because `Generator.choice` itself
+# insists on a sum within ~1.5e-8.
+PROB_ATOL = 1e-5
+
+
+def residual_distribution(p, q) -> np.ndarray:
+    """The distribution a rejected draft token is replaced from: `max(0, p - q)` normalised.
+
+    `p` is the target row, `q` the draft row (1-D, same vocabulary). The residual puts mass
+    exactly where the draft under-proposes (p > q), which is the mass the accept test could not
+    deliver. Where it has no mass (p == q), rejection never happens and the result is `p`.
+    Returns a float64 row summing to 1; never divides by zero. (Checked before your code:
+    p and q arrive as float64 rows that sum to 1, of one vocabulary; a row that is not a
+    distribution is a ValueError naming it.)
+    """
+    p = _as_distributions("p", p, ndim=1)
+    q = _as_distributions("q", q, ndim=1)
+    _check_same_vocab(p, q)
+    raise NotImplementedError("Exercise 6: residual_distribution")
+
+
+def accept_or_resample(draft_token_ids, draft_probs, target_probs,
+                       rng: np.random.Generator) -> list[int]:
+    """Verify `k` draft tokens against the target: the speculative-sampling accept/resample rule.
+
+    `draft_token_ids` (k ints) were sampled from `draft_probs` (k, V): token i from row i, the
+    draft's distribution at that position. `target_probs` (k+1, V) are the target's rows at the
+    same positions plus one more, all from ONE target pass. Draft token x_i is accepted with
+    probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection one token is drawn from
+    `residual_distribution(p_i, q_i)` and the step ends; if all k are accepted a bonus token is
+    drawn from `target_probs[k]`. Returns the 1 to k+1 emitted token ids (accepted drafts, then
+    the resampled or bonus token).
+
+    Invariant: whatever q is, each emitted token is distributed exactly as the target would have
+    sampled it (see `speculative_output_distribution`).
+
+    Random draws, in this order, so a seeded run is reproducible: one `rng.random()` per draft
+    token considered (x_i is accepted iff that u < min(1, p_i/q_i)), up to and including the
+    first rejection; then exactly one `rng.choice(V, p=...)` for the residual or bonus token.
+
+    Raises ValueError, before drawing anything, for: shapes other than (k, V) and (k+1, V),
+    `len(draft_token_ids) != k`, a token id outside [0, V), a row that is not a probability
+    distribution (see PROB_ATOL), or a draft token with q_i(x_i) == 0 (it could not have been
+    drawn, so the ratio p/q is meaningless).
+    """
+    draft, q, p = _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs, rng)
+    raise NotImplementedError("Exercise 6: accept_or_resample")
+
+
+def speculative_output_distribution(p, q) -> np.ndarray:
+    """Exact distribution of the first token one accept/resample step emits, for a draft x ~ q.
+
+    Computed in closed form, not sampled: draft x is proposed with probability q(x) and kept with
+    probability min(1, p(x)/q(x)), which together contribute q(x)*min(1, p/q) = min(p(x), q(x));
+    the rest, 1 - sum(min(p, q)), goes to the residual. Their sum is min(p, q) + max(0, p - q) = p:
+    the output equals the target row whatever the draft.
+    """
+    p = _as_distributions("p", p, ndim=1)
+    q = _as_distributions("q", q, ndim=1)
+    _check_same_vocab(p, q)
+    # q(x) == 0 means x is never proposed; keep those terms at 0 without dividing by 0.
+    ratio = np.divide(p, q, out=np.ones_like(p), where=q > 0)
+    kept = q * np.minimum(1.0, ratio)
+    rejected = 1.0 - kept.sum()
+    return kept + rejected * residual_distribution(p, q)
+
+
+def acceptance_rate(p, q) -> float:
+    """alpha = sum(min(p, q)): the probability one draft token from q is accepted (1 - TV(p, q))."""
+    p = _as_distributions("p", p, ndim=1)
+    q = _as_distributions("q", q, ndim=1)
+    _check_same_vocab(p, q)
+    return float(np.minimum(p, q).sum())
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Expected tokens one draft+verify step emits: (1 - alpha**(k+1)) / (1 - alpha).
+
+    Treating acceptances as independent with rate alpha, the step emits j+1 tokens when the first
+    j drafts are kept, so the mean is 1 + alpha + ... + alpha**k: the geometric sum above, and
+    k+1 at alpha = 1, where the closed form is 0/0. O(1) in k.
+    """
+    _check_alpha_k(alpha, k)
+    alpha, k = float(alpha), int(k)
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def speculative_speedup(alpha: float, k: int, c: float) -> float:
+    """Leviathan et al.'s walltime improvement: (1 - alpha**(k+1)) / ((1 - alpha) * (k*c + 1)).
+
+    c = cost of one draft step / cost of one target step. A step costs k draft steps plus ONE
+    target pass, and that pass is assumed to cost one decode step although it scores k+1 tokens
+    (true while decode is bandwidth-bound; see `predicted_speedup`).
+    """
+    _check_cost("c", c, allow_zero=True)
+    return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
+
+
+def breakeven_draft_cost(alpha: float, k: int) -> float:
+    """The draft cost c at which `speculative_speedup(alpha, k, c) == 1`; cheaper drafts win.
+
+    Solves E/(k*c + 1) = 1 for c: c = (E - 1)/k = (alpha + ... + alpha**k)/k, the mean acceptance
+    probability of the k positions; 0 at alpha = 0 (no draft, however cheap, pays off), 1 at
+    alpha = 1 (a perfect draft pays while it is cheaper than the target).
+    """
+    return (expected_tokens_per_step(alpha, k) - 1.0) / k
+
+
+def predicted_speedup(alpha: float, k: int, c: float, verify_cost: float) -> float:
+    """Speedup when the target pass over k+1 tokens costs `verify_cost` one-token decode steps.
+
+    E / (k*c + verify_cost). `speculative_speedup` is the case verify_cost = 1, which holds only
+    while the pass is bandwidth-bound (reading the weights dominates); measure verify_cost on the
+    real model. Compute-bound (prefill, large batch) it tends to k+1 and the speedup drops below 1.
+    """
+    _check_cost("verify_cost", verify_cost, allow_zero=False)
+    _check_cost("c", c, allow_zero=True)
+    return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
+
+
+# --- draft -> verify on the paged model (Exercise 7) -------------------------------------
+
+
+@dataclasses.dataclass
+class SpeculativeOutput:
+    """What `speculative_generate` produced and how the draft fared."""
+
+    token_ids: list[int]
+    num_target_passes: int  # verification passes (the prompt's prefill is not counted)
+    num_draft_tokens: int
+    num_accepted: int
+    accepted_per_pass: list[int]
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+class PagedSequence:
+    """One model's private paged cache for one sequence, with what it has computed so far."""
+
+    def __init__(self, model: ToyTransformer, block_size: int = 16):
+        num_blocks = blocks_needed(model.config.n_positions, block_size)
+        self.model = model
+        self.table = BlockTable(BlockAllocator(num_blocks, block_size))
+        self.cache = KVCache(model.config, num_blocks, block_size)
+        self.num_computed = 0
+
+    def extend(self, token_ids: Sequence[int]) -> None:
+        self.cache.copy_blocks(self.table.append_tokens(token_ids))
+
+    def run(self, stop: int | None = None) -> np.ndarray:
+        """Process the tokens not computed yet (up to position `stop`); logits for each of them."""
+        start = self.num_computed
+        stop = self.table.num_tokens if stop is None else stop
+        if stop == start:
+            return np.empty((0, self.model.config.vocab_size), np.float32)
+        self.num_computed = stop
+        return self.model.forward(self.cache, [self.table], [start], [stop - start])
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forget tokens past `num_tokens`: their blocks go back, their K/V is never read again."""
+        self.table.truncate(num_tokens)
+        self.num_computed = min(self.num_computed, num_tokens)
+
+
+def make_self_draft(target: ToyTransformer, num_layers: int) -> ToyTransformer:
+    """A self-speculative draft: the target's first `num_layers` blocks with its embeddings and head.
+
+    It costs about num_layers / n_layer of a target step and needs no training; how often it
+    agrees with the target (alpha) is measured, not assumed.
+    """
+    if not 1 <= num_layers <= target.config.n_layer:
+        raise ValueError(f"a self-draft keeps 1..{target.config.n_layer} layers, got {num_layers}")
+    config = dataclasses.replace(target.config, n_layer=num_layers)
+    keep = gpt2_weight_shapes(config)
+    return ToyTransformer(config, {name: w for name, w in target.weights.items() if name in keep})
+
+
+def speculative_generate(
+    target: ToyTransformer,
+    draft: ToyTransformer,
+    prompt_token_ids: Sequence[int],
+    sampling: SamplingParams,
+    k: int = 4,
+) -> SpeculativeOutput:
+    """Generate with a draft that proposes `k` tokens and a target that verifies them in ONE pass.
+
+    Invariant at the top of every round: both caches hold K/V for every committed token but the
+    last one. A round: the draft proposes d_1..d_n autoregressively; the target runs over
+    [last, d_1..d_n] in one paged forward pass, which yields its distributions p_0..p_n;
+    accept/resample emits 1..n+1 tokens; both caches are truncated back to the accepted tokens.
+    The output has the target's distribution (greedy: exactly the target's greedy tokens).
+
+    Conventions the counters follow:
+    - the prefill runs the prompt but its last token through both models and emits nothing; the
+      first round scores the last prompt token. `num_target_passes` counts rounds (verification
+      passes), not the prefill;
+    - a round drafts n = min(k, tokens still wanted - 1, positions left in the context - 1)
+      tokens: never a draft that could not be emitted, nor a token past `n_positions` (the
+      round's bonus token needs one more position). `num_draft_tokens` counts the drafts made,
+      `num_accepted` those accepted;
+    - sampling uses one generator, seeded by `sampling.seed`, for the draft's draws and
+      accept_or_resample's, in the order they happen; the draft samples at the same
+      temperature as the target;
+    - the output stops at the first stop token (kept) or at max_tokens, like the engine.
+    """
+    prompt = list(prompt_token_ids)
+    _check_request(Request("speculative", prompt, sampling), target.config)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"draft vocabulary {draft.config.vocab_size} != target vocabulary {target.config.vocab_size}")
+    k = check_int("k", k, minimum=1)
+    raise NotImplementedError("Exercise 7: speculative_generate")
+
+
+# =====================================================================================
+# 5. Capacity planning: KV blocks, concurrency and QPS for a real GPU
+# =====================================================================================
+#
+# Units. Sizes are bytes (int), bandwidth bytes/s, compute FLOP/s, times seconds.
+# Printouts quote sizes in GB = 1e9 bytes (the unit vendors use for bandwidth and
+# for the "80 GB" in a product name); device memory comes from what `nvidia-smi`
+# reports for the device, in MiB = 2**20 bytes, because that, not the marketing
+# figure, is the total an engine such as vLLM multiplies by gpu_memory_utilization.
+
+
+GB = 10**9
+
+
+MiB = 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What a decoder-only model costs to serve: parameters, and the shape of its KV cache.
+
+    `num_kv_heads` is the number of key/value heads: it equals the number of query heads
+    (`num_attention_heads`) for multi-head attention and is smaller under grouped-query
+    attention (GQA), where each KV head serves `num_attention_heads // num_kv_heads` query
+    heads. `max_position_embeddings` is the context the model was trained for (0: unknown).
+    """
+
+    name: str
+    num_params: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2
+    num_attention_heads: int | None = None
+    max_position_embeddings: int = 0
+    kv_dtype_bytes: int | None = None  # bytes per KV-cache element; None: dtype_bytes
+
+    def __post_init__(self) -> None:
+        for field in ("num_params", "num_layers", "num_kv_heads", "head_dim", "dtype_bytes", "kv_dtype_bytes"):
+            if field != "kv_dtype_bytes" or self.kv_dtype_bytes is not None:
+                check_int(f"ModelSpec {self.name!r}: {field}", getattr(self, field), minimum=1)
+        heads = self.num_attention_heads
+        if heads is not None and (heads < self.num_kv_heads or heads % self.num_kv_heads):
+            raise ValueError(
+                f"ModelSpec {self.name!r}: num_attention_heads ({heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads}): each KV head serves a whole group of query heads"
+            )
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights: every parameter once, at `dtype_bytes` each."""
+        return self.num_params * self.dtype_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator: device memory (bytes), peak memory bandwidth (bytes/s), and peak
+    dense BF16 tensor-core FLOP/s (no structured sparsity)."""
+
+    name: str
+    memory_bytes: int
+    bandwidth_bytes_per_s: float
+    flops: float
+
+    def __post_init__(self) -> None:
+        for field in ("memory_bytes", "bandwidth_bytes_per_s", "flops"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"GPUSpec {self.name!r}: {field} must be positive, got {getattr(self, field)!r}")
+
+
+def kv_bytes_per_token(model: ModelSpec) -> int:
+    """KV-cache bytes one token occupies: a key AND a value vector (the 2) of `head_dim`
+    for every KV head in every layer. GQA shrinks it by using num_kv_heads, not query heads;
+    an 8-bit KV cache by storing 1 byte per element (`kv_dtype_bytes`) instead of the model's
+    `dtype_bytes`."""
+    element = model.dtype_bytes if model.kv_dtype_bytes is None else model.kv_dtype_bytes
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * element
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthStats:
+    """Mean request lengths a paper reports for a trace, and where."""
+
+    name: str
+    mean_prompt_len: float
+    mean_output_len: float
+    source: str
+
+
+# Kwon et al., "Efficient Memory Management for Large Language Model Serving with
+# PagedAttention", SOSP 2023, Fig. 11 (input/output length distributions, means in its
+# legends) and §6.1: "the ShareGPT dataset has 8.4x longer input prompts and 5.8x longer
+# outputs than the Alpaca dataset" (161.31 / 19.31 = 8.4, 337.99 / 58.45 = 5.8).
+SHAREGPT = LengthStats("ShareGPT", 161.31, 337.99, "Kwon et al. SOSP'23, Fig. 11a")
+
+
+# --- the plan ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DeploymentPlan:
+    """One serving configuration, sized per GPU (a tensor-parallel group of
+    `tensor_parallel_size` GPUs holds one copy of the model and one KV cache, each split
+    evenly: every GPU holds 1/tp of the weights and 1/tp of the KV heads)."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    max_model_len: int
+    block_size: int
+    gpu_memory_utilization: float
+    activation_bytes: int
+    tensor_parallel_size: int
+    mean_prompt_len: float
+    mean_output_len: float
+    kv_bytes_per_token_per_gpu: int   # kv_bytes_per_token(model) / tp
+    block_bytes_per_gpu: int          # block_size * kv_bytes_per_token_per_gpu
+    weight_bytes_per_gpu: float       # num_params * dtype_bytes / tp
+    memory_budget_bytes: float        # gpu_memory_utilization * memory_bytes
+    num_kv_blocks: int                # physical KV blocks per GPU (same count on every GPU)
+    kv_pool_bytes: int                # num_kv_blocks * block_bytes_per_gpu
+    num_cache_tokens: int             # num_kv_blocks * block_size
+    max_concurrent_seqs: int          # sequences that can all reach max_model_len at once
+    ceiling: str                      # "kv-blocks" or "weights": see plan_deployment
+    mean_context_len: float           # context charged per sequence in a decode step
+    decode_step_s: float              # one decode step of max_concurrent_seqs sequences
+    decode_bound: str                 # "memory-bandwidth" or "compute"
+    prefill_s: float                  # prefill of one mean prompt
+    request_latency_s: float          # mean time a request holds its slot (Little's W)
+    qps: float                        # requests/s per tensor-parallel group (Little's law)
+    output_tokens_per_s: float        # qps * mean_output_len
+    notes: tuple[str, ...] = ()
+
+
+# The PagedAttention paper's ShareGPT means (see SHAREGPT below), as default traffic.
+_DEFAULT_PROMPT_LEN = 161.31
+
+
+_DEFAULT_OUTPUT_LEN = 337.99
+
+
+def plan_deployment(
+    model: ModelSpec | str,
+    gpu: GPUSpec | str,
+    max_model_len: int,
+    block_size: int = 16,
+    gpu_memory_utilization: float = 0.9,
+    activation_bytes: int = 0,
+    tensor_parallel_size: int = 1,
+    mean_prompt_len: float = _DEFAULT_PROMPT_LEN,
+    mean_output_len: float = _DEFAULT_OUTPUT_LEN,
+    kv_cache_dtype: str = "auto",
+) -> DeploymentPlan:
+    """Size a vLLM-style deployment of `model` on GPUs of type `gpu`, per GPU of a
+    tensor-parallel group of `tensor_parallel_size` (tp) GPUs.
+
+    Memory (per GPU). The engine may use `gpu_memory_utilization * memory_bytes`; the weights
+    (`num_params * dtype_bytes / tp`) and the activation peak (`activation_bytes`, already
+    per GPU) come off first, and what is left is cut into KV blocks of
+    `block_bytes_per_gpu = block_size * kv_bytes_per_token(model) / tp` bytes:
+
+        num_kv_blocks = floor((util * memory - weight_bytes / tp - activation_bytes)
+                              / (block_bytes / tp))
+
+    The cache holds `num_kv_blocks * block_size` tokens. `max_concurrent_seqs` is how many
+    sequences can ALL grow to `max_model_len` at once: a sequence owns whole blocks, so it is
+    `num_kv_blocks // blocks_needed(max_model_len, block_size)` (not cache tokens //
+    max_model_len, which forgets that a last block is only partly used).
+    `ceiling` is "kv-blocks" when the KV pool gets more bytes than the weights: then deleting
+    the weights altogether buys fewer blocks than halving the KV bytes per sequence (half the
+    context, GQA, an 8-bit KV cache) does; otherwise "weights".
+
+    Time (roofline, peak figures, so lower bounds). A decode step of B = max_concurrent_seqs
+    sequences reads the weights once plus every sequence's KV at `mean_context_len =
+    mean_prompt_len + mean_output_len / 2` (the context averaged over a request's decode
+    steps); it takes max(bytes / bandwidth, 2 * num_params * B / (tp * flops)) and
+    `decode_bound` says which term won. Prefilling one mean prompt takes
+    `2 * num_params * mean_prompt_len / (tp * flops)` (attention's quadratic FLOPs ignored).
+    While a request lives, its slot and the B - 1 others each turn over once on average, so
+    the GPU runs B prefills between its decode steps: the request holds its slot for
+    `request_latency_s = mean_output_len * decode_step_s + B * prefill_s`, and Little's law
+    gives `qps = B / request_latency_s` per tensor-parallel group.
+
+    Raises ValueError for a non-positive length or block size, a utilisation outside (0, 1],
+    a negative activation reserve, tp < 1 or tp not dividing the KV heads, traffic whose mean
+    prompt + output exceeds `max_model_len`, weights (plus activations) that do not fit the
+    budget (saying by how many GB), and a cache too small for one `max_model_len` sequence.
+    `model` and `gpu` may be presets' names. `kv_cache_dtype` "fp8" or "int8" stores the KV
+    cache at 1 byte per element (`with_kv_cache_dtype`): `kv_bytes_per_token(model)` is then
+    half of fp16's, and the same pool holds twice the blocks.
+    """
+    model = with_kv_cache_dtype(model, kv_cache_dtype)  # kv_bytes_per_token(model) follows it
+    model, gpu = get_model(model), get_gpu(gpu)
+    _check_plan_inputs(model, max_model_len, block_size, gpu_memory_utilization,
+                       activation_bytes, tensor_parallel_size, mean_prompt_len, mean_output_len)
+    raise NotImplementedError("Exercise 8: plan_deployment")
+
+
+# =====================================================================================
+# 6. Argument checks: provided code, so that the exercises start from checked arguments
+# =====================================================================================
+#
+# Every bad input is a ValueError (or TypeError) that names the argument and says what was
+# wrong, raised before anything changes. Python and NumPy ints are ints; bools, floats and
+# strings are not.
+
+
+class NotAnIntError(TypeError, ValueError):
+    """A bool, float or string where an int is meant. Both a TypeError and a ValueError, so
+    that `except ValueError` (the lab's "bad input") catches it too."""
+
+
+def check_int(name: str, value: object, minimum: int | None = None) -> int:
+    """`value` as a Python int. Python and NumPy integers are accepted; a bool, a float (even
+    2.0) or a string is a NotAnIntError naming `name`; below `minimum` is a ValueError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise NotAnIntError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_token_ids(name: str, token_ids: object) -> list[int]:
+    """A sequence of token ids as a list of Python ints (see `check_int`); a string is refused,
+    not read as characters."""
+    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, (Sequence, np.ndarray)):
+        raise NotAnIntError(f"{name} must be a list of token ids (ints), got {type(token_ids).__name__}")
+    return [check_int(f"{name}[{i}]", t, minimum=0) for i, t in enumerate(token_ids)]
+
+
+def _checked_gpt2_weights(config: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Strip a `transformer.` prefix, drop GPT-2's mask buffers, check every name and shape."""
+    expected = gpt2_weight_shapes(config)
+    found: dict[str, np.ndarray] = {}
+    lm_head = None
+    for name, value in weights.items():
+        key = name.removeprefix("transformer.")
+        if key == "lm_head.weight":
+            lm_head = np.asarray(value)
+            continue
+        if key.endswith((".attn.bias", ".attn.masked_bias")) and key.startswith("h."):
+            continue  # causal-mask buffers, not parameters
+        if key not in expected:
+            raise ValueError(f"unknown weight {name!r}: not a GPT-2 tensor for this config")
+        value = np.asarray(value)
+        if value.shape != expected[key]:
+            raise ValueError(f"weight {name!r} has shape {value.shape}, expected {expected[key]}")
+        found[key] = np.ascontiguousarray(value, dtype=np.float32)
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        raise ValueError(f"missing weight(s) {missing[:4]}{' ...' if len(missing) > 4 else ''}")
+    if lm_head is not None and not np.array_equal(lm_head, found["wte.weight"]):
+        raise ValueError("lm_head.weight differs from wte.weight: GPT-2's LM head is tied to the embeddings")
+    return found
+
+
+def _check_tokens(config: ModelConfig, token_ids: np.ndarray, positions_end: int) -> None:
+    """Token ids inside the vocabulary, positions (up to `positions_end`) inside n_positions."""
+    if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= config.vocab_size):
+        raise ValueError(f"token ids must be in 0..{config.vocab_size - 1}")
+    if positions_end > config.n_positions:
+        raise ValueError(f"position {positions_end - 1} is beyond n_positions={config.n_positions}")
+
+
+def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale=None, v_scale=None):
+    """Validate the kernel's inputs; return (block_tables, context_lens) as int64 arrays.
+
+    Also checks that every table entry a sequence really uses names a block of the cache: a
+    -1 there would otherwise silently read the LAST block (NumPy's negative indexing). Unsigned
+    integers are accepted and converted once checked: `-x` of an unsigned x wraps around, so the
+    kernel's `-(-lens // block_size)` would be garbage on them.
+    """
+    if not (isinstance(q, np.ndarray) and q.ndim == 3 and q.dtype == np.float32):
+        raise ValueError(f"q must be a float32 array (batch, n_head, head_dim), got "
+                         f"{getattr(q, 'dtype', type(q).__name__)} {np.shape(q)}")
+    batch, n_head, head_dim = q.shape
+    quantized = k_scale is not None or v_scale is not None
+    element = np.int8 if quantized else np.float32
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not (isinstance(cache, np.ndarray) and cache.ndim == 4 and cache.dtype == element
+                and cache.shape[0] >= 1 and cache.shape[1] >= 1
+                and cache.shape[2:] == (n_head, head_dim)):
+            raise ValueError(f"{name} must be {np.dtype(element).name} (num_blocks, block_size, {n_head}, "
+                             f"{head_dim}) to match q{' and the scales' if quantized else ''}, got "
+                             f"{getattr(cache, 'dtype', '?')} {np.shape(cache)}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} must have one shape")
+    if quantized:
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not (isinstance(scale, np.ndarray) and scale.dtype == np.float32
+                    and scale.shape == k_cache.shape[:3]):
+                raise ValueError(f"{name} must be float32 {k_cache.shape[:3]} (one scale per slot and "
+                                 f"head of the int8 cache), got {getattr(scale, 'dtype', '?')} {np.shape(scale)}")
+    block_tables = np.asarray(block_tables)
+    context_lens = np.asarray(context_lens)
+    if not (block_tables.ndim == 2 and block_tables.shape[0] == batch
+            and np.issubdtype(block_tables.dtype, np.integer)):
+        raise ValueError(f"block_tables must be an integer array ({batch}, max_blocks), got "
+                         f"{block_tables.dtype} {block_tables.shape}")
+    if not (context_lens.shape == (batch,) and np.issubdtype(context_lens.dtype, np.integer)):
+        raise ValueError(f"context_lens must be an integer array ({batch},), got "
+                         f"{context_lens.dtype} {context_lens.shape}")
+    num_blocks, block_size = k_cache.shape[:2]
+    capacity = block_tables.shape[1] * block_size
+    # Compared in their own dtype (exact for unsigned too), then converted: 1..capacity fits int64.
+    if batch and (context_lens.min() < 1 or context_lens.max() > capacity):
+        raise ValueError(f"context_lens must be in 1..{capacity} (max_blocks {block_tables.shape[1]} "
+                         f"x block_size {block_size}), got {context_lens.tolist()}")
+    context_lens = context_lens.astype(np.int64)
+    used = np.arange(block_tables.shape[1]) < -(-context_lens[:, None] // block_size)
+    if np.any(used & ((block_tables < 0) | (block_tables >= num_blocks))):
+        raise ValueError(f"a block table entry in use is not a block id in 0..{num_blocks - 1}")
+    # Entries in use are now known to be < num_blocks; padding may wrap, and is never read.
+    return block_tables.astype(np.int64), context_lens
+
+
+def _check_logits_indices(logits_indices, num_rows: int) -> np.ndarray | None:
+    """None, or the rows to keep as an int64 array of indices in 0..num_rows-1."""
+    if logits_indices is None:
+        return None
+    rows = np.asarray(logits_indices)
+    if not (rows.ndim == 1 and (np.issubdtype(rows.dtype, np.integer) or rows.size == 0)):
+        raise ValueError(f"logits_indices must be a 1-D sequence of ints, got {rows.dtype} {rows.shape}")
+    if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
+        raise ValueError(f"logits_indices must be rows in 0..{num_rows - 1} of this batch, got {rows.tolist()}")
+    return rows.astype(np.int64)
+
+
+def _check_request(request: Request, config: ModelConfig) -> None:
+    """A ValueError naming the request and what is wrong with it; nothing else is touched.
+    Every field is checked here, so that nothing can fail later inside a step."""
+    def bad(why: str) -> ValueError:
+        return ValueError(f"request {request.request_id!r}: {why}")
+
+    def ids_in_vocab(name: str, ids: object) -> list[int]:
+        try:
+            ids = check_token_ids(name, ids)
+        except TypeError as e:
+            raise bad(str(e)) from None
+        except ValueError:  # a negative id
+            ids = [-1]
+        if any(not 0 <= t < config.vocab_size for t in ids):
+            raise bad(f"{name} has a token id outside the vocabulary 0..{config.vocab_size - 1}")
+        return ids
+
+    s = request.sampling
+    if not isinstance(request.request_id, str):
+        raise bad(f"request_id must be a str, got {type(request.request_id).__name__}")
+    if not isinstance(s, SamplingParams):
+        raise bad(f"sampling must be a SamplingParams, got {type(s).__name__}")
+    prompt = ids_in_vocab("prompt_token_ids", request.prompt_token_ids)
+    if not prompt:
+        raise bad("the prompt is empty; expected at least one token id")
+    if isinstance(s.max_tokens, bool) or not isinstance(s.max_tokens, (int, np.integer)) or s.max_tokens < 1:
+        raise bad(f"max_tokens must be an int >= 1, got {s.max_tokens!r}")
+    if len(prompt) + s.max_tokens > config.n_positions:
+        raise bad(f"prompt ({len(prompt)} tokens) + max_tokens ({s.max_tokens}) exceeds the model's "
+                  f"n_positions = {config.n_positions}")
+    t = s.temperature
+    if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Real) or not 0 <= t < math.inf:
+        raise bad(f"temperature must be a finite number >= 0, got {t!r}")
+    if s.seed is not None and (isinstance(s.seed, (bool, np.bool_)) or not isinstance(s.seed, (int, np.integer))
+                               or s.seed < 0):
+        raise bad(f"seed must be None or an int >= 0, got {s.seed!r}")
+    if not isinstance(s.stop_token_ids, (tuple, list)):
+        raise bad(f"stop_token_ids must be a tuple or list of token ids, got {type(s.stop_token_ids).__name__}")
+    ids_in_vocab("stop_token_ids", s.stop_token_ids)
+    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
+        raise bad(f"cache_salt must be None or a str, got {type(request.cache_salt).__name__}")
+
+
+def _check_workload(workload: Sequence[tuple[float, int, int]]) -> None:
+    """A ValueError naming the first bad request of a simulated workload."""
+    if len(workload) == 0:
+        raise ValueError("the workload is empty; expected (arrival_time, prompt_len, output_len) per request")
+    for i, entry in enumerate(workload):
+        if len(entry) != 3:
+            raise ValueError(f"workload[{i}] = {entry!r}; expected (arrival_time, prompt_len, output_len)")
+        arrival, prompt_len, output_len = entry
+        if isinstance(arrival, (bool, np.bool_)) or not isinstance(arrival, numbers.Real) \
+                or not 0 <= arrival < math.inf:
+            raise ValueError(f"workload[{i}]: arrival_time must be a finite number >= 0, got {arrival!r}")
+        check_int(f"workload[{i}] prompt_len", prompt_len, minimum=1)
+        check_int(f"workload[{i}] output_len", output_len, minimum=1)
+
+
+def _as_distributions(name: str, probs, ndim: int) -> np.ndarray:
+    """`probs` as float64 rows that sum to exactly 1, or a ValueError naming the first bad row."""
+    arr = np.asarray(probs, dtype=np.float64)
+    if arr.ndim != ndim:
+        expected = "a 1-D row (V,)" if ndim == 1 else "a 2-D array of rows (n, V)"
+        raise ValueError(f"{name} must be {expected} of probabilities, got shape {arr.shape}")
+    if arr.shape[-1] == 0:
+        raise ValueError(f"{name} has an empty vocabulary axis, shape {arr.shape}")
+    rows = arr.reshape(-1, arr.shape[-1])
+    sums = rows.sum(axis=1)
+    # One cheap test on the common path; the diagnosis below runs only for bad input. NaN fails
+    # every comparison, so `not (... <= ...)` also catches it.
+    if rows.size and not (rows.min() >= 0.0 and np.abs(sums - 1.0).max() <= PROB_ATOL):
+        problems = [
+            (~np.isfinite(rows).all(axis=1), "contains NaN or inf"),
+            ((rows < 0).any(axis=1), "has a negative entry (did you pass logits?)"),
+            (~(np.abs(sums - 1.0) <= PROB_ATOL),
+             f"does not sum to 1 within {PROB_ATOL:g} (apply softmax / normalise first)"),
+        ]
+        for bad, why in problems:
+            if bad.any():
+                i = int(np.argmax(bad))
+                where = name if ndim == 1 else f"{name}[{i}]"
+                raise ValueError(f"{where} {why}; expected a probability distribution over "
+                                 f"the vocabulary, got {np.array2string(rows[i], precision=4)}")
+    return arr / sums.reshape(arr.shape[:-1] + (1,))
+
+
+def _check_same_vocab(p: np.ndarray, q: np.ndarray) -> None:
+    if p.shape != q.shape:
+        raise ValueError(f"target p has shape {p.shape} but draft q has shape {q.shape}; "
+                         "both must be rows over the same vocabulary")
+
+
+def _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs,
+                                rng) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The draft tokens, q (k, V) and p (k+1, V) as float64 distributions, or a ValueError (see below)."""
+    q = _as_distributions("draft_probs", draft_probs, ndim=2)
+    p = _as_distributions("target_probs", target_probs, ndim=2)
+    k, vocab_size = q.shape
+    if p.shape != (k + 1, vocab_size):
+        raise ValueError(f"target_probs must have shape (k+1, V) = {(k + 1, vocab_size)} for "
+                         f"draft_probs of shape {q.shape}; got {p.shape}")
+    draft = list(draft_token_ids)
+    if len(draft) != k:
+        raise ValueError(f"got {len(draft)} draft tokens but draft_probs has k = {k} rows")
+    for i, x in enumerate(draft):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+            raise ValueError(f"draft token {i} is {x!r}; expected an int token id")
+        if not 0 <= x < vocab_size:
+            raise ValueError(f"draft token {i} is {x}; expected an id in [0, {vocab_size})")
+        if q[i, x] == 0.0:
+            raise ValueError(f"draft token {i} is {x} but draft_probs[{i}][{x}] == 0: the draft "
+                             "could not have sampled it, so p/q is undefined")
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a numpy Generator (np.random.default_rng(seed)), "
+                         f"got {type(rng).__name__}")
+    return [int(x) for x in draft], q, p
+
+
+def _check_alpha_k(alpha: float, k: int) -> None:
+    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real) \
+            or not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha is the acceptance rate, a probability in [0, 1]; got {alpha!r}")
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
+        raise ValueError(f"k is the number of draft tokens per step, an int >= 1; got {k!r}")
+
+
+def _check_cost(name: str, value: float, allow_zero: bool) -> None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) \
+        and np.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} is a cost relative to one target decode step, a finite number "
+                         f"{bound}; got {value!r}")
+
+
+def _check_plan_inputs(model: ModelSpec, max_model_len: int, block_size: int,
+                       gpu_memory_utilization: float, activation_bytes: int,
+                       tensor_parallel_size: int, mean_prompt_len: float,
+                       mean_output_len: float) -> None:
+    """plan_deployment's argument checks: a ValueError that names the bad argument."""
+    for name, value in (("max_model_len", max_model_len), ("block_size", block_size),
+                        ("tensor_parallel_size", tensor_parallel_size)):
+        check_int(name, value, minimum=1)
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    if activation_bytes < 0:
+        raise ValueError(f"activation_bytes must be >= 0, got {activation_bytes!r}")
+    if model.num_kv_heads % tensor_parallel_size:
+        raise ValueError(f"tensor_parallel_size {tensor_parallel_size} must divide {model.name}'s "
+                         f"{model.num_kv_heads} KV heads: each GPU holds whole KV heads")
+    if not (mean_prompt_len > 0 and mean_output_len > 0):
+        raise ValueError(f"mean_prompt_len and mean_output_len must be > 0, "
+                         f"got {mean_prompt_len!r} and {mean_output_len!r}")
+    if mean_prompt_len + mean_output_len > max_model_len:
+        raise ValueError(f"mean prompt + output ({mean_prompt_len + mean_output_len:g} tokens) "
+                         f"exceeds max_model_len {max_model_len}: the mean request would not fit")
+
+
+# =====================================================================================
+# 7. Beside the path: int8 K/V arithmetic, the static baseline, the simulator, presets, traffic
+# =====================================================================================
+#
+# Beside the reading path: the tools the design reviews and the server use to put numbers on
+# sections 1-5.
+
+
+# --- the KV-cache, in float32 or int8 ------------------------------------------------------
+#
+# Decode reads every cached K/V byte once per step, so the cache's element size is both how
+# many tokens fit and how long a step takes. An int8 cache stores each K (and V) vector of one
+# token and one head as 127 levels of a float32 scale: 1 byte per element plus 4 bytes per
+# head_dim elements, about 3.8x smaller than float32 at head_dim 64 (vLLM's fp8 KV cache and
+# KIVI-style int8 caches are the same lever; per-token scales because a new token's K/V is
+# quantised when it is written, before any later token exists).
+
+
+KV_CACHE_DTYPES = ("float32", "int8")
+
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per vector: x (..., D) float32 -> (values int8 (..., D), scale float32 (...)).
+
+    scale = max|x| / 127 over the last axis, values = round(x / scale), so values * scale is x
+    to within scale / 2 = max|x| / 254 per element. An all-zero vector gets scale 0 (and
+    dequantises to exact zeros). Non-finite input is refused: one inf would make its scale inf.
+    """
+    x = np.asarray(x)
+    if x.dtype != np.float32 or x.ndim < 1:
+        raise ValueError(f"quantize_int8 takes a float32 array (..., D), got {x.dtype} {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError("quantize_int8: x holds NaN or inf; a scale cannot represent it")
+    scale = np.abs(x).max(axis=-1) * np.float32(1.0 / 127.0)
+    # Divide by 1 where the scale is 0: those vectors are all zeros and stay zeros.
+    safe = np.where(scale > 0, scale, np.float32(1.0))
+    values = np.rint(x / safe[..., None]).astype(np.int8)  # |x / scale| <= 127: no overflow
+    return values, scale
+
+
+def dequantize_int8(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The float32 vectors `values * scale[..., None]` (the inverse of `quantize_int8`)."""
+    # One pass: int8 * float32 is computed and stored as float32, no float32 copy of `values`.
+    return np.multiply(values, scale[..., None], dtype=np.float32)
+
+
+def _dequantize_blocks_read(k_cache, v_cache, k_scale, v_scale, block_tables, context_lens):
+    """The int8 cache's blocks this batch reads, dequantised into a small float32 cache.
+
+    Returns (k, v, tables): k, v (num_read, block_size, H, D) float32 hold the distinct blocks
+    in use (a block shared by several sequences once), and `tables` renumbers the block tables
+    into them (padding entries become 0). Only those blocks are touched: a decode step's cost
+    grows with the contexts in the batch, not with the size of the pool.
+    """
+    block_size = k_cache.shape[1]
+    used = np.arange(block_tables.shape[1]) < -(-context_lens[:, None] // block_size)
+    ids, renumbered = np.unique(block_tables[used], return_inverse=True)
+    tables = np.zeros_like(block_tables)
+    tables[used] = renumbered
+    return dequantize_int8(k_cache[ids], k_scale[ids]), dequantize_int8(v_cache[ids], v_scale[ids]), tables
+
+
+# --- the static-batching baseline, and serving metrics -----------------------------------
+
+
+class StaticBatchScheduler(Scheduler):
+    """The baseline: a batch of up to `batch_size` requests runs until ALL of them finished;
+    only then does the next batch start. A finished sequence frees its blocks, but its slot
+    stays empty until the whole batch is done (head-of-line blocking).
+
+    Like the static servers it stands for, it reserves each request's worst case
+    (prompt + max_tokens) at admission, so it never preempts; prompts run whole, unchunked.
+    """
+
+    def __init__(self, allocator: BlockAllocator, batch_size: int):
+        super().__init__(allocator, max_num_seqs=batch_size, max_num_batched_tokens=sys.maxsize,
+                         enable_chunked_prefill=False)
+
+    def schedule(self) -> SchedulerOutput:
+        plan = SchedulerOutput()
+        if not self.running:
+            self._start_batch(plan)
+            return plan
+        for seq in self.running:
+            num_new = seq.num_tokens - seq.num_computed_tokens
+            if not self._allocate_slots(seq, num_new, plan):
+                raise RuntimeError("a static batch ran out of the blocks it reserved")
+            plan.add(seq, num_new)
+        return plan
+
+    def _start_batch(self, plan: SchedulerOutput) -> None:
+        free, reserved = self.allocator.num_free_blocks, 0
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            worst = blocks_needed(len(seq.prompt_token_ids) + seq.sampling.max_tokens, self.allocator.block_size)
+            if reserved + worst > free:
+                break
+            num_new = self._try_admit(seq, self.max_num_batched_tokens)
+            reserved += worst
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            plan.add(seq, num_new)
+
+
 def _make_scheduler(scheduling: str, allocator: BlockAllocator, max_num_seqs: int, max_num_batched_tokens: int,
                     enable_chunked_prefill: bool) -> Scheduler:
     if scheduling == "continuous":
@@ -1799,7 +2086,7 @@ def summarize_serving(outputs: Sequence[RequestOutput], duration: float, num_pre
     return summary
 
 
-# --- the model-free step simulator: the same schedulers, a cost per step ------------------
+# --- the model-free step simulator: the same schedulers, a cost per step -----------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1918,21 +2205,6 @@ def simulate_serving(workload: Sequence[tuple[float, int, int]], scheduling: str
                              outputs, in_steps, timeline, [o for _, _, o in workload])
 
 
-def _check_workload(workload: Sequence[tuple[float, int, int]]) -> None:
-    """A ValueError naming the first bad request of a simulated workload."""
-    if len(workload) == 0:
-        raise ValueError("the workload is empty; expected (arrival_time, prompt_len, output_len) per request")
-    for i, entry in enumerate(workload):
-        if len(entry) != 3:
-            raise ValueError(f"workload[{i}] = {entry!r}; expected (arrival_time, prompt_len, output_len)")
-        arrival, prompt_len, output_len = entry
-        if isinstance(arrival, (bool, np.bool_)) or not isinstance(arrival, numbers.Real) \
-                or not 0 <= arrival < math.inf:
-            raise ValueError(f"workload[{i}]: arrival_time must be a finite number >= 0, got {arrival!r}")
-        check_int(f"workload[{i}] prompt_len", prompt_len, minimum=1)
-        check_int(f"workload[{i}] output_len", output_len, minimum=1)
-
-
 def _occupy_slots(slot_of: dict[str, int], running: list[SequenceState], num_slots: int, waiting: int) -> list[int]:
     """Give each running sequence a stable slot (the lowest free one when it enters) and
     return this step's row of the timeline."""
@@ -1948,792 +2220,7 @@ def _occupy_slots(slot_of: dict[str, int], running: list[SequenceState], num_slo
     return row
 
 
-def format_timeline(sim: ServingSimulation, width: int = 96) -> str:
-    """The slots x steps picture: one line per slot, one column per `ceil(steps / width)` steps
-    (the most frequent state in those steps). '#' a long request (output > 4x the median),
-    letters the others (a new letter = a new request in the slot), '.' a slot idle while
-    requests wait (wasted), ' ' idle with nothing to do."""
-    per_col = max(1, math.ceil(sim.num_steps / width))
-    long_cut = 4 * float(np.median(sim.output_lens))
-
-    def glyph(cell: int) -> str:
-        if cell < 0:
-            return "." if cell == -1 else " "
-        return "#" if sim.output_lens[cell] > long_cut else "abcdefghijklmnopqrstuvwxyz"[cell % 26]
-
-    lines = [f"{sim.scheduling}: {sim.num_slots} slots x {sim.num_steps} steps, one column = {per_col} step(s)"]
-    for slot in range(sim.num_slots):
-        cols = []
-        for c in range(0, sim.num_steps, per_col):
-            cells = [row[slot] for row in sim.timeline[c : c + per_col]]
-            cols.append(glyph(max(cells, key=cells.count)))
-        lines.append(f"slot {slot:>2} |{''.join(cols)}|")
-    return "\n".join(lines)
-
-
-def format_batching_report(static: ServingSimulation, continuous: ServingSimulation, title: str = "",
-                           timeline_width: int = 96) -> str:
-    """The design-review slide: both timelines, then the numbers side by side."""
-    rows = [("steps", "num_steps", "{:.0f}"), ("simulated time (s)", "duration", "{:.2f}"),
-            ("throughput (tokens/s)", "throughput", "{:.0f}"), ("tokens per step", "tokens_per_step", "{:.2f}"),
-            ("wasted slot-steps", "wasted_slot_steps", "{:.0f}"), ("preemptions", "num_preemptions", "{:.0f}")]
-    lines = [title] if title else []
-    lines += [format_timeline(static, timeline_width), "", format_timeline(continuous, timeline_width), ""]
-    lines.append(f"{'':<28}{'static':>12}{'continuous':>12}")
-    for label, attr, fmt in rows:
-        a, b = getattr(static, attr), getattr(continuous, attr)
-        lines.append(f"{label:<28}{fmt.format(a):>12}{fmt.format(b):>12}")
-    for unit, in_steps, scale, fmt in (("s", False, 1.0, "{:.3f}"), ("steps", True, 1.0, "{:.1f}")):
-        sa, sb = static.summary(in_steps), continuous.summary(in_steps)
-        for key in ("mean_ttft", "p99_ttft", "mean_tpot", "p99_tpot"):
-            label = f"{key} ({unit})"
-            lines.append(f"{label:<28}{fmt.format(sa[key] * scale):>12}{fmt.format(sb[key] * scale):>12}")
-    lines.append(f"continuous / static throughput: {continuous.throughput / static.throughput:.2f}x")
-    return "\n".join(lines)
-
-
-# --- the scenario: defend continuous batching in a design review ----------------------
-
-
-def skewed_workload(num_short: int, long_len: int, short_len: int, prompt_len: int) -> list[tuple[float, int, int]]:
-    """The design review's skewed workload: one long answer first, then many short ones, all queued at t=0."""
-    return [(0.0, prompt_len, long_len)] + [(0.0, prompt_len, short_len)] * num_short
-
-
-def recurring_workload(num_requests: int, long_len: int, short_len: int, prompt_len: int, rate: float,
-                       long_every: int = 8, seed: int = 0) -> list[tuple[float, int, int]]:
-    """A stream: Poisson arrivals at `rate` requests/s (rate 0: all at t=0), every
-    `long_every`-th request a long answer."""
-    gaps = np.random.default_rng(seed).exponential(1 / rate, num_requests) if rate else np.zeros(num_requests)
-    return [(float(t), prompt_len, long_len if i % long_every == 0 else short_len)
-            for i, t in enumerate(np.cumsum(gaps) - gaps[0])]
-
-
-def _measure_engine(model: ToyTransformer, workload: list[tuple[float, int, int]], scheduling: str,
-                    max_num_seqs: int) -> tuple[float, int]:
-    """Wall-clock seconds and output tokens of one engine run (greedy, every request queued at once)."""
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, model.config.vocab_size, p).tolist() for _, p, _ in workload]
-    sampling = [SamplingParams(max_tokens=o) for _, _, o in workload]
-    engine = LLMEngine(model, max_num_seqs=max_num_seqs, scheduling=scheduling)
-    start = time.perf_counter()
-    outputs = engine.generate(prompts, sampling)
-    return time.perf_counter() - start, sum(len(o.output_token_ids) for o in outputs)
-
-
-def _static_and_continuous(workload, slots: int) -> tuple[ServingSimulation, ServingSimulation]:
-    return (simulate_serving(workload, "static", max_num_seqs=slots),
-            simulate_serving(workload, "continuous", max_num_seqs=slots))
-
-
-def scenario_batching(slots: int = 16, long_len: int = 2000, short_len: int = 50, num_short: int = 63,
-                      timeline_width: int = 96) -> str:
-    """The design review "defend continuous batching", in the simulator at real sizes (Llama-2-7B
-    on an A100, StepCostModel): the skewed workload, then a stream where long answers recur."""
-    out = []
-
-    def both(workload):
-        return _static_and_continuous(workload, slots)
-
-    skewed = skewed_workload(num_short=num_short, long_len=long_len, short_len=short_len, prompt_len=128)
-    s, c = both(skewed)
-    out.append(format_batching_report(s, c, "== Skewed: 1 request answers 2000 tokens, 63 answer 50 "
-                                            f"(prompts 128, {slots} slots) ==", timeline_width))
-    stream = recurring_workload(256, long_len=long_len, short_len=short_len, prompt_len=128, rate=4.0)
-    s2, c2 = both(stream)
-    out.append(format_batching_report(s2, c2, "\n== Stream: 256 requests arriving at 4/s, one in eight "
-                                              f"answers {long_len} tokens, the rest {short_len} ==", timeline_width))
-
-    out.append(
-        f"\nWhy they differ: with ONE long answer the makespan is that answer in both schedules "
-        f"({s.num_steps} vs {c.num_steps} steps), so throughput moves only {c.throughput / s.throughput:.2f}x; "
-        f"what static batching loses there is latency (mean TTFT {s.summary()['mean_ttft']:.1f} s vs "
-        f"{c.summary()['mean_ttft']:.2f} s) and {s.wasted_slot_steps} slot-steps. When long answers recur, "
-        f"nearly every static batch holds one, so every batch lasts ~{long_len} steps at "
-        f"{s2.tokens_per_step:.1f} tokens/step, while continuous batching refills the slots: "
-        f"{c2.tokens_per_step:.1f} tokens/step, {c2.throughput / s2.throughput:.2f}x the throughput. A step costs "
-        f"about the same either way (the weights are read once per step), so tokens per step is throughput. "
-        f"TTFT is queueing + prefill: continuous batching moves it. TPOT is the decode step: it grows a little "
-        f"with the batch ({s2.summary()['mean_tpot'] * 1e3:.1f} -> {c2.summary()['mean_tpot'] * 1e3:.1f} ms).")
-    return "\n".join(out)
-
-
-def bench_batching(slots: int = 16) -> str:
-    """`python solution.py bench batching`: the scenario in the simulator, then measured wall-clock
-    on the toy model at sizes scaled by 1/10 to fit its n_positions = 256 (answers of 200 and 5
-    tokens instead of 2000 and 50), beside the simulator's prediction for the same workloads."""
-    out = [scenario_batching(slots)]
-    model = ToyTransformer(ModelConfig())
-    out.append(f"\n== Toy model ({model.config.n_layer} layers, n_embd {model.config.n_embd}), wall-clock, "
-               f"{slots} slots, sizes / 10: answers of 200 and 5 tokens, prompts 13, all queued at t=0 ==")
-    out.append(f"{'workload':<34}{'static tok/s':>14}{'continuous tok/s':>18}{'measured':>10}{'simulated':>11}")
-    for name, workload in (("skewed (1 long + 63 short)", skewed_workload(63, 200, 5, 13)),
-                           ("one in eight long (128 requests)", recurring_workload(128, 200, 5, 13, rate=0))):
-        (ts, ns), (tc, nc) = (_measure_engine(model, workload, k, slots) for k in ("static", "continuous"))
-        sim_s, sim_c = _static_and_continuous(workload, slots)
-        out.append(f"{name:<34}{ns / ts:>14.0f}{nc / tc:>18.0f}{(nc / tc) / (ns / ts):>9.2f}x"
-                   f"{sim_c.throughput / sim_s.throughput:>10.2f}x")
-    out.append("On a CPU the toy model's step cost grows with the batch (its weights sit in cache; nothing\n"
-               "like a GPU's fixed weight read), so the measured gain is smaller than the simulated one.")
-    return "\n".join(out)
-
-
-# =====================================================================================
-# 4. Speculative decoding: accept/resample, its exact distribution, the speedup algebra, and
-#    draft -> verify on the paged model
-# =====================================================================================
-#
-# References: Leviathan, Kalman, Matias 2023, "Fast Inference from Transformers via Speculative
-# Decoding" (ICML); Chen, Borgeaud, Irving, Lespiau, Sifre, Jumper 2023, "Accelerating Large
-# Language Model Decoding with Speculative Sampling" (arXiv:2302.01318).
-
-# A row is a probability distribution when it is finite, non-negative and sums to 1 within
-# PROB_ATOL. 1e-5 admits float32 softmax rows over a large vocabulary (their sums drift by a few
-# float32 ulps per term) and still rejects logits, counts or a forgotten normalisation. Accepted
-# rows are renormalised in float64 before any arithmetic, because `Generator.choice` itself
-# insists on a sum within ~1.5e-8.
-PROB_ATOL = 1e-5
-
-
-def _as_distributions(name: str, probs, ndim: int) -> np.ndarray:
-    """`probs` as float64 rows that sum to exactly 1, or a ValueError naming the first bad row."""
-    arr = np.asarray(probs, dtype=np.float64)
-    if arr.ndim != ndim:
-        expected = "a 1-D row (V,)" if ndim == 1 else "a 2-D array of rows (n, V)"
-        raise ValueError(f"{name} must be {expected} of probabilities, got shape {arr.shape}")
-    if arr.shape[-1] == 0:
-        raise ValueError(f"{name} has an empty vocabulary axis, shape {arr.shape}")
-    rows = arr.reshape(-1, arr.shape[-1])
-    sums = rows.sum(axis=1)
-    # One cheap test on the common path; the diagnosis below runs only for bad input. NaN fails
-    # every comparison, so `not (... <= ...)` also catches it.
-    if rows.size and not (rows.min() >= 0.0 and np.abs(sums - 1.0).max() <= PROB_ATOL):
-        problems = [
-            (~np.isfinite(rows).all(axis=1), "contains NaN or inf"),
-            ((rows < 0).any(axis=1), "has a negative entry (did you pass logits?)"),
-            (~(np.abs(sums - 1.0) <= PROB_ATOL),
-             f"does not sum to 1 within {PROB_ATOL:g} (apply softmax / normalise first)"),
-        ]
-        for bad, why in problems:
-            if bad.any():
-                i = int(np.argmax(bad))
-                where = name if ndim == 1 else f"{name}[{i}]"
-                raise ValueError(f"{where} {why}; expected a probability distribution over "
-                                 f"the vocabulary, got {np.array2string(rows[i], precision=4)}")
-    return arr / sums.reshape(arr.shape[:-1] + (1,))
-
-
-def _check_same_vocab(p: np.ndarray, q: np.ndarray) -> None:
-    if p.shape != q.shape:
-        raise ValueError(f"target p has shape {p.shape} but draft q has shape {q.shape}; "
-                         "both must be rows over the same vocabulary")
-
-
-def residual_distribution(p, q) -> np.ndarray:
-    """The distribution a rejected draft token is replaced from: `max(0, p - q)` normalised.
-
-    `p` is the target row, `q` the draft row (1-D, same vocabulary). The residual puts mass
-    exactly where the draft under-proposes (p > q), which is the mass the accept test could not
-    deliver. Where it has no mass (p == q), rejection never happens and the result is `p`.
-    Returns a float64 row summing to 1; never divides by zero. (Checked before your code:
-    p and q arrive as float64 rows that sum to 1, of one vocabulary; a row that is not a
-    distribution is a ValueError naming it.)
-    """
-    p = _as_distributions("p", p, ndim=1)
-    q = _as_distributions("q", q, ndim=1)
-    _check_same_vocab(p, q)
-    raise NotImplementedError("Exercise 6: residual_distribution")
-
-
-def _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs,
-                                rng) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """The draft tokens, q (k, V) and p (k+1, V) as float64 distributions, or a ValueError (see below)."""
-    q = _as_distributions("draft_probs", draft_probs, ndim=2)
-    p = _as_distributions("target_probs", target_probs, ndim=2)
-    k, vocab_size = q.shape
-    if p.shape != (k + 1, vocab_size):
-        raise ValueError(f"target_probs must have shape (k+1, V) = {(k + 1, vocab_size)} for "
-                         f"draft_probs of shape {q.shape}; got {p.shape}")
-    draft = list(draft_token_ids)
-    if len(draft) != k:
-        raise ValueError(f"got {len(draft)} draft tokens but draft_probs has k = {k} rows")
-    for i, x in enumerate(draft):
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
-            raise ValueError(f"draft token {i} is {x!r}; expected an int token id")
-        if not 0 <= x < vocab_size:
-            raise ValueError(f"draft token {i} is {x}; expected an id in [0, {vocab_size})")
-        if q[i, x] == 0.0:
-            raise ValueError(f"draft token {i} is {x} but draft_probs[{i}][{x}] == 0: the draft "
-                             "could not have sampled it, so p/q is undefined")
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError(f"rng must be a numpy Generator (np.random.default_rng(seed)), "
-                         f"got {type(rng).__name__}")
-    return [int(x) for x in draft], q, p
-
-
-def accept_or_resample(draft_token_ids, draft_probs, target_probs,
-                       rng: np.random.Generator) -> list[int]:
-    """Verify `k` draft tokens against the target: the speculative-sampling accept/resample rule.
-
-    `draft_token_ids` (k ints) were sampled from `draft_probs` (k, V): token i from row i, the
-    draft's distribution at that position. `target_probs` (k+1, V) are the target's rows at the
-    same positions plus one more, all from ONE target pass. Draft token x_i is accepted with
-    probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection one token is drawn from
-    `residual_distribution(p_i, q_i)` and the step ends; if all k are accepted a bonus token is
-    drawn from `target_probs[k]`. Returns the 1 to k+1 emitted token ids (accepted drafts, then
-    the resampled or bonus token).
-
-    Invariant: whatever q is, each emitted token is distributed exactly as the target would have
-    sampled it (see `speculative_output_distribution`).
-
-    Random draws, in this order, so a seeded run is reproducible: one `rng.random()` per draft
-    token considered (x_i is accepted iff that u < min(1, p_i/q_i)), up to and including the
-    first rejection; then exactly one `rng.choice(V, p=...)` for the residual or bonus token.
-
-    Raises ValueError, before drawing anything, for: shapes other than (k, V) and (k+1, V),
-    `len(draft_token_ids) != k`, a token id outside [0, V), a row that is not a probability
-    distribution (see PROB_ATOL), or a draft token with q_i(x_i) == 0 (it could not have been
-    drawn, so the ratio p/q is meaningless).
-    """
-    draft, q, p = _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs, rng)
-    raise NotImplementedError("Exercise 6: accept_or_resample")
-
-
-def speculative_output_distribution(p, q) -> np.ndarray:
-    """Exact distribution of the first token one accept/resample step emits, for a draft x ~ q.
-
-    Computed in closed form, not sampled: draft x is proposed with probability q(x) and kept with
-    probability min(1, p(x)/q(x)), which together contribute q(x)*min(1, p/q) = min(p(x), q(x));
-    the rest, 1 - sum(min(p, q)), goes to the residual. Their sum is min(p, q) + max(0, p - q) = p:
-    the output equals the target row whatever the draft.
-    """
-    p = _as_distributions("p", p, ndim=1)
-    q = _as_distributions("q", q, ndim=1)
-    _check_same_vocab(p, q)
-    # q(x) == 0 means x is never proposed; keep those terms at 0 without dividing by 0.
-    ratio = np.divide(p, q, out=np.ones_like(p), where=q > 0)
-    kept = q * np.minimum(1.0, ratio)
-    rejected = 1.0 - kept.sum()
-    return kept + rejected * residual_distribution(p, q)
-
-
-def acceptance_rate(p, q) -> float:
-    """alpha = sum(min(p, q)): the probability one draft token from q is accepted (1 - TV(p, q))."""
-    p = _as_distributions("p", p, ndim=1)
-    q = _as_distributions("q", q, ndim=1)
-    _check_same_vocab(p, q)
-    return float(np.minimum(p, q).sum())
-
-
-def _check_alpha_k(alpha: float, k: int) -> None:
-    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real) \
-            or not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha is the acceptance rate, a probability in [0, 1]; got {alpha!r}")
-    if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
-        raise ValueError(f"k is the number of draft tokens per step, an int >= 1; got {k!r}")
-
-
-def _check_cost(name: str, value: float, allow_zero: bool) -> None:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) \
-        and np.isfinite(value) and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} is a cost relative to one target decode step, a finite number "
-                         f"{bound}; got {value!r}")
-
-
-def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """Expected tokens one draft+verify step emits: (1 - alpha**(k+1)) / (1 - alpha).
-
-    Treating acceptances as independent with rate alpha, the step emits j+1 tokens when the first
-    j drafts are kept, so the mean is 1 + alpha + ... + alpha**k: the geometric sum above, and
-    k+1 at alpha = 1, where the closed form is 0/0. O(1) in k.
-    """
-    _check_alpha_k(alpha, k)
-    alpha, k = float(alpha), int(k)
-    if alpha == 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def speculative_speedup(alpha: float, k: int, c: float) -> float:
-    """Leviathan et al.'s walltime improvement: (1 - alpha**(k+1)) / ((1 - alpha) * (k*c + 1)).
-
-    c = cost of one draft step / cost of one target step. A step costs k draft steps plus ONE
-    target pass, and that pass is assumed to cost one decode step although it scores k+1 tokens
-    (true while decode is bandwidth-bound; see `predicted_speedup`).
-    """
-    _check_cost("c", c, allow_zero=True)
-    return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
-
-
-def breakeven_draft_cost(alpha: float, k: int) -> float:
-    """The draft cost c at which `speculative_speedup(alpha, k, c) == 1`; cheaper drafts win.
-
-    Solves E/(k*c + 1) = 1 for c: c = (E - 1)/k = (alpha + ... + alpha**k)/k, the mean acceptance
-    probability of the k positions; 0 at alpha = 0 (no draft, however cheap, pays off), 1 at
-    alpha = 1 (a perfect draft pays while it is cheaper than the target).
-    """
-    return (expected_tokens_per_step(alpha, k) - 1.0) / k
-
-
-def predicted_speedup(alpha: float, k: int, c: float, verify_cost: float) -> float:
-    """Speedup when the target pass over k+1 tokens costs `verify_cost` one-token decode steps.
-
-    E / (k*c + verify_cost). `speculative_speedup` is the case verify_cost = 1, which holds only
-    while the pass is bandwidth-bound (reading the weights dominates); measure verify_cost on the
-    real model. Compute-bound (prefill, large batch) it tends to k+1 and the speedup drops below 1.
-    """
-    _check_cost("verify_cost", verify_cost, allow_zero=False)
-    _check_cost("c", c, allow_zero=True)
-    return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
-
-
-def format_speculation_table(c: float, alphas=(0.5, 0.6, 0.7, 0.8, 0.9),
-                             ks=(1, 2, 3, 4, 5, 6, 8)) -> str:
-    """The design-review table "should we add speculative decoding?" for a draft of cost c.
-
-    Rows alpha, columns k: expected speedup (`speculative_speedup`), then the best k, its speedup
-    and its breakeven draft cost. Followed by why it helps decode but not prefill or large batches.
-    """
-    _check_cost("c", c, allow_zero=True)
-    if not alphas or not ks:
-        raise ValueError("alphas and ks must be non-empty")
-    for alpha in alphas:
-        for k in ks:
-            _check_alpha_k(alpha, k)
-    head = f"{'alpha':>6} |" + "".join(f"{'k=' + str(k):>7}" for k in ks) \
-        + f" | {'best k':>6} {'speedup':>8} {'breakeven c':>12}"
-    lines = [f"Expected speedup of speculative decoding, draft cost c = {c:g} target steps "
-             "(verify pass = 1 decode step)",
-             head, "-" * len(head)]
-    for alpha in alphas:
-        speedups = [speculative_speedup(alpha, k, c) for k in ks]
-        best = int(np.argmax(speedups))
-        lines.append(f"{alpha:>6.2f} |" + "".join(f"{s:>7.2f}" for s in speedups)
-                     + f" | {ks[best]:>6d} {speedups[best]:>8.2f}"
-                     + f" {breakeven_draft_cost(alpha, ks[best]):>12.3f}")
-    lines.append("(< 1 is a slowdown. Breakeven c = the dearest draft that still pays at that k;"
-                 " it is largest, c = alpha, at k = 1)")
-
-    alpha, k = max(alphas), max(ks)
-    tokens = expected_tokens_per_step(alpha, k)
-    compute_bound = predicted_speedup(alpha, k, c, verify_cost=k + 1)
-    lines += [
-        "",
-        "Why it helps decode: a decode step reads every weight (and the KV-cache) to produce",
-        "ONE token per sequence, so it is memory-bandwidth-bound and the arithmetic units mostly",
-        "idle. Scoring k+1 tokens in that pass reads the same bytes and costs about one step, so",
-        f"at alpha = {alpha:g}, k = {k} a target pass yields {tokens:.2f} tokens instead of 1, "
-        "for the price of k draft steps.",
-        "Why not prefill: the prompt's tokens are all known and already go through one parallel,",
-        "compute-bound pass; there are no sequential steps to save and no idle FLOPs to spend.",
-        "When a pass is compute-bound, k+1 tokens cost ~k+1 steps and the speedup",
-        f"E/(k*c + k+1) = {compute_bound:.2f} < 1 here: speculation can only lose.",
-        "Why less at large batch: B sequences per step already use the idle compute; a verify",
-        "pass of B*(k+1) tokens turns compute-bound, verify_cost grows toward k+1 and",
-        "`predicted_speedup` toward (then below) 1; rejected drafts waste FLOPs the batch needs.",
-        "Sources: Leviathan et al. 2023, Fast Inference from Transformers via Speculative",
-        "Decoding; Chen et al. 2023, Accelerating Large Language Model Decoding with",
-        "Speculative Sampling.",
-    ]
-    return "\n".join(lines)
-
-
-# --- draft -> verify on the paged model (Exercise 7) ----------------------------------
-
-
-@dataclasses.dataclass
-class SpeculativeOutput:
-    """What `speculative_generate` produced and how the draft fared."""
-
-    token_ids: list[int]
-    num_target_passes: int  # verification passes (the prompt's prefill is not counted)
-    num_draft_tokens: int
-    num_accepted: int
-    accepted_per_pass: list[int]
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-
-class PagedSequence:
-    """One model's private paged cache for one sequence, with what it has computed so far."""
-
-    def __init__(self, model: ToyTransformer, block_size: int = 16):
-        num_blocks = blocks_needed(model.config.n_positions, block_size)
-        self.model = model
-        self.table = BlockTable(BlockAllocator(num_blocks, block_size))
-        self.cache = KVCache(model.config, num_blocks, block_size)
-        self.num_computed = 0
-
-    def extend(self, token_ids: Sequence[int]) -> None:
-        self.cache.copy_blocks(self.table.append_tokens(token_ids))
-
-    def run(self, stop: int | None = None) -> np.ndarray:
-        """Process the tokens not computed yet (up to position `stop`); logits for each of them."""
-        start = self.num_computed
-        stop = self.table.num_tokens if stop is None else stop
-        if stop == start:
-            return np.empty((0, self.model.config.vocab_size), np.float32)
-        self.num_computed = stop
-        return self.model.forward(self.cache, [self.table], [start], [stop - start])
-
-    def rollback(self, num_tokens: int) -> None:
-        """Forget tokens past `num_tokens`: their blocks go back, their K/V is never read again."""
-        self.table.truncate(num_tokens)
-        self.num_computed = min(self.num_computed, num_tokens)
-
-
-def make_self_draft(target: ToyTransformer, num_layers: int) -> ToyTransformer:
-    """A self-speculative draft: the target's first `num_layers` blocks with its embeddings and head.
-
-    It costs about num_layers / n_layer of a target step and needs no training; how often it
-    agrees with the target (alpha) is measured, not assumed.
-    """
-    if not 1 <= num_layers <= target.config.n_layer:
-        raise ValueError(f"a self-draft keeps 1..{target.config.n_layer} layers, got {num_layers}")
-    config = dataclasses.replace(target.config, n_layer=num_layers)
-    keep = gpt2_weight_shapes(config)
-    return ToyTransformer(config, {name: w for name, w in target.weights.items() if name in keep})
-
-
-def speculative_generate(
-    target: ToyTransformer,
-    draft: ToyTransformer,
-    prompt_token_ids: Sequence[int],
-    sampling: SamplingParams,
-    k: int = 4,
-) -> SpeculativeOutput:
-    """Generate with a draft that proposes `k` tokens and a target that verifies them in ONE pass.
-
-    Invariant at the top of every round: both caches hold K/V for every committed token but the
-    last one. A round: the draft proposes d_1..d_n autoregressively; the target runs over
-    [last, d_1..d_n] in one paged forward pass, which yields its distributions p_0..p_n;
-    accept/resample emits 1..n+1 tokens; both caches are truncated back to the accepted tokens.
-    The output has the target's distribution (greedy: exactly the target's greedy tokens).
-
-    Conventions the counters follow:
-    - the prefill runs the prompt but its last token through both models and emits nothing; the
-      first round scores the last prompt token. `num_target_passes` counts rounds (verification
-      passes), not the prefill;
-    - a round drafts n = min(k, tokens still wanted - 1, positions left in the context - 1)
-      tokens: never a draft that could not be emitted, nor a token past `n_positions` (the
-      round's bonus token needs one more position). `num_draft_tokens` counts the drafts made,
-      `num_accepted` those accepted;
-    - sampling uses one generator, seeded by `sampling.seed`, for the draft's draws and
-      accept_or_resample's, in the order they happen; the draft samples at the same
-      temperature as the target;
-    - the output stops at the first stop token (kept) or at max_tokens, like the engine.
-    """
-    prompt = list(prompt_token_ids)
-    _check_request(Request("speculative", prompt, sampling), target.config)
-    if draft.config.vocab_size != target.config.vocab_size:
-        raise ValueError(f"draft vocabulary {draft.config.vocab_size} != target vocabulary {target.config.vocab_size}")
-    k = check_int("k", k, minimum=1)
-    raise NotImplementedError("Exercise 7: speculative_generate")
-
-
-# --- the scenario, measured: should we add speculative decoding? --------------------------
-#
-# The bench model must make a decode step weight-read-bound: GPT-2-small's body (12 layers,
-# n_embd 768) with a 4096-token vocabulary is ~350 MB of float32 weights, ten times this CPU's
-# 32 MB L3, so every decode step streams all of them from DRAM.
-SPEC_BENCH_CONFIG = ModelConfig(vocab_size=4096, n_positions=512, n_embd=768, n_layer=12, n_head=12)
-SPEC_BENCH_DRAFT_LAYERS = 1
-# Layers past the draft's get their residual-branch output projections scaled by this. With the
-# default init a 1-of-12-layer self-draft almost never agrees with the target (alpha ~0), because
-# random layers each rotate the residual stream as much as the first. Trained LLMs are not like
-# that: the final token is usually decided layers before the end, which is what early exit and
-# self-speculation exploit (Elhoushi et al. 2024, "LayerSkip", arXiv:2404.16710; Zhang et al.
-# 2023, "Draft & Verify", arXiv:2309.08168). Shrinking the later layers' updates mimics such a
-# model; the value only sets how often the draft agrees, and alpha is measured, not assumed.
-SPEC_BENCH_REFINEMENT_SCALE = 0.02
-# Draft tokens per round. Fixed, so that runs compare: with alpha ~0.9 the extended prediction
-# peaks at k = 6..8 on a 2-core CPU (the table the bench prints shows the others).
-SPEC_BENCH_K = 8
-
-
-def make_early_exit_target(config: ModelConfig, num_draft_layers: int, refinement_scale: float,
-                           seed: int = 0) -> ToyTransformer:
-    """A target whose layers from `num_draft_layers` on are small refinements of the residual stream.
-
-    GPT-2 init, then `attn.c_proj` and `mlp.c_proj` weights of layers >= num_draft_layers are
-    multiplied by `refinement_scale` (0 < scale <= 1; 1 is the plain init). The early layers and
-    the head are untouched, so `make_self_draft(target, num_draft_layers)` shares them exactly.
-    """
-    if not 1 <= num_draft_layers <= config.n_layer:
-        raise ValueError(f"num_draft_layers must be in 1..{config.n_layer}, got {num_draft_layers}")
-    if not 0.0 < refinement_scale <= 1.0:
-        raise ValueError(f"refinement_scale must be in (0, 1], got {refinement_scale}")
-    weights = init_gpt2_weights(config, seed)
-    for i in range(num_draft_layers, config.n_layer):
-        for name in (f"h.{i}.attn.c_proj.weight", f"h.{i}.mlp.c_proj.weight"):
-            weights[name] *= np.float32(refinement_scale)  # in place: stays float32
-    return ToyTransformer(config, weights)
-
-
-def paged_greedy_generate(model: ToyTransformer, prompt_token_ids: Sequence[int], max_tokens: int) -> list[int]:
-    """The baseline: plain greedy decoding on the paged cache, one forward pass per output token."""
-    seq = PagedSequence(model)
-    seq.extend(list(prompt_token_ids))
-    token = int(np.argmax(seq.run()[-1]))  # prefill the whole prompt
-    out = [token]
-    while len(out) < max_tokens:
-        seq.extend([token])
-        token = int(np.argmax(seq.run()[-1]))
-        out.append(token)
-    return out
-
-
-def estimate_alpha(out: SpeculativeOutput, k: int) -> float:
-    """Per-token acceptance probability alpha from a run's accept counts.
-
-    Not `out.acceptance_rate` (accepted / drafted): drafts after the first rejection of a round
-    are thrown away unjudged, so that ratio is (E - 1)/k, not alpha. Under the i.i.d. model behind
-    `expected_tokens_per_step`, each round is a run of accepts ended by one rejection (or by
-    reaching k), and the maximum-likelihood alpha is accepts / (accepts + rejections).
-    """
-    rejections = sum(1 for a in out.accepted_per_pass if a < k)
-    judged = out.num_accepted + rejections
-    return out.num_accepted / judged if judged else 0.0
-
-
-def _progress(message: str) -> None:
-    # Progress goes to stderr, so stdout stays the report that `bench_speculative` returns.
-    print(f"  ... {message}", file=sys.stderr, flush=True)
-
-
-def _forward_call(model: ToyTransformer, batch: int, context_len: int, num_new: int):
-    """A callable running one paged forward in which each of `batch` sequences has `context_len`
-    tokens cached and processes `num_new` more (1: a decode step; k+1: a verify pass; a prompt
-    from position 0: prefill). Re-running overwrites the same slots, so every call does the same
-    work."""
-    block_size = 16
-    per_seq = blocks_needed(context_len + num_new, block_size)
-    allocator = BlockAllocator(batch * per_seq, block_size)
-    cache = KVCache(model.config, batch * per_seq, block_size)
-    rng = np.random.default_rng(0)
-    tables = []
-    for _ in range(batch):
-        table = BlockTable(allocator)
-        table.append_tokens(rng.integers(0, model.config.vocab_size, context_len + num_new).tolist())
-        tables.append(table)
-    starts, counts = [context_len] * batch, [num_new] * batch
-    if model.forward(cache, tables, starts, counts).dtype != np.float32:
-        raise TypeError("the model path promoted its activations to float64: keep it float32")
-    return lambda: model.forward(cache, tables, starts, counts)
-
-
-def _round_overhead_seconds(vocab_size: int, k: int, repeats: int) -> float:
-    """The Python/NumPy work of one greedy speculative round besides the forward passes: k draft
-    `token_probs` + draws, the target's (k+1)-row `token_probs`, `accept_or_resample`, and the
-    truncate + append on both block tables."""
-    rng = np.random.default_rng(0)
-    draft_logits = rng.standard_normal((k, vocab_size)).astype(np.float32)
-    target_logits = rng.standard_normal((k + 1, vocab_size)).astype(np.float32)
-    tables = [BlockTable(BlockAllocator(64, 16)) for _ in range(2)]
-    for table in tables:
-        table.append_tokens(list(range(100)))
-
-    def one_round():
-        drafts, q_rows = [], []
-        for row in draft_logits:
-            q = token_probs(row, 0.0)
-            drafts.append(int(rng.choice(len(q), p=q)))
-            q_rows.append(q)
-        emitted = accept_or_resample(drafts, np.array(q_rows), token_probs(target_logits, 0.0), rng)
-        for table in tables:
-            table.truncate(100 - k)
-            table.append_tokens(list(range(k - len(emitted) + 1)) + emitted[-1:])
-            table.truncate(100)
-    return _best_side_by_side({"round": one_round}, repeats)["round"]
-
-
-def _read_bandwidth() -> float:
-    """Bytes/s of the plainest DRAM stream NumPy has, a sum over 256 MB: the yardstick for a
-    decode step's weight reads."""
-    a = np.ones(2**26, dtype=np.float32)
-    return a.nbytes / _best_side_by_side({"sum": a.sum}, 3)["sum"]
-
-
-def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
-    """`python solution.py bench speculative`: should we add speculative decoding?
-
-    Prints a progress line per measurement (stderr) and returns the report: the expected-speedup
-    table for the measured draft cost, the measured point (alpha from greedy acceptance counts,
-    draft cost c, verify cost, the paper's, extended and refined predictions, the measured
-    wall-clock speedup of `speculative_generate` over `paged_greedy_generate` at batch 1), and
-    the measurements behind "it helps decode, not prefill, and less at large batch".
-    All timings are best-of-N of interleaved runs on the paged path, after a warm-up.
-    """
-    config, m = SPEC_BENCH_CONFIG, SPEC_BENCH_DRAFT_LAYERS
-    _progress(f"building the target ({config.n_layer} layers, n_embd {config.n_embd}, vocab "
-              f"{config.vocab_size}) and its {m}-layer self-draft")
-    target = make_early_exit_target(config, m, SPEC_BENCH_REFINEMENT_SCALE)
-    draft = make_self_draft(target, m)
-    weight_bytes = sum(w.nbytes for w in target.weights.values())
-    dtypes = "/".join(sorted({str(w.dtype) for w in target.weights.values()}))
-    prompt = np.random.default_rng(1).integers(0, config.vocab_size, 8).tolist()
-    greedy = SamplingParams(max_tokens=num_tokens, temperature=0.0)
-    ctx = len(prompt) + num_tokens // 2  # a mid-generation context for the per-step costs
-    ks = (1, 2, 3, 4, 6, 8)
-    _progress(f"built: {weight_bytes / 1e6:.0f} MB of {dtypes} weights; measuring per-step costs")
-
-    # 1. Per-step costs at batch 1, relative to one target decode step t1: a draft step (1 and 2
-    #    tokens) and a target pass over k+1 tokens for each k, measured with the runs below.
-    read_bw = _read_bandwidth()
-    steps = {"t1": _forward_call(target, 1, ctx, 1), "d1": _forward_call(draft, 1, ctx, 1),
-             "d2": _forward_call(draft, 1, ctx, 2)}
-    steps |= {f"v{k}": _forward_call(target, 1, ctx, k + 1) for k in ks}
-    k = SPEC_BENCH_K
-
-    # 2. Wall clock at batch 1 (same model, prompt, number of output tokens), interleaved with
-    #    the per-step costs so that a neighbour's load hits the prediction and the measurement alike.
-    overhead = _round_overhead_seconds(config.vocab_size, k, 20)
-    spec_out: list[SpeculativeOutput] = []
-    plain_out: list[list[int]] = []
-    runs = {"plain": lambda: plain_out.append(paged_greedy_generate(target, prompt, num_tokens)),
-            "spec": lambda: spec_out.append(speculative_generate(target, draft, prompt, greedy, k=k))}
-    best = _best_side_by_side(runs | steps, repeats)
-    t1 = best["t1"]
-    c, c2 = best["d1"] / t1, best["d2"] / t1
-    verify = {kk: best[f"v{kk}"] / t1 for kk in ks}
-    wall = best
-    spec = spec_out[-1]
-    if spec.token_ids != plain_out[-1]:
-        raise AssertionError("greedy speculative decoding emitted other tokens than plain greedy decoding")
-    measured = wall["plain"] / wall["spec"]
-    _progress(f"plain {wall['plain']:.2f} s, speculative (k={k}) {wall['spec']:.2f} s: {measured:.2f}x; "
-              f"t1 {t1 * 1e3:.1f} ms ({weight_bytes / t1 / 1e9:.1f} GB/s of weights, a 256 MB sum "
-              f"{read_bw / 1e9:.1f} GB/s), c = {c:.3f}, verify cost {verify[k]:.2f}")
-    alpha = estimate_alpha(spec, k)
-    extended = {kk: predicted_speedup(alpha, kk, c, verify[kk]) for kk in ks}
-    E = expected_tokens_per_step(alpha, k)
-    paper = speculative_speedup(alpha, k, c)
-    ext = predicted_speedup(alpha, k, c, verify[k])
-    # Refined with two measured per-round terms the formula leaves out: after a fully accepted
-    # round (probability alpha**k) the draft's next pass covers 2 tokens (its own last draft, never
-    # run, and the bonus token); and the sampler/accept/rollback work. Plain decoding pays t1
-    # plus an argmax per token.
-    refined = E / (k * c + alpha ** k * (c2 - c) + verify[k] + overhead / t1)
-    sampled = speculative_generate(target, draft, prompt, SamplingParams(max_tokens=64, temperature=1.0, seed=0), k=k)
-    alpha_sampled = estimate_alpha(sampled, k)
-    _progress(f"sampled (T=1) run: alpha = {alpha_sampled:.3f}")
-
-    # 3. Prefill: P prompt tokens in one pass, and P/2, against P decode steps.
-    P = 256
-    pre = _best_side_by_side({"P": _forward_call(target, 1, 0, P), "P/2": _forward_call(target, 1, 0, P // 2)}, 3)
-    _progress(f"prefill {P} tokens {pre['P'] * 1e3:.0f} ms, {P // 2} tokens {pre['P/2'] * 1e3:.0f} ms")
-
-    # 4. Batch 32: a decode step vs a verify pass of k+1 tokens per sequence; the draft's step.
-    B = 32
-    big = _best_side_by_side({"t": _forward_call(target, B, ctx, 1), "v": _forward_call(target, B, ctx, k + 1),
-                         "d": _forward_call(draft, B, ctx, 1)}, 3)
-    verify_b, c_b = big["v"] / big["t"], big["d"] / big["t"]
-    pred_b = predicted_speedup(alpha, k, c_b, verify_b)
-    _progress(f"batch {B}: decode step {big['t'] * 1e3:.0f} ms, verify pass {big['v'] * 1e3:.0f} ms "
-              f"(cost {verify_b:.2f}), draft step {big['d'] * 1e3:.1f} ms")
-
-    within = abs(measured / ext - 1) <= 0.2
-    fast = measured > 1.5 and alpha >= 0.7
-    head = f"{'k':>3} {'verify cost':>12} {'paper (v=1)':>12} {'extended':>9}"
-    return "\n".join([
-        format_speculation_table(round(c, 3)),
-        "",
-        f"== Measured point, batch 1: target {config.n_layer} layers x n_embd {config.n_embd}, vocab "
-        f"{config.vocab_size} ({weight_bytes / 1e6:.0f} MB of {dtypes}); draft = its first {m} layer(s) + "
-        f"embeddings + head; layers >= {m} have c_proj x {SPEC_BENCH_REFINEMENT_SCALE} ==",
-        f"decode step t1 = {t1 * 1e3:.1f} ms: the weights stream at {weight_bytes / t1 / 1e9:.1f} GB/s, "
-        f"a plain 256 MB sum at {read_bw / 1e9:.1f} GB/s -> bandwidth-bound",
-        f"draft step {best['d1'] * 1e3:.2f} ms -> c = {c:.3f}",
-        f"alpha = {alpha:.3f}, greedy (a draft is accepted iff it is the target's argmax), = accepts / "
-        f"(accepts + rejections) over the run; accepted/drafted = {spec.acceptance_rate:.3f} undercounts "
-        f"it (drafts after a rejection are never judged). Sampled at T=1: alpha = {alpha_sampled:.3f}",
-        f"breakeven c at alpha {alpha:.2f}, k = {k}: {breakeven_draft_cost(alpha, k):.3f} if verify cost 1; "
-        f"{(E - verify[k]) / k:.3f} with the measured {verify[k]:.2f}",
-        "",
-        head, "-" * len(head),
-        *(f"{kk:>3} {verify[kk]:>12.2f} {speculative_speedup(alpha, kk, c):>12.2f} {extended[kk]:>9.2f}"
-          + ("   <- used" if kk == k else "") for kk in ks),
-        "",
-        f"k = {k}: {len(spec.token_ids) / spec.num_target_passes:.2f} tokens per target pass "
-        f"(E(alpha, k) = {E:.2f})",
-        f"predicted: paper {paper:.2f}x | extended, verify cost {verify[k]:.2f}: {ext:.2f}x | refined "
-        f"{refined:.2f}x (+ the draft's 2-token catch-up pass, {c2:.3f} steps, after each fully "
-        f"accepted round, + {overhead * 1e3:.2f} ms of sampling and rollback per round)",
-        f"MEASURED: {num_tokens} tokens, best of {repeats}: plain paged greedy {wall['plain']:.2f} s, "
-        f"speculative {wall['spec']:.2f} s -> {measured:.2f}x, identical tokens",
-        f"verdict: measured / extended = {measured / ext:.2f} ({'within' if within else 'OUTSIDE'} +-20%); "
-        f"{'' if fast else 'NOT '}> 1.5x at alpha >= 0.7. "
-        + ("Worth adding for batch-1 decode with a draft this good." if measured > 1.2
-           else "Not worth it here."),
-        "",
-        "Why decode: a decode step streams every weight to make ONE token and leaves the arithmetic",
-        f"idle; a pass over {k + 1} tokens reads the same weights, so it costs {verify[k]:.2f} steps, "
-        f"not {k + 1}. Not 1",
-        "either: CPU BLAS runs a few-row matrix product well below the bandwidth of its matrix-vector",
-        "product (a GPU stays near 1 up to dozens of rows). Hence the extended prediction, not the paper's.",
-        f"Why not prefill: {P} prompt tokens take {pre['P'] * 1e3:.0f} ms in one pass, "
-        f"{pre['P'] / P * 1e3:.2f} ms a token against {t1 * 1e3:.1f} ms a decode step, and twice the "
-        f"tokens cost {pre['P'] / pre['P/2']:.2f}x:",
-        "the pass is already parallel and compute-bound; no sequential steps to save, no idle FLOPs.",
-        f"Why less at batch {B}: the step already carries {B} tokens; {B}x{k + 1} cost {verify_b:.2f} steps "
-        f"(vs {verify[k]:.2f} at batch 1) and c = {c_b:.3f}, so the extended prediction is "
-        f"{pred_b:.2f}x: the batch has used up the idle compute speculation spends.",
-    ])
-
-
-# =====================================================================================
-# 5. Capacity planning: KV blocks, concurrency and QPS for a real GPU; KV waste; the stack
-# =====================================================================================
-#
-# Units. Sizes are bytes (int), bandwidth bytes/s, compute FLOP/s, times seconds.
-# Printouts quote sizes in GB = 1e9 bytes (the unit vendors use for bandwidth and
-# for the "80 GB" in a product name); device memory comes from what `nvidia-smi`
-# reports for the device, in MiB = 2**20 bytes, because that, not the marketing
-# figure, is the total an engine such as vLLM multiplies by gpu_memory_utilization.
-
-GB = 10**9
-MiB = 2**20
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """What a decoder-only model costs to serve: parameters, and the shape of its KV cache.
-
-    `num_kv_heads` is the number of key/value heads: it equals the number of query heads
-    (`num_attention_heads`) for multi-head attention and is smaller under grouped-query
-    attention (GQA), where each KV head serves `num_attention_heads // num_kv_heads` query
-    heads. `max_position_embeddings` is the context the model was trained for (0: unknown).
-    """
-
-    name: str
-    num_params: int
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype_bytes: int = 2
-    num_attention_heads: int | None = None
-    max_position_embeddings: int = 0
-    kv_dtype_bytes: int | None = None  # bytes per KV-cache element; None: dtype_bytes
-
-    def __post_init__(self) -> None:
-        for field in ("num_params", "num_layers", "num_kv_heads", "head_dim", "dtype_bytes", "kv_dtype_bytes"):
-            if field != "kv_dtype_bytes" or self.kv_dtype_bytes is not None:
-                check_int(f"ModelSpec {self.name!r}: {field}", getattr(self, field), minimum=1)
-        heads = self.num_attention_heads
-        if heads is not None and (heads < self.num_kv_heads or heads % self.num_kv_heads):
-            raise ValueError(
-                f"ModelSpec {self.name!r}: num_attention_heads ({heads}) must be a multiple of "
-                f"num_kv_heads ({self.num_kv_heads}): each KV head serves a whole group of query heads"
-            )
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of the weights: every parameter once, at `dtype_bytes` each."""
-        return self.num_params * self.dtype_bytes
+# --- presets: real models and GPUs, and the KV cache's dtype -----------------------------
 
 
 # Presets. Shapes from each model's Hugging Face config.json (num_hidden_layers,
@@ -2764,22 +2251,6 @@ MODELS: dict[str, ModelSpec] = {
     "mistral-7b": ModelSpec("mistral-7b", 7_241_732_096, 32, 8, 128,
                             num_attention_heads=32, max_position_embeddings=32768),
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class GPUSpec:
-    """One accelerator: device memory (bytes), peak memory bandwidth (bytes/s), and peak
-    dense BF16 tensor-core FLOP/s (no structured sparsity)."""
-
-    name: str
-    memory_bytes: int
-    bandwidth_bytes_per_s: float
-    flops: float
-
-    def __post_init__(self) -> None:
-        for field in ("memory_bytes", "bandwidth_bytes_per_s", "flops"):
-            if not getattr(self, field) > 0:
-                raise ValueError(f"GPUSpec {self.name!r}: {field} must be positive, got {getattr(self, field)!r}")
 
 
 # Presets, SXM parts where there is a choice. memory_bytes = nvidia-smi's memory.total
@@ -2823,15 +2294,6 @@ def get_gpu(gpu: GPUSpec | str) -> GPUSpec:
     return _preset(gpu, GPUS, "GPU")
 
 
-def kv_bytes_per_token(model: ModelSpec) -> int:
-    """KV-cache bytes one token occupies: a key AND a value vector (the 2) of `head_dim`
-    for every KV head in every layer. GQA shrinks it by using num_kv_heads, not query heads;
-    an 8-bit KV cache by storing 1 byte per element (`kv_dtype_bytes`) instead of the model's
-    `dtype_bytes`."""
-    element = model.dtype_bytes if model.kv_dtype_bytes is None else model.kv_dtype_bytes
-    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * element
-
-
 # vLLM's `kv_cache_dtype`: "auto" stores K/V in the model's dtype; fp8 (on GPUs) and int8 store
 # 1 byte per element. The few bytes of scales per block are left out, as vLLM's sizing does for
 # fp8 with per-tensor scales.
@@ -2850,233 +2312,15 @@ def with_kv_cache_dtype(model: ModelSpec | str, kv_cache_dtype: str) -> ModelSpe
     return dataclasses.replace(model, kv_dtype_bytes=PLAN_KV_CACHE_DTYPES[kv_cache_dtype])
 
 
-@dataclasses.dataclass(frozen=True)
-class DeploymentPlan:
-    """One serving configuration, sized per GPU (a tensor-parallel group of
-    `tensor_parallel_size` GPUs holds one copy of the model and one KV cache, each split
-    evenly: every GPU holds 1/tp of the weights and 1/tp of the KV heads)."""
-
-    model: ModelSpec
-    gpu: GPUSpec
-    max_model_len: int
-    block_size: int
-    gpu_memory_utilization: float
-    activation_bytes: int
-    tensor_parallel_size: int
-    mean_prompt_len: float
-    mean_output_len: float
-    kv_bytes_per_token_per_gpu: int   # kv_bytes_per_token(model) / tp
-    block_bytes_per_gpu: int          # block_size * kv_bytes_per_token_per_gpu
-    weight_bytes_per_gpu: float       # num_params * dtype_bytes / tp
-    memory_budget_bytes: float        # gpu_memory_utilization * memory_bytes
-    num_kv_blocks: int                # physical KV blocks per GPU (same count on every GPU)
-    kv_pool_bytes: int                # num_kv_blocks * block_bytes_per_gpu
-    num_cache_tokens: int             # num_kv_blocks * block_size
-    max_concurrent_seqs: int          # sequences that can all reach max_model_len at once
-    ceiling: str                      # "kv-blocks" or "weights": see plan_deployment
-    mean_context_len: float           # context charged per sequence in a decode step
-    decode_step_s: float              # one decode step of max_concurrent_seqs sequences
-    decode_bound: str                 # "memory-bandwidth" or "compute"
-    prefill_s: float                  # prefill of one mean prompt
-    request_latency_s: float          # mean time a request holds its slot (Little's W)
-    qps: float                        # requests/s per tensor-parallel group (Little's law)
-    output_tokens_per_s: float        # qps * mean_output_len
-    notes: tuple[str, ...] = ()
+# --- traffic: request lengths, and the KV a max_len slab wastes --------------------------
 
 
-# The PagedAttention paper's ShareGPT means (see SHAREGPT below), as default traffic.
-_DEFAULT_PROMPT_LEN = 161.31
-_DEFAULT_OUTPUT_LEN = 337.99
-
-
-def _check_plan_inputs(model: ModelSpec, max_model_len: int, block_size: int,
-                       gpu_memory_utilization: float, activation_bytes: int,
-                       tensor_parallel_size: int, mean_prompt_len: float,
-                       mean_output_len: float) -> None:
-    """plan_deployment's argument checks: a ValueError that names the bad argument."""
-    for name, value in (("max_model_len", max_model_len), ("block_size", block_size),
-                        ("tensor_parallel_size", tensor_parallel_size)):
-        check_int(name, value, minimum=1)
-    if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
-    if activation_bytes < 0:
-        raise ValueError(f"activation_bytes must be >= 0, got {activation_bytes!r}")
-    if model.num_kv_heads % tensor_parallel_size:
-        raise ValueError(f"tensor_parallel_size {tensor_parallel_size} must divide {model.name}'s "
-                         f"{model.num_kv_heads} KV heads: each GPU holds whole KV heads")
-    if not (mean_prompt_len > 0 and mean_output_len > 0):
-        raise ValueError(f"mean_prompt_len and mean_output_len must be > 0, "
-                         f"got {mean_prompt_len!r} and {mean_output_len!r}")
-    if mean_prompt_len + mean_output_len > max_model_len:
-        raise ValueError(f"mean prompt + output ({mean_prompt_len + mean_output_len:g} tokens) "
-                         f"exceeds max_model_len {max_model_len}: the mean request would not fit")
-
-
-def plan_deployment(
-    model: ModelSpec | str,
-    gpu: GPUSpec | str,
-    max_model_len: int,
-    block_size: int = 16,
-    gpu_memory_utilization: float = 0.9,
-    activation_bytes: int = 0,
-    tensor_parallel_size: int = 1,
-    mean_prompt_len: float = _DEFAULT_PROMPT_LEN,
-    mean_output_len: float = _DEFAULT_OUTPUT_LEN,
-    kv_cache_dtype: str = "auto",
-) -> DeploymentPlan:
-    """Size a vLLM-style deployment of `model` on GPUs of type `gpu`, per GPU of a
-    tensor-parallel group of `tensor_parallel_size` (tp) GPUs.
-
-    Memory (per GPU). The engine may use `gpu_memory_utilization * memory_bytes`; the weights
-    (`num_params * dtype_bytes / tp`) and the activation peak (`activation_bytes`, already
-    per GPU) come off first, and what is left is cut into KV blocks of
-    `block_bytes_per_gpu = block_size * kv_bytes_per_token(model) / tp` bytes:
-
-        num_kv_blocks = floor((util * memory - weight_bytes / tp - activation_bytes)
-                              / (block_bytes / tp))
-
-    The cache holds `num_kv_blocks * block_size` tokens. `max_concurrent_seqs` is how many
-    sequences can ALL grow to `max_model_len` at once: a sequence owns whole blocks, so it is
-    `num_kv_blocks // blocks_needed(max_model_len, block_size)` (not cache tokens //
-    max_model_len, which forgets that a last block is only partly used).
-    `ceiling` is "kv-blocks" when the KV pool gets more bytes than the weights: then deleting
-    the weights altogether buys fewer blocks than halving the KV bytes per sequence (half the
-    context, GQA, an 8-bit KV cache) does; otherwise "weights".
-
-    Time (roofline, peak figures, so lower bounds). A decode step of B = max_concurrent_seqs
-    sequences reads the weights once plus every sequence's KV at `mean_context_len =
-    mean_prompt_len + mean_output_len / 2` (the context averaged over a request's decode
-    steps); it takes max(bytes / bandwidth, 2 * num_params * B / (tp * flops)) and
-    `decode_bound` says which term won. Prefilling one mean prompt takes
-    `2 * num_params * mean_prompt_len / (tp * flops)` (attention's quadratic FLOPs ignored).
-    While a request lives, its slot and the B - 1 others each turn over once on average, so
-    the GPU runs B prefills between its decode steps: the request holds its slot for
-    `request_latency_s = mean_output_len * decode_step_s + B * prefill_s`, and Little's law
-    gives `qps = B / request_latency_s` per tensor-parallel group.
-
-    Raises ValueError for a non-positive length or block size, a utilisation outside (0, 1],
-    a negative activation reserve, tp < 1 or tp not dividing the KV heads, traffic whose mean
-    prompt + output exceeds `max_model_len`, weights (plus activations) that do not fit the
-    budget (saying by how many GB), and a cache too small for one `max_model_len` sequence.
-    `model` and `gpu` may be presets' names. `kv_cache_dtype` "fp8" or "int8" stores the KV
-    cache at 1 byte per element (`with_kv_cache_dtype`): `kv_bytes_per_token(model)` is then
-    half of fp16's, and the same pool holds twice the blocks.
-    """
-    model = with_kv_cache_dtype(model, kv_cache_dtype)  # kv_bytes_per_token(model) follows it
-    model, gpu = get_model(model), get_gpu(gpu)
-    _check_plan_inputs(model, max_model_len, block_size, gpu_memory_utilization,
-                       activation_bytes, tensor_parallel_size, mean_prompt_len, mean_output_len)
-    raise NotImplementedError("Exercise 8: plan_deployment")
-
-
-# The curriculum's sizing scenario: "a 13B model, 80 GB GPU, 8k context".
-SEED_SIZING = {"model": "llama-2-13b", "gpu": "a100-80gb", "max_model_len": 8192}
-
-
-def format_plan(plan: DeploymentPlan) -> str:
-    """A design-review printout of `plan`: the memory split, the concurrency and the QPS, and
-    the evidence for which consumer sets the concurrency ceiling (re-planned variants: zero
-    weights, half the context, the mean request's length, an 8-KV-head GQA twin)."""
-    m, g, tp = plan.model, plan.gpu, plan.tensor_parallel_size
-    per_seq = blocks_needed(plan.max_model_len, plan.block_size)
-    kv_element = m.dtype_bytes if m.kv_dtype_bytes is None else m.kv_dtype_bytes
-
-    def variant(**changes) -> DeploymentPlan:
-        args = dict(model=m, gpu=g, max_model_len=plan.max_model_len, block_size=plan.block_size,
-                    gpu_memory_utilization=plan.gpu_memory_utilization,
-                    activation_bytes=plan.activation_bytes, tensor_parallel_size=tp,
-                    mean_prompt_len=plan.mean_prompt_len, mean_output_len=plan.mean_output_len)
-        args.update(changes)
-        return plan_deployment(**args)
-
-    def pct(part: float) -> str:
-        return f"{100 * part / plan.memory_budget_bytes:.0f}%"
-
-    gpus = f"{tp} x {g.name}" if tp > 1 else g.name
-    lines = [
-        f"Sizing {m.name} on {gpus}, max_model_len {plan.max_model_len}, block_size "
-        f"{plan.block_size}, gpu_memory_utilization {plan.gpu_memory_utilization:g}",
-        f"  per GPU: memory {g.memory_bytes / GB:.2f} GB ({g.memory_bytes // MiB} MiB, nvidia-smi) "
-        f"-> budget {plan.memory_budget_bytes / GB:.2f} GB",
-        f"  weights      {plan.weight_bytes_per_gpu / GB:7.2f} GB  ({pct(plan.weight_bytes_per_gpu)} of budget)",
-        f"  activations  {plan.activation_bytes / GB:7.2f} GB  (reserve; vLLM measures the peak "
-        f"with a profiling run at start-up)",
-        f"  KV pool      {plan.kv_pool_bytes / GB:7.2f} GB  ({pct(plan.kv_pool_bytes)}): "
-        f"{plan.num_kv_blocks} blocks x {plan.block_bytes_per_gpu / 2**20:g} MiB "
-        f"= {plan.num_cache_tokens} tokens",
-        f"  KV per token {kv_bytes_per_token(m) / 2**10:g} KiB = 2 (K,V) x {m.num_layers} layers x "
-        f"{m.num_kv_heads} KV heads x {m.head_dim} x {kv_element} B"
-        + (" (8-bit KV cache)" if kv_element == 1 else "")
-        + (f", / tp {tp} = {plan.kv_bytes_per_token_per_gpu / 2**10:g} KiB per GPU" if tp > 1 else ""),
-        f"  max concurrent sequences at {plan.max_model_len} tokens: {plan.num_kv_blocks} // "
-        f"{per_seq} blocks = {plan.max_concurrent_seqs}",
-        f"  decode step {plan.decode_step_s * 1e3:.1f} ms ({plan.decode_bound}-bound; context "
-        f"charged {plan.mean_context_len:.0f} tokens), prefill {plan.prefill_s * 1e3:.1f} ms per "
-        f"{plan.mean_prompt_len:g}-token prompt",
-        f"  QPS (Little's law) = {plan.max_concurrent_seqs} / {plan.request_latency_s:.2f} s = "
-        f"{plan.qps:.2f} requests/s, {plan.output_tokens_per_s:.0f} output tokens/s"
-        + (f" per {tp}-GPU group" if tp > 1 else " per GPU"),
-    ]
-    lines += [f"  note: {note}" for note in plan.notes]
-
-    no_weights = variant(model=dataclasses.replace(m, num_params=1))
-    evidence = [f"deleting the weights altogether -> {no_weights.max_concurrent_seqs}"]
-    if plan.max_model_len >= 2 * plan.block_size:
-        half = variant(max_model_len=plan.max_model_len // 2,
-                       mean_prompt_len=min(plan.mean_prompt_len, plan.max_model_len // 4),
-                       mean_output_len=min(plan.mean_output_len, plan.max_model_len // 4))
-        evidence.append(f"half the context ({plan.max_model_len // 2}) -> {half.max_concurrent_seqs}")
-    if m.num_kv_heads > 8 and m.num_kv_heads % 8 == 0 and 8 % tp == 0:
-        gqa = variant(model=dataclasses.replace(m, name=m.name + "-gqa8", num_kv_heads=8))
-        evidence.append(f"a GQA twin with 8 KV heads -> {gqa.max_concurrent_seqs}")
-    if kv_element > 1:
-        int8 = variant(model=with_kv_cache_dtype(m, "int8"))
-        evidence.append(f"an 8-bit KV cache (--kv-cache-dtype int8) -> {int8.max_concurrent_seqs} "
-                        f"({int8.num_kv_blocks} blocks)")
-    mean_len = math.ceil(plan.mean_prompt_len + plan.mean_output_len)
-    typical = variant(max_model_len=mean_len)
-    if plan.ceiling == "kv-blocks":
-        lines.append(
-            f"  The KV blocks, not the weights, set the ceiling: the weights take "
-            f"{plan.weight_bytes_per_gpu / GB:.1f} GB and fit with {plan.kv_pool_bytes / GB:.1f} GB "
-            f"to spare, yet each {plan.max_model_len}-token sequence needs {per_seq} blocks "
-            f"({per_seq * plan.block_bytes_per_gpu / GB:.2f} GB), so only "
-            f"{plan.max_concurrent_seqs} fit.")
-    else:
-        lines.append(
-            f"  The weights set the ceiling here: they take {plan.weight_bytes_per_gpu / GB:.1f} GB "
-            f"and leave the KV pool only {plan.kv_pool_bytes / GB:.1f} GB "
-            f"({plan.max_concurrent_seqs} sequences); quantise the weights or raise tp.")
-    lines.append(f"  Concurrency instead of {plan.max_concurrent_seqs}: " + "; ".join(evidence) + ".")
-    lines.append(
-        f"  Paging allocates blocks as tokens arrive: a mean request ({mean_len} tokens, "
-        f"{blocks_needed(mean_len, plan.block_size)} blocks) leaves room for "
-        f"{typical.max_concurrent_seqs} at once ({typical.qps:.1f} QPS); "
-        f"{plan.max_concurrent_seqs} is the guarantee if every request grows to {plan.max_model_len}.")
-    return "\n".join(lines)
-
-
-# --- KV memory waste: a max_len slab per request vs paged blocks ------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class LengthStats:
-    """Mean request lengths a paper reports for a trace, and where."""
-
-    name: str
-    mean_prompt_len: float
-    mean_output_len: float
-    source: str
-
-
-# Kwon et al., "Efficient Memory Management for Large Language Model Serving with
-# PagedAttention", SOSP 2023, Fig. 11 (input/output length distributions, means in its
-# legends) and §6.1: "the ShareGPT dataset has 8.4x longer input prompts and 5.8x longer
-# outputs than the Alpaca dataset" (161.31 / 19.31 = 8.4, 337.99 / 58.45 = 5.8).
-SHAREGPT = LengthStats("ShareGPT", 161.31, 337.99, "Kwon et al. SOSP'23, Fig. 11a")
 ALPACA = LengthStats("Alpaca", 19.31, 58.45, "Kwon et al. SOSP'23, Fig. 11b")
+
+
 # The same paper, Fig. 2: existing systems keep 20.4%-38.2% of KV memory holding token
 # states (Orca Max / Pow2 / Oracle); vLLM 96.3%.
+
 
 # ASSUMPTION, not from the paper: lengths are lognormal with this shape (right-skewed with
 # a long tail, like Fig. 11's histograms), its location set so the mean matches the paper.
@@ -3132,142 +2376,8 @@ def kv_memory_utilization(lengths, max_model_len: int, block_size: int) -> KVUti
     return KVUtilization(slab=held / (lengths.size * max_model_len), paged=held / paged_slots)
 
 
-def format_waste(max_model_len: int = 2048, block_size: int = 16,
-                 num_requests: int = 10_000, seed: int = 0) -> str:
-    """KV memory utilisation for ShareGPT- and Alpaca-like traffic (sample_request_lengths),
-    each request at its final length, under a max_len slab vs paged blocks."""
-    lines = [f"KV memory holding real tokens, {num_requests} requests per trace, "
-             f"max_model_len {max_model_len}, block_size {block_size}",
-             f"  (lengths: lognormal, sigma {LENGTH_SIGMA:g}, matched to the means Kwon et al. "
-             f"SOSP'23 report; each request at its final length)",
-             f"  {'trace':<9} {'paper means (in/out)':>21} {'sample mean':>12} {'slab':>7} {'paged':>7}"]
-    for stats in (SHAREGPT, ALPACA):
-        prompts, outputs = sample_request_lengths(stats, num_requests, seed, max_model_len)
-        total = prompts + outputs
-        util = kv_memory_utilization(total, max_model_len, block_size)
-        means = f"{stats.mean_prompt_len:g} / {stats.mean_output_len:g}"
-        lines.append(f"  {stats.name:<9} {means:>21} {total.mean():12.1f} "
-                     f"{100 * util.slab:6.1f}% {100 * util.paged:6.1f}%")
-    lines.append("  A slab is sized for the longest request and a request is mostly far shorter; paging "
-                 f"wastes under one block ({block_size} slots) per sequence, which short requests feel most.")
-    lines.append("  The paper measured 20.4%-38.2% for Orca's slab variants and 96.3% for vLLM (its Fig. 2).")
-    return "\n".join(lines)
-
-
-# --- the stack choice: vLLM vs TensorRT-LLM vs SGLang, as data ---------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ServingStack:
-    """What a serving stack runs on and what it is built to be best at. All three do
-    continuous batching, a paged KV cache, prefix caching and speculative decoding; what
-    separates them is hardware reach and design centre."""
-
-    name: str
-    hardware: frozenset
-    design_center: str
-    prefix_reuse: str
-    setup: str
-    source: str
-
-
-STACKS: dict[str, ServingStack] = {
-    "vllm": ServingStack(
-        name="vLLM",
-        # docs.vllm.ai Installation: NVIDIA CUDA, AMD ROCm, Intel XPU, CPU (x86, ARM, Apple
-        # silicon, IBM Z), Google TPU, Intel Gaudi, AWS Neuron; Ascend via the vllm-ascend plugin.
-        hardware=frozenset({"nvidia", "amd", "intel", "tpu", "cpu", "aws-neuron", "ascend"}),
-        design_center="throughput on open-weights models: PagedAttention, continuous batching, "
-                      "the widest model and hardware coverage",
-        prefix_reuse="automatic prefix caching (hash of each full block)",
-        setup="pip install; loads a Hugging Face checkpoint directly",
-        source="Kwon et al. SOSP'23; docs.vllm.ai getting_started/installation"),
-    "tensorrt-llm": ServingStack(
-        name="TensorRT-LLM",
-        # NVIDIA/TensorRT-LLM README: "inference efficiently on NVIDIA GPUs".
-        hardware=frozenset({"nvidia"}),
-        design_center="lowest latency on NVIDIA GPUs: NVIDIA's own kernels and low-precision "
-                      "(FP8/FP4) paths tuned per GPU generation",
-        prefix_reuse="KV cache block reuse",
-        # nvidia.github.io/TensorRT-LLM: the classic path builds a TensorRT engine per model,
-        # GPU and max shapes (trtllm-build); the PyTorch backend (0.17+) loads HF checkpoints,
-        # and the newest releases remove the engine backend.
-        setup="NVIDIA containers; classic path compiles an engine per GPU and max shapes, "
-              "newer releases load HF checkpoints via a PyTorch backend",
-        source="nvidia.github.io/TensorRT-LLM (torch.html, legacy/tensorrt-backend-removal)"),
-    "sglang": ServingStack(
-        name="SGLang",
-        # docs.sglang.io Hardware Platforms: NVIDIA GPUs, AMD GPUs, Ascend NPUs, CPU servers,
-        # TPU, Intel XPU.
-        hardware=frozenset({"nvidia", "amd", "ascend", "cpu", "tpu", "intel"}),
-        design_center="prefix-heavy and structured workloads: RadixAttention keeps shared "
-                      "prefixes' KV in a radix tree across requests; compressed-FSM constrained decoding",
-        prefix_reuse="RadixAttention (radix tree over token prefixes, LRU eviction)",
-        setup="pip install; loads a Hugging Face checkpoint directly",
-        source="Zheng et al., SGLang (NeurIPS 2024); docs.sglang.io"),
-}
-
-
-class StackChoice(NamedTuple):
-    stack: str                # a key of STACKS
-    deciding_constraint: str  # the constraint that settled it, in a sentence
-
-
-def choose_stack(hardware: str = "nvidia", priority: str = "throughput",
-                 prefix_sharing: bool = False, structured_output: bool = False) -> StackChoice:
-    """Pick a stack from STACKS for a workload. Rules, in order:
-    1. hardware filters (TensorRT-LLM runs on NVIDIA only);
-    2. heavy prefix sharing or constrained (JSON/regex) output -> SGLang, if it runs there;
-    3. priority "latency" -> TensorRT-LLM, if the fleet is NVIDIA;
-    4. otherwise vLLM. The deciding constraint is the rule that fired, or the hardware when
-    it ruled out the stack the priority asked for."""
-    if priority not in ("throughput", "latency"):
-        raise ValueError(f"priority must be 'throughput' or 'latency', got {priority!r}")
-    known = set().union(*(s.hardware for s in STACKS.values()))
-    if hardware not in known:
-        raise ValueError(f"unknown hardware {hardware!r}; known: {', '.join(sorted(known))}")
-    runs = {key for key, stack in STACKS.items() if hardware in stack.hardware}
-    if (prefix_sharing or structured_output) and "sglang" in runs:
-        why = ("heavy prefix sharing: RadixAttention reuses the shared prefixes' KV across requests"
-               if prefix_sharing else "constrained output: compressed-FSM decoding for JSON/regex")
-        return StackChoice("sglang", why)
-    if priority == "latency":
-        if "tensorrt-llm" in runs:
-            return StackChoice("tensorrt-llm", "lowest latency on an NVIDIA-only fleet")
-        return StackChoice("vllm", f"hardware: {hardware} rules out TensorRT-LLM (NVIDIA-only)")
-    return StackChoice("vllm", "throughput on open weights, with the broadest model and hardware support")
-
-
-# Example workloads for the design review: (description, choose_stack keyword arguments).
-STACK_WORKLOADS = (
-    ("batch summarisation with an open-weights Llama on A100s, throughput first",
-     {"hardware": "nvidia", "priority": "throughput"}),
-    ("voice assistant on H100s, tight per-token latency SLO, short distinct prompts",
-     {"hardware": "nvidia", "priority": "latency"}),
-    ("agent with a 4k-token shared system prompt and tools, JSON replies, on H100s",
-     {"hardware": "nvidia", "priority": "latency", "prefix_sharing": True, "structured_output": True}),
-    ("chat endpoint on AMD MI300X, latency first",
-     {"hardware": "amd", "priority": "latency"}),
-)
-
-
-def format_stack_choice(workloads=STACK_WORKLOADS) -> str:
-    """The stacks as a table, then each workload with the chosen stack and deciding constraint."""
-    lines = ["Serving stacks (all three do continuous batching - TensorRT-LLM calls it in-flight "
-             "batching -, a paged KV cache, prefix caching and speculative decoding)"]
-    for stack in STACKS.values():
-        lines.append(f"  {stack.name:<13} runs on {', '.join(sorted(stack.hardware))}")
-        lines.append(f"  {'':<13} best at: {stack.design_center}")
-        lines.append(f"  {'':<13} prefix reuse: {stack.prefix_reuse}; setup: {stack.setup}")
-    lines.append("Workloads:")
-    for description, constraints in workloads:
-        choice = choose_stack(**constraints)
-        lines.append(f"  {description}\n    -> {STACKS[choice.stack].name}: {choice.deciding_constraint}")
-    return "\n".join(lines)
-
-
 # =====================================================================================
-# Serving over HTTP: the engine behind an OpenAI-compatible endpoint, and a load generator
+# 8. Serving over HTTP: the engine behind an OpenAI-compatible endpoint, and a load generator
 # =====================================================================================
 #
 # `generate()` answers "how many tokens per second can this engine make?". A deployment is
@@ -3283,12 +2393,23 @@ def format_stack_choice(workloads=STACK_WORKLOADS) -> str:
 # single worker thread adds it, steps the engine and returns the step's outputs; the loop
 # routes every new token to the request's own queue, whose handler writes it to the socket.
 
+
 MAX_BODY_BYTES = 1 << 20  # a completion body is a prompt and a few fields; a larger one is refused unread
+
+
 MAX_HEADER_BYTES = 16 << 10
+
+
 READ_TIMEOUT_S = 10.0  # to receive a request's head and body; a silent client is dropped
+
+
 SHUTDOWN_TIMEOUT_S = 10.0
+
+
 # vLLM's TTFT histogram uses buckets of this shape (ms to tens of seconds); these are the lab's own.
 TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
 _REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             500: "Internal Server Error", 503: "Service Unavailable"}
 
@@ -3311,7 +2432,7 @@ class _ClientGone(Exception):
 _CLIENT_GONE = object()  # put in a request's queue when its client disconnects
 
 
-# --- the wire format: prompts, fields, chunks ------------------------------------------
+# --- the wire format: prompts, fields, chunks --------------------------------------------
 
 
 def token_text(token_id: int) -> str:
@@ -3449,7 +2570,7 @@ async def _watch_disconnect(reader: asyncio.StreamReader) -> None:
         pass
 
 
-# --- the engine side: one worker thread owns the engine ---------------------------------
+# --- the engine side: one worker thread owns the engine ----------------------------------
 
 
 class _Histogram:
@@ -3809,6 +2930,22 @@ def start_server(engine: LLMEngine, host: str = "127.0.0.1", port: int = 0) -> C
     return CompletionServer(engine, host, port)
 
 
+# The model `python solution.py serve` runs by default: the lab's GPT-2 with room for ShareGPT-
+# like requests (prompt + output <= 512 tokens).
+SERVE_MODEL = dict(vocab_size=256, n_positions=512, n_embd=64, n_layer=2, n_head=4)
+
+
+def serve(engine: LLMEngine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None) -> None:
+    """`python solution.py serve`: run the server until Ctrl-C (or for `duration` seconds)."""
+    with start_server(engine, host, port) as server:
+        print(f"serving {server.model_name} at {server.url}  (POST /v1/completions, GET /v1/models /health "
+              f"/metrics; Ctrl-C stops)", flush=True)
+        try:
+            threading.Event().wait(duration)
+        except KeyboardInterrupt:
+            print("stopping", flush=True)
+
+
 # --- the load generator: open-loop Poisson traffic, vLLM's latency definitions -------------
 #
 # Open loop: each request is sent at its arrival time whether or not earlier ones finished,
@@ -3818,11 +2955,14 @@ def start_server(engine: LLMEngine, host: str = "127.0.0.1", port: int = 0) -> C
 #   TTFT = first chunk - send;  E2E = last chunk - send;
 #   TPOT = (E2E - TTFT) / (output tokens - 1);  ITL = the gaps between consecutive chunks.
 
+
 LOAD_WORKLOADS = {
     "sharegpt": SHAREGPT,
     "alpaca": ALPACA,
     "tiny": LengthStats("tiny", 8.0, 8.0, "a smoke test, not a trace"),
 }
+
+
 # In a text prompt every token is a one-letter word: one token each for the BPE tokenizers of
 # GPT-2 or Llama ("▁q"), two bytes each for the lab's byte tokenizer.
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -4111,122 +3251,218 @@ def loadtest(url: str, rates: Sequence[float], num_prompts: int, workload: str =
     return summaries
 
 
-# --- measured here: the server's overhead against offline generate --------------------------
-
-# The model `python solution.py serve` runs by default: the lab's GPT-2 with room for ShareGPT-
-# like requests (prompt + output <= 512 tokens).
-SERVE_MODEL = dict(vocab_size=256, n_positions=512, n_embd=64, n_layer=2, n_head=4)
-
-
-def serve(engine: LLMEngine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None) -> None:
-    """`python solution.py serve`: run the server until Ctrl-C (or for `duration` seconds)."""
-    with start_server(engine, host, port) as server:
-        print(f"serving {server.model_name} at {server.url}  (POST /v1/completions, GET /v1/models /health "
-              f"/metrics; Ctrl-C stops)", flush=True)
-        try:
-            threading.Event().wait(duration)
-        except KeyboardInterrupt:
-            print("stopping", flush=True)
-
-
-def _serve_in_subprocess() -> tuple[subprocess.Popen, str]:
-    """`python <this file> serve --port 0` (the default model) in a child process, and its URL."""
-    proc = subprocess.Popen([sys.executable, sys.modules[__name__].__file__, "serve", "--port", "0"],
-                            stdout=subprocess.PIPE, text=True)
-    found = re.search(r"http://\S+", proc.stdout.readline())  # its first line, or "" if it died
-    if not found:
-        proc.kill()
-        raise RuntimeError("the server process did not start")
-    return proc, found.group(0)
-
-
-def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: int = 16, repeats: int = 5) -> str:
-    """`python solution.py bench serving`: the same model and requests (a) offline through
-    `generate` and (b) through `python solution.py serve` in a child process (its own core, as
-    a server has) from this process's load generator, all sent at once (saturation), best of
-    `repeats` each; then requests one at a time, for the server's own TTFT overhead (medians)."""
-    model = ToyTransformer(ModelConfig(**SERVE_MODEL))
-    requests = make_workload(workload, num_prompts, 0, model.config.n_positions, model.config.vocab_size)
-    sampling = [SamplingParams(max_tokens=r.max_tokens) for r in requests]
-    num_tokens = sum(r.max_tokens for r in requests)
-    alone = [LLMEngine(model).generate([r.prompt_token_ids], [s])[0].metrics
-             for r, s in zip(requests[:num_alone], sampling)]
-    payloads = [completion_payload(r, "") for r in requests]
-    offline, runs = 0.0, []
-    proc, url = _serve_in_subprocess()
-    try:
-        for _ in range(repeats):  # interleaved, so that a noisy moment of the machine hits both
-            start = time.perf_counter()
-            LLMEngine(model).generate([r.prompt_token_ids for r in requests], sampling)
-            offline = max(offline, num_tokens / (time.perf_counter() - start))
-            runs.append(summarize_load(*run_load(url, payloads, math.inf)))
-        served = max(runs, key=lambda s: s["output_throughput"])
-        served_alone = [stream_metrics(stream_completion(url, p, 60.0)) for p in payloads[:num_alone]]
-    finally:
-        proc.terminate()
-        proc.wait(SHUTDOWN_TIMEOUT_S)
-    ttft_offline = float(np.median([m.ttft for m in alone]))
-    ttft_served = float(np.median([m.ttft for m in served_alone]))
-    step = float(np.median([gap for m in alone for gap in m.itl]))
-    c = model.config
-    return "\n".join([
-        f"== Serving over HTTP: {num_prompts} {workload} requests ({num_tokens} output tokens), model "
-        f"{c.n_layer} layers x n_embd {c.n_embd}, n_positions {c.n_positions} ==",
-        f"offline generate:        {offline:8.0f} output tokens/s",
-        f"through the server:      {served['output_throughput']:8.0f} output tokens/s "
-        f"({served['completed']}/{num_prompts} completed) = {served['output_throughput'] / offline:.0%} of offline",
-        f"TTFT of a lone request:  engine {ttft_offline * 1e3:.2f} ms, through the server {ttft_served * 1e3:.2f} ms: "
-        f"the server adds {(ttft_served - ttft_offline) * 1e3:.2f} ms (one decode step: {step * 1e3:.2f} ms)",
-    ])
-
-
 # =====================================================================================
-# 6. The command line
+# 9. The design-review scenarios: what `python solution.py` prints
 # =====================================================================================
 
-EXERCISES = {
-    1: "blocks and the allocator: blocks_needed, BlockAllocator",
-    2: "the block table: BlockTable.append_tokens / fork / truncate / slots / free",
-    3: "prefix caching: hash_block, lookup / register, allocate_prompt",
-    4: "paged attention: paged_attention",
-    5: "continuous batching: Scheduler.schedule",
-    6: "speculative sampling: residual_distribution, accept_or_resample",
-    7: "speculative generation: speculative_generate",
-    8: "capacity planning: plan_deployment",
-}
+
+# --- defend continuous batching ----------------------------------------------------------
 
 
-def unsolved_exercises(module_name: str | None = None) -> dict[int, list[str]]:
-    """Exercise number -> the functions still stubbed in a module's source (empty when all are done)."""
-    source = inspect.getsource(sys.modules[module_name or __name__])
-    stubs: dict[int, list[str]] = {}
-    for number, name in re.findall(r'raise NotImplementedError\("Exercise (\d+): ([\w.]+)"\)', source):
-        stubs.setdefault(int(number), []).append(name)
-    return stubs
+def format_timeline(sim: ServingSimulation, width: int = 96) -> str:
+    """The slots x steps picture: one line per slot, one column per `ceil(steps / width)` steps
+    (the most frequent state in those steps). '#' a long request (output > 4x the median),
+    letters the others (a new letter = a new request in the slot), '.' a slot idle while
+    requests wait (wasted), ' ' idle with nothing to do."""
+    per_col = max(1, math.ceil(sim.num_steps / width))
+    long_cut = 4 * float(np.median(sim.output_lens))
 
+    def glyph(cell: int) -> str:
+        if cell < 0:
+            return "." if cell == -1 else " "
+        return "#" if sim.output_lens[cell] > long_cut else "abcdefghijklmnopqrstuvwxyz"[cell % 26]
 
-def status_report() -> str:
-    """Which exercises this file still stubs (`python lab.py status`)."""
-    stubs = unsolved_exercises()
-    lines = [f"{os.path.basename(sys.modules[__name__].__file__)}: the inference-serving lab"]
-    for number, title in EXERCISES.items():
-        state = "to do: " + ", ".join(stubs[number]) if number in stubs else "done"
-        lines.append(f"  Exercise {number}  {title:<75} {state}")
+    lines = [f"{sim.scheduling}: {sim.num_slots} slots x {sim.num_steps} steps, one column = {per_col} step(s)"]
+    for slot in range(sim.num_slots):
+        cols = []
+        for c in range(0, sim.num_steps, per_col):
+            cells = [row[slot] for row in sim.timeline[c : c + per_col]]
+            cols.append(glyph(max(cells, key=cells.count)))
+        lines.append(f"slot {slot:>2} |{''.join(cols)}|")
     return "\n".join(lines)
 
 
-def scenario_size(model: str = "llama-2-13b", gpu: str = "a100-80gb", max_model_len: int = 8192,
-                  block_size: int = 16, gpu_memory_utilization: float = 0.9, activation_gb: float = 0.0,
-                  tensor_parallel_size: int = 1, prompt_len: float | None = None,
-                  output_len: float | None = None, kv_cache_dtype: str = "auto") -> str:
-    """Size a vLLM deployment (by default the curriculum's: a 13B model on an 80 GB GPU at 8k context),
-    then the KV waste a paged cache removes."""
-    lengths = {k: v for k, v in (("mean_prompt_len", prompt_len), ("mean_output_len", output_len)) if v is not None}
-    plan = plan_deployment(model, gpu, max_model_len, block_size=block_size,
-                           gpu_memory_utilization=gpu_memory_utilization,
-                           activation_bytes=int(activation_gb * GB), tensor_parallel_size=tensor_parallel_size,
-                           kv_cache_dtype=kv_cache_dtype, **lengths)
-    return format_plan(plan) + "\n\n" + format_waste(block_size=block_size)
+def format_batching_report(static: ServingSimulation, continuous: ServingSimulation, title: str = "",
+                           timeline_width: int = 96) -> str:
+    """The design-review slide: both timelines, then the numbers side by side."""
+    rows = [("steps", "num_steps", "{:.0f}"), ("simulated time (s)", "duration", "{:.2f}"),
+            ("throughput (tokens/s)", "throughput", "{:.0f}"), ("tokens per step", "tokens_per_step", "{:.2f}"),
+            ("wasted slot-steps", "wasted_slot_steps", "{:.0f}"), ("preemptions", "num_preemptions", "{:.0f}")]
+    lines = [title] if title else []
+    lines += [format_timeline(static, timeline_width), "", format_timeline(continuous, timeline_width), ""]
+    lines.append(f"{'':<28}{'static':>12}{'continuous':>12}")
+    for label, attr, fmt in rows:
+        a, b = getattr(static, attr), getattr(continuous, attr)
+        lines.append(f"{label:<28}{fmt.format(a):>12}{fmt.format(b):>12}")
+    for unit, in_steps, scale, fmt in (("s", False, 1.0, "{:.3f}"), ("steps", True, 1.0, "{:.1f}")):
+        sa, sb = static.summary(in_steps), continuous.summary(in_steps)
+        for key in ("mean_ttft", "p99_ttft", "mean_tpot", "p99_tpot"):
+            label = f"{key} ({unit})"
+            lines.append(f"{label:<28}{fmt.format(sa[key] * scale):>12}{fmt.format(sb[key] * scale):>12}")
+    lines.append(f"continuous / static throughput: {continuous.throughput / static.throughput:.2f}x")
+    return "\n".join(lines)
+
+
+def skewed_workload(num_short: int, long_len: int, short_len: int, prompt_len: int) -> list[tuple[float, int, int]]:
+    """The design review's skewed workload: one long answer first, then many short ones, all queued at t=0."""
+    return [(0.0, prompt_len, long_len)] + [(0.0, prompt_len, short_len)] * num_short
+
+
+def recurring_workload(num_requests: int, long_len: int, short_len: int, prompt_len: int, rate: float,
+                       long_every: int = 8, seed: int = 0) -> list[tuple[float, int, int]]:
+    """A stream: Poisson arrivals at `rate` requests/s (rate 0: all at t=0), every
+    `long_every`-th request a long answer."""
+    gaps = np.random.default_rng(seed).exponential(1 / rate, num_requests) if rate else np.zeros(num_requests)
+    return [(float(t), prompt_len, long_len if i % long_every == 0 else short_len)
+            for i, t in enumerate(np.cumsum(gaps) - gaps[0])]
+
+
+def _measure_engine(model: ToyTransformer, workload: list[tuple[float, int, int]], scheduling: str,
+                    max_num_seqs: int) -> tuple[float, int]:
+    """Wall-clock seconds and output tokens of one engine run (greedy, every request queued at once)."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, model.config.vocab_size, p).tolist() for _, p, _ in workload]
+    sampling = [SamplingParams(max_tokens=o) for _, _, o in workload]
+    engine = LLMEngine(model, max_num_seqs=max_num_seqs, scheduling=scheduling)
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, sampling)
+    return time.perf_counter() - start, sum(len(o.output_token_ids) for o in outputs)
+
+
+def _static_and_continuous(workload, slots: int) -> tuple[ServingSimulation, ServingSimulation]:
+    return (simulate_serving(workload, "static", max_num_seqs=slots),
+            simulate_serving(workload, "continuous", max_num_seqs=slots))
+
+
+def scenario_batching(slots: int = 16, long_len: int = 2000, short_len: int = 50, num_short: int = 63,
+                      timeline_width: int = 96) -> str:
+    """The design review "defend continuous batching", in the simulator at real sizes (Llama-2-7B
+    on an A100, StepCostModel): the skewed workload, then a stream where long answers recur."""
+    out = []
+
+    def both(workload):
+        return _static_and_continuous(workload, slots)
+
+    skewed = skewed_workload(num_short=num_short, long_len=long_len, short_len=short_len, prompt_len=128)
+    s, c = both(skewed)
+    out.append(format_batching_report(s, c, "== Skewed: 1 request answers 2000 tokens, 63 answer 50 "
+                                            f"(prompts 128, {slots} slots) ==", timeline_width))
+    stream = recurring_workload(256, long_len=long_len, short_len=short_len, prompt_len=128, rate=4.0)
+    s2, c2 = both(stream)
+    out.append(format_batching_report(s2, c2, "\n== Stream: 256 requests arriving at 4/s, one in eight "
+                                              f"answers {long_len} tokens, the rest {short_len} ==", timeline_width))
+
+    out.append(
+        f"\nWhy they differ: with ONE long answer the makespan is that answer in both schedules "
+        f"({s.num_steps} vs {c.num_steps} steps), so throughput moves only {c.throughput / s.throughput:.2f}x; "
+        f"what static batching loses there is latency (mean TTFT {s.summary()['mean_ttft']:.1f} s vs "
+        f"{c.summary()['mean_ttft']:.2f} s) and {s.wasted_slot_steps} slot-steps. When long answers recur, "
+        f"nearly every static batch holds one, so every batch lasts ~{long_len} steps at "
+        f"{s2.tokens_per_step:.1f} tokens/step, while continuous batching refills the slots: "
+        f"{c2.tokens_per_step:.1f} tokens/step, {c2.throughput / s2.throughput:.2f}x the throughput. A step costs "
+        f"about the same either way (the weights are read once per step), so tokens per step is throughput. "
+        f"TTFT is queueing + prefill: continuous batching moves it. TPOT is the decode step: it grows a little "
+        f"with the batch ({s2.summary()['mean_tpot'] * 1e3:.1f} -> {c2.summary()['mean_tpot'] * 1e3:.1f} ms).")
+    return "\n".join(out)
+
+
+# --- should we add speculative decoding? -------------------------------------------------
+
+
+def format_speculation_table(c: float, alphas=(0.5, 0.6, 0.7, 0.8, 0.9),
+                             ks=(1, 2, 3, 4, 5, 6, 8)) -> str:
+    """The design-review table "should we add speculative decoding?" for a draft of cost c.
+
+    Rows alpha, columns k: expected speedup (`speculative_speedup`), then the best k, its speedup
+    and its breakeven draft cost. Followed by why it helps decode but not prefill or large batches.
+    """
+    _check_cost("c", c, allow_zero=True)
+    if not alphas or not ks:
+        raise ValueError("alphas and ks must be non-empty")
+    for alpha in alphas:
+        for k in ks:
+            _check_alpha_k(alpha, k)
+    head = f"{'alpha':>6} |" + "".join(f"{'k=' + str(k):>7}" for k in ks) \
+        + f" | {'best k':>6} {'speedup':>8} {'breakeven c':>12}"
+    lines = [f"Expected speedup of speculative decoding, draft cost c = {c:g} target steps "
+             "(verify pass = 1 decode step)",
+             head, "-" * len(head)]
+    for alpha in alphas:
+        speedups = [speculative_speedup(alpha, k, c) for k in ks]
+        best = int(np.argmax(speedups))
+        lines.append(f"{alpha:>6.2f} |" + "".join(f"{s:>7.2f}" for s in speedups)
+                     + f" | {ks[best]:>6d} {speedups[best]:>8.2f}"
+                     + f" {breakeven_draft_cost(alpha, ks[best]):>12.3f}")
+    lines.append("(< 1 is a slowdown. Breakeven c = the dearest draft that still pays at that k;"
+                 " it is largest, c = alpha, at k = 1)")
+
+    alpha, k = max(alphas), max(ks)
+    tokens = expected_tokens_per_step(alpha, k)
+    compute_bound = predicted_speedup(alpha, k, c, verify_cost=k + 1)
+    lines += [
+        "",
+        "Why it helps decode: a decode step reads every weight (and the KV-cache) to produce",
+        "ONE token per sequence, so it is memory-bandwidth-bound and the arithmetic units mostly",
+        "idle. Scoring k+1 tokens in that pass reads the same bytes and costs about one step, so",
+        f"at alpha = {alpha:g}, k = {k} a target pass yields {tokens:.2f} tokens instead of 1, "
+        "for the price of k draft steps.",
+        "Why not prefill: the prompt's tokens are all known and already go through one parallel,",
+        "compute-bound pass; there are no sequential steps to save and no idle FLOPs to spend.",
+        "When a pass is compute-bound, k+1 tokens cost ~k+1 steps and the speedup",
+        f"E/(k*c + k+1) = {compute_bound:.2f} < 1 here: speculation can only lose.",
+        "Why less at large batch: B sequences per step already use the idle compute; a verify",
+        "pass of B*(k+1) tokens turns compute-bound, verify_cost grows toward k+1 and",
+        "`predicted_speedup` toward (then below) 1; rejected drafts waste FLOPs the batch needs.",
+        "Sources: Leviathan et al. 2023, Fast Inference from Transformers via Speculative",
+        "Decoding; Chen et al. 2023, Accelerating Large Language Model Decoding with",
+        "Speculative Sampling.",
+    ]
+    return "\n".join(lines)
+
+
+def make_early_exit_target(config: ModelConfig, num_draft_layers: int, refinement_scale: float,
+                           seed: int = 0) -> ToyTransformer:
+    """A target whose layers from `num_draft_layers` on are small refinements of the residual stream.
+
+    GPT-2 init, then `attn.c_proj` and `mlp.c_proj` weights of layers >= num_draft_layers are
+    multiplied by `refinement_scale` (0 < scale <= 1; 1 is the plain init). The early layers and
+    the head are untouched, so `make_self_draft(target, num_draft_layers)` shares them exactly.
+    """
+    if not 1 <= num_draft_layers <= config.n_layer:
+        raise ValueError(f"num_draft_layers must be in 1..{config.n_layer}, got {num_draft_layers}")
+    if not 0.0 < refinement_scale <= 1.0:
+        raise ValueError(f"refinement_scale must be in (0, 1], got {refinement_scale}")
+    weights = init_gpt2_weights(config, seed)
+    for i in range(num_draft_layers, config.n_layer):
+        for name in (f"h.{i}.attn.c_proj.weight", f"h.{i}.mlp.c_proj.weight"):
+            weights[name] *= np.float32(refinement_scale)  # in place: stays float32
+    return ToyTransformer(config, weights)
+
+
+def paged_greedy_generate(model: ToyTransformer, prompt_token_ids: Sequence[int], max_tokens: int) -> list[int]:
+    """The baseline: plain greedy decoding on the paged cache, one forward pass per output token."""
+    seq = PagedSequence(model)
+    seq.extend(list(prompt_token_ids))
+    token = int(np.argmax(seq.run()[-1]))  # prefill the whole prompt
+    out = [token]
+    while len(out) < max_tokens:
+        seq.extend([token])
+        token = int(np.argmax(seq.run()[-1]))
+        out.append(token)
+    return out
+
+
+def estimate_alpha(out: SpeculativeOutput, k: int) -> float:
+    """Per-token acceptance probability alpha from a run's accept counts.
+
+    Not `out.acceptance_rate` (accepted / drafted): drafts after the first rejection of a round
+    are thrown away unjudged, so that ratio is (E - 1)/k, not alpha. Under the i.i.d. model behind
+    `expected_tokens_per_step`, each round is a run of accepts ended by one rejection (or by
+    reaching k), and the maximum-likelihood alpha is accepts / (accepts + rejections).
+    """
+    rejections = sum(1 for a in out.accepted_per_pass if a < k)
+    judged = out.num_accepted + rejections
+    return out.num_accepted / judged if judged else 0.0
 
 
 # The toy pair `python solution.py speculate` runs: a 4-layer target whose later layers refine
@@ -4280,6 +3516,244 @@ def scenario_speculate(alpha: float | None = None, k: int | None = None, c: floa
     return f"{text}\n\n{measured}{verdict}"
 
 
+# --- size a deployment -------------------------------------------------------------------
+
+
+# The curriculum's sizing scenario: "a 13B model, 80 GB GPU, 8k context".
+SEED_SIZING = {"model": "llama-2-13b", "gpu": "a100-80gb", "max_model_len": 8192}
+
+
+def format_plan(plan: DeploymentPlan) -> str:
+    """A design-review printout of `plan`: the memory split, the concurrency and the QPS, and
+    the evidence for which consumer sets the concurrency ceiling (re-planned variants: zero
+    weights, half the context, the mean request's length, an 8-KV-head GQA twin)."""
+    m, g, tp = plan.model, plan.gpu, plan.tensor_parallel_size
+    per_seq = blocks_needed(plan.max_model_len, plan.block_size)
+    kv_element = m.dtype_bytes if m.kv_dtype_bytes is None else m.kv_dtype_bytes
+
+    def variant(**changes) -> DeploymentPlan:
+        args = dict(model=m, gpu=g, max_model_len=plan.max_model_len, block_size=plan.block_size,
+                    gpu_memory_utilization=plan.gpu_memory_utilization,
+                    activation_bytes=plan.activation_bytes, tensor_parallel_size=tp,
+                    mean_prompt_len=plan.mean_prompt_len, mean_output_len=plan.mean_output_len)
+        args.update(changes)
+        return plan_deployment(**args)
+
+    def pct(part: float) -> str:
+        return f"{100 * part / plan.memory_budget_bytes:.0f}%"
+
+    gpus = f"{tp} x {g.name}" if tp > 1 else g.name
+    lines = [
+        f"Sizing {m.name} on {gpus}, max_model_len {plan.max_model_len}, block_size "
+        f"{plan.block_size}, gpu_memory_utilization {plan.gpu_memory_utilization:g}",
+        f"  per GPU: memory {g.memory_bytes / GB:.2f} GB ({g.memory_bytes // MiB} MiB, nvidia-smi) "
+        f"-> budget {plan.memory_budget_bytes / GB:.2f} GB",
+        f"  weights      {plan.weight_bytes_per_gpu / GB:7.2f} GB  ({pct(plan.weight_bytes_per_gpu)} of budget)",
+        f"  activations  {plan.activation_bytes / GB:7.2f} GB  (reserve; vLLM measures the peak "
+        f"with a profiling run at start-up)",
+        f"  KV pool      {plan.kv_pool_bytes / GB:7.2f} GB  ({pct(plan.kv_pool_bytes)}): "
+        f"{plan.num_kv_blocks} blocks x {plan.block_bytes_per_gpu / 2**20:g} MiB "
+        f"= {plan.num_cache_tokens} tokens",
+        f"  KV per token {kv_bytes_per_token(m) / 2**10:g} KiB = 2 (K,V) x {m.num_layers} layers x "
+        f"{m.num_kv_heads} KV heads x {m.head_dim} x {kv_element} B"
+        + (" (8-bit KV cache)" if kv_element == 1 else "")
+        + (f", / tp {tp} = {plan.kv_bytes_per_token_per_gpu / 2**10:g} KiB per GPU" if tp > 1 else ""),
+        f"  max concurrent sequences at {plan.max_model_len} tokens: {plan.num_kv_blocks} // "
+        f"{per_seq} blocks = {plan.max_concurrent_seqs}",
+        f"  decode step {plan.decode_step_s * 1e3:.1f} ms ({plan.decode_bound}-bound; context "
+        f"charged {plan.mean_context_len:.0f} tokens), prefill {plan.prefill_s * 1e3:.1f} ms per "
+        f"{plan.mean_prompt_len:g}-token prompt",
+        f"  QPS (Little's law) = {plan.max_concurrent_seqs} / {plan.request_latency_s:.2f} s = "
+        f"{plan.qps:.2f} requests/s, {plan.output_tokens_per_s:.0f} output tokens/s"
+        + (f" per {tp}-GPU group" if tp > 1 else " per GPU"),
+    ]
+    lines += [f"  note: {note}" for note in plan.notes]
+
+    no_weights = variant(model=dataclasses.replace(m, num_params=1))
+    evidence = [f"deleting the weights altogether -> {no_weights.max_concurrent_seqs}"]
+    if plan.max_model_len >= 2 * plan.block_size:
+        half = variant(max_model_len=plan.max_model_len // 2,
+                       mean_prompt_len=min(plan.mean_prompt_len, plan.max_model_len // 4),
+                       mean_output_len=min(plan.mean_output_len, plan.max_model_len // 4))
+        evidence.append(f"half the context ({plan.max_model_len // 2}) -> {half.max_concurrent_seqs}")
+    if m.num_kv_heads > 8 and m.num_kv_heads % 8 == 0 and 8 % tp == 0:
+        gqa = variant(model=dataclasses.replace(m, name=m.name + "-gqa8", num_kv_heads=8))
+        evidence.append(f"a GQA twin with 8 KV heads -> {gqa.max_concurrent_seqs}")
+    if kv_element > 1:
+        int8 = variant(model=with_kv_cache_dtype(m, "int8"))
+        evidence.append(f"an 8-bit KV cache (--kv-cache-dtype int8) -> {int8.max_concurrent_seqs} "
+                        f"({int8.num_kv_blocks} blocks)")
+    mean_len = math.ceil(plan.mean_prompt_len + plan.mean_output_len)
+    typical = variant(max_model_len=mean_len)
+    if plan.ceiling == "kv-blocks":
+        lines.append(
+            f"  The KV blocks, not the weights, set the ceiling: the weights take "
+            f"{plan.weight_bytes_per_gpu / GB:.1f} GB and fit with {plan.kv_pool_bytes / GB:.1f} GB "
+            f"to spare, yet each {plan.max_model_len}-token sequence needs {per_seq} blocks "
+            f"({per_seq * plan.block_bytes_per_gpu / GB:.2f} GB), so only "
+            f"{plan.max_concurrent_seqs} fit.")
+    else:
+        lines.append(
+            f"  The weights set the ceiling here: they take {plan.weight_bytes_per_gpu / GB:.1f} GB "
+            f"and leave the KV pool only {plan.kv_pool_bytes / GB:.1f} GB "
+            f"({plan.max_concurrent_seqs} sequences); quantise the weights or raise tp.")
+    lines.append(f"  Concurrency instead of {plan.max_concurrent_seqs}: " + "; ".join(evidence) + ".")
+    lines.append(
+        f"  Paging allocates blocks as tokens arrive: a mean request ({mean_len} tokens, "
+        f"{blocks_needed(mean_len, plan.block_size)} blocks) leaves room for "
+        f"{typical.max_concurrent_seqs} at once ({typical.qps:.1f} QPS); "
+        f"{plan.max_concurrent_seqs} is the guarantee if every request grows to {plan.max_model_len}.")
+    return "\n".join(lines)
+
+
+def format_waste(max_model_len: int = 2048, block_size: int = 16,
+                 num_requests: int = 10_000, seed: int = 0) -> str:
+    """KV memory utilisation for ShareGPT- and Alpaca-like traffic (sample_request_lengths),
+    each request at its final length, under a max_len slab vs paged blocks."""
+    lines = [f"KV memory holding real tokens, {num_requests} requests per trace, "
+             f"max_model_len {max_model_len}, block_size {block_size}",
+             f"  (lengths: lognormal, sigma {LENGTH_SIGMA:g}, matched to the means Kwon et al. "
+             f"SOSP'23 report; each request at its final length)",
+             f"  {'trace':<9} {'paper means (in/out)':>21} {'sample mean':>12} {'slab':>7} {'paged':>7}"]
+    for stats in (SHAREGPT, ALPACA):
+        prompts, outputs = sample_request_lengths(stats, num_requests, seed, max_model_len)
+        total = prompts + outputs
+        util = kv_memory_utilization(total, max_model_len, block_size)
+        means = f"{stats.mean_prompt_len:g} / {stats.mean_output_len:g}"
+        lines.append(f"  {stats.name:<9} {means:>21} {total.mean():12.1f} "
+                     f"{100 * util.slab:6.1f}% {100 * util.paged:6.1f}%")
+    lines.append("  A slab is sized for the longest request and a request is mostly far shorter; paging "
+                 f"wastes under one block ({block_size} slots) per sequence, which short requests feel most.")
+    lines.append("  The paper measured 20.4%-38.2% for Orca's slab variants and 96.3% for vLLM (its Fig. 2).")
+    return "\n".join(lines)
+
+
+def scenario_size(model: str = "llama-2-13b", gpu: str = "a100-80gb", max_model_len: int = 8192,
+                  block_size: int = 16, gpu_memory_utilization: float = 0.9, activation_gb: float = 0.0,
+                  tensor_parallel_size: int = 1, prompt_len: float | None = None,
+                  output_len: float | None = None, kv_cache_dtype: str = "auto") -> str:
+    """Size a vLLM deployment (by default the curriculum's: a 13B model on an 80 GB GPU at 8k context),
+    then the KV waste a paged cache removes."""
+    lengths = {k: v for k, v in (("mean_prompt_len", prompt_len), ("mean_output_len", output_len)) if v is not None}
+    plan = plan_deployment(model, gpu, max_model_len, block_size=block_size,
+                           gpu_memory_utilization=gpu_memory_utilization,
+                           activation_bytes=int(activation_gb * GB), tensor_parallel_size=tensor_parallel_size,
+                           kv_cache_dtype=kv_cache_dtype, **lengths)
+    return format_plan(plan) + "\n\n" + format_waste(block_size=block_size)
+
+
+# --- pick a stack: vLLM vs TensorRT-LLM vs SGLang, as data -------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingStack:
+    """What a serving stack runs on and what it is built to be best at. All three do
+    continuous batching, a paged KV cache, prefix caching and speculative decoding; what
+    separates them is hardware reach and design centre."""
+
+    name: str
+    hardware: frozenset
+    design_center: str
+    prefix_reuse: str
+    setup: str
+    source: str
+
+
+STACKS: dict[str, ServingStack] = {
+    "vllm": ServingStack(
+        name="vLLM",
+        # docs.vllm.ai Installation: NVIDIA CUDA, AMD ROCm, Intel XPU, CPU (x86, ARM, Apple
+        # silicon, IBM Z), Google TPU, Intel Gaudi, AWS Neuron; Ascend via the vllm-ascend plugin.
+        hardware=frozenset({"nvidia", "amd", "intel", "tpu", "cpu", "aws-neuron", "ascend"}),
+        design_center="throughput on open-weights models: PagedAttention, continuous batching, "
+                      "the widest model and hardware coverage",
+        prefix_reuse="automatic prefix caching (hash of each full block)",
+        setup="pip install; loads a Hugging Face checkpoint directly",
+        source="Kwon et al. SOSP'23; docs.vllm.ai getting_started/installation"),
+    "tensorrt-llm": ServingStack(
+        name="TensorRT-LLM",
+        # NVIDIA/TensorRT-LLM README: "inference efficiently on NVIDIA GPUs".
+        hardware=frozenset({"nvidia"}),
+        design_center="lowest latency on NVIDIA GPUs: NVIDIA's own kernels and low-precision "
+                      "(FP8/FP4) paths tuned per GPU generation",
+        prefix_reuse="KV cache block reuse",
+        # nvidia.github.io/TensorRT-LLM: the classic path builds a TensorRT engine per model,
+        # GPU and max shapes (trtllm-build); the PyTorch backend (0.17+) loads HF checkpoints,
+        # and the newest releases remove the engine backend.
+        setup="NVIDIA containers; classic path compiles an engine per GPU and max shapes, "
+              "newer releases load HF checkpoints via a PyTorch backend",
+        source="nvidia.github.io/TensorRT-LLM (torch.html, legacy/tensorrt-backend-removal)"),
+    "sglang": ServingStack(
+        name="SGLang",
+        # docs.sglang.io Hardware Platforms: NVIDIA GPUs, AMD GPUs, Ascend NPUs, CPU servers,
+        # TPU, Intel XPU.
+        hardware=frozenset({"nvidia", "amd", "ascend", "cpu", "tpu", "intel"}),
+        design_center="prefix-heavy and structured workloads: RadixAttention keeps shared "
+                      "prefixes' KV in a radix tree across requests; compressed-FSM constrained decoding",
+        prefix_reuse="RadixAttention (radix tree over token prefixes, LRU eviction)",
+        setup="pip install; loads a Hugging Face checkpoint directly",
+        source="Zheng et al., SGLang (NeurIPS 2024); docs.sglang.io"),
+}
+
+
+class StackChoice(NamedTuple):
+    stack: str                # a key of STACKS
+    deciding_constraint: str  # the constraint that settled it, in a sentence
+
+
+def choose_stack(hardware: str = "nvidia", priority: str = "throughput",
+                 prefix_sharing: bool = False, structured_output: bool = False) -> StackChoice:
+    """Pick a stack from STACKS for a workload. Rules, in order:
+    1. hardware filters (TensorRT-LLM runs on NVIDIA only);
+    2. heavy prefix sharing or constrained (JSON/regex) output -> SGLang, if it runs there;
+    3. priority "latency" -> TensorRT-LLM, if the fleet is NVIDIA;
+    4. otherwise vLLM. The deciding constraint is the rule that fired, or the hardware when
+    it ruled out the stack the priority asked for."""
+    if priority not in ("throughput", "latency"):
+        raise ValueError(f"priority must be 'throughput' or 'latency', got {priority!r}")
+    known = set().union(*(s.hardware for s in STACKS.values()))
+    if hardware not in known:
+        raise ValueError(f"unknown hardware {hardware!r}; known: {', '.join(sorted(known))}")
+    runs = {key for key, stack in STACKS.items() if hardware in stack.hardware}
+    if (prefix_sharing or structured_output) and "sglang" in runs:
+        why = ("heavy prefix sharing: RadixAttention reuses the shared prefixes' KV across requests"
+               if prefix_sharing else "constrained output: compressed-FSM decoding for JSON/regex")
+        return StackChoice("sglang", why)
+    if priority == "latency":
+        if "tensorrt-llm" in runs:
+            return StackChoice("tensorrt-llm", "lowest latency on an NVIDIA-only fleet")
+        return StackChoice("vllm", f"hardware: {hardware} rules out TensorRT-LLM (NVIDIA-only)")
+    return StackChoice("vllm", "throughput on open weights, with the broadest model and hardware support")
+
+
+# Example workloads for the design review: (description, choose_stack keyword arguments).
+STACK_WORKLOADS = (
+    ("batch summarisation with an open-weights Llama on A100s, throughput first",
+     {"hardware": "nvidia", "priority": "throughput"}),
+    ("voice assistant on H100s, tight per-token latency SLO, short distinct prompts",
+     {"hardware": "nvidia", "priority": "latency"}),
+    ("agent with a 4k-token shared system prompt and tools, JSON replies, on H100s",
+     {"hardware": "nvidia", "priority": "latency", "prefix_sharing": True, "structured_output": True}),
+    ("chat endpoint on AMD MI300X, latency first",
+     {"hardware": "amd", "priority": "latency"}),
+)
+
+
+def format_stack_choice(workloads=STACK_WORKLOADS) -> str:
+    """The stacks as a table, then each workload with the chosen stack and deciding constraint."""
+    lines = ["Serving stacks (all three do continuous batching - TensorRT-LLM calls it in-flight "
+             "batching -, a paged KV cache, prefix caching and speculative decoding)"]
+    for stack in STACKS.values():
+        lines.append(f"  {stack.name:<13} runs on {', '.join(sorted(stack.hardware))}")
+        lines.append(f"  {'':<13} best at: {stack.design_center}")
+        lines.append(f"  {'':<13} prefix reuse: {stack.prefix_reuse}; setup: {stack.setup}")
+    lines.append("Workloads:")
+    for description, constraints in workloads:
+        choice = choose_stack(**constraints)
+        lines.append(f"  {description}\n    -> {STACKS[choice.stack].name}: {choice.deciding_constraint}")
+    return "\n".join(lines)
+
+
 def scenario_stack(hardware: str | None = None, priority: str = "throughput", prefix_sharing: bool = False,
                    structured_output: bool = False) -> str:
     """Pick a stack: the example workloads, and the answer for yours when a hardware is given."""
@@ -4289,17 +3763,6 @@ def scenario_stack(hardware: str | None = None, priority: str = "throughput", pr
                               structured_output=structured_output)
         text += f"\n\nYour workload: {choice.stack}, decided by: {choice.deciding_constraint}"
     return text
-
-
-# Each benchmark prints its lines as it measures them (progress, on a slow machine).
-BENCHMARKS = {
-    "attention": lambda: bench_attention(log=print),
-    "decode": lambda: bench_decode(log=print),
-    "kv-int8": lambda: bench_kv_int8(log=print),
-    "batching": lambda: print(bench_batching()),
-    "speculative": lambda: print(bench_speculative()),
-    "serving": lambda: print(bench_serving()),
-}
 
 
 def run_all_scenarios() -> tuple[str, list[str]]:
@@ -4321,6 +3784,42 @@ def run_all_scenarios() -> tuple[str, list[str]]:
             body = f"(not yet: {exc} is still a stub)"
         texts.append(f"{bar}\n{title}\n{bar}\n{body}")
     return "\n\n".join(texts), stubs
+
+
+# =====================================================================================
+# 10. The command line
+# =====================================================================================
+
+
+EXERCISES = {
+    1: "blocks and the allocator: blocks_needed, BlockAllocator",
+    2: "the block table: BlockTable.append_tokens / fork / truncate / slots / free",
+    3: "prefix caching: hash_block, lookup / register, allocate_prompt",
+    4: "paged attention: paged_attention",
+    5: "continuous batching: Scheduler.schedule",
+    6: "speculative sampling: residual_distribution, accept_or_resample",
+    7: "speculative generation: speculative_generate",
+    8: "capacity planning: plan_deployment",
+}
+
+
+def unsolved_exercises(module_name: str | None = None) -> dict[int, list[str]]:
+    """Exercise number -> the functions still stubbed in a module's source (empty when all are done)."""
+    source = inspect.getsource(sys.modules[module_name or __name__])
+    stubs: dict[int, list[str]] = {}
+    for number, name in re.findall(r'raise NotImplementedError\("Exercise (\d+): ([\w.]+)"\)', source):
+        stubs.setdefault(int(number), []).append(name)
+    return stubs
+
+
+def status_report() -> str:
+    """Which exercises this file still stubs (`python lab.py status`)."""
+    stubs = unsolved_exercises()
+    lines = [f"{os.path.basename(sys.modules[__name__].__file__)}: the inference-serving lab"]
+    for number, title in EXERCISES.items():
+        state = "to do: " + ", ".join(stubs[number]) if number in stubs else "done"
+        lines.append(f"  Exercise {number}  {title:<75} {state}")
+    return "\n".join(lines)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -4382,8 +3881,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     stack.add_argument("--priority", choices=("throughput", "latency"), default="throughput")
     stack.add_argument("--prefix-sharing", action="store_true", help="heavy shared prefixes")
     stack.add_argument("--structured-output", action="store_true", help="JSON / regex constrained output")
-    bench = commands.add_parser("bench", help="measure on this machine, side by side")
-    bench.add_argument("which", nargs="?", choices=(*BENCHMARKS, "all"), default="all")
+    # Listed for --help only: main() hands `bench ...` to tools/bench.py before parsing.
+    commands.add_parser("bench", help="measure on this machine, side by side (tools/bench.py; bench --help)")
     commands.add_parser("status", help="which exercises are done")
     serve = commands.add_parser("serve", help="serve a toy model over HTTP, OpenAI-compatible, until Ctrl-C")
     serve.add_argument("--host", default="127.0.0.1")
@@ -4415,8 +3914,18 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+def run_benchmarks(prog: str, argv: list[str]) -> int:
+    """`python solution.py bench ...` is `python tools/bench.py ... --module solution`: the
+    benchmarks import the module they measure, never the other way round."""
+    bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", "bench.py")
+    return subprocess.call([sys.executable, bench, *argv, "--module", os.path.splitext(prog)[0]])
+
+
 def main(argv: list[str] | None = None) -> int:
     prog = os.path.basename(sys.modules[__name__].__file__)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        return run_benchmarks(prog, argv[1:])
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
@@ -4435,9 +3944,6 @@ def main(argv: list[str] | None = None) -> int:
             print(scenario_speculate(args.alpha, args.k, args.c))
         elif args.command == "stack":
             print(scenario_stack(args.hardware, args.priority, args.prefix_sharing, args.structured_output))
-        elif args.command == "bench":
-            for name in BENCHMARKS if args.which == "all" else [args.which]:
-                BENCHMARKS[name]()
         elif args.command == "serve":
             model = ToyTransformer(ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}), seed=args.seed)
             serve(LLMEngine(model, args.num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,

@@ -6,8 +6,11 @@ line is replaced, at the same indentation, by
 `raise NotImplementedError("Exercise N: <qualified name of the enclosing function>")`.
 Everything else (signatures, docstrings, provided code) is kept as it is.
 
-    python tools/make_lab.py           # write lab.py
-    python tools/make_lab.py --check   # exit 1 if lab.py is not what this tool generates
+    python tools/make_lab.py           # refresh solution.py's reading map, then write lab.py
+    python tools/make_lab.py --check   # exit 1 if lab.py or the reading map is out of date
+
+The reading map is the table in solution.py's docstring that gives each section's line range
+(a section runs from its `# ====` bar to the line before the next one); writing refreshes it.
 """
 
 from __future__ import annotations
@@ -46,6 +49,31 @@ def enclosing_functions(source: str) -> dict[int, str]:
     return names
 
 
+SECTION_TITLE = re.compile(r"^# (\d+)\. ")
+MAP_ROW = re.compile(r"^(\s*(\d+)\. .+?\s)(\d+-\d+)( +)(\S.*)$")
+PATH_LINES = re.compile(r"(Sections 1-5 are the chapter: )(\d+)( lines)")
+
+
+def refresh_reading_map(source: str) -> str:
+    """`source` with the reading map's line ranges (and the reading path's length) recomputed
+    from the section titles (`# N. ...`, the line after each section's opening bar)."""
+    lines = source.split("\n")
+    bars = {int(m.group(1)): i for i, line in enumerate(lines) if (m := SECTION_TITLE.match(line))}
+    ends = sorted(bars.values())[1:] + [len(lines)]
+    ranges = {n: f"{bar}-{end - 1}" for (n, bar), end in zip(sorted(bars.items()), ends)}
+    docstring_end = source.index('"""', 3)
+    for i, line in enumerate(lines):
+        if sum(len(x) + 1 for x in lines[:i]) > docstring_end:
+            break
+        row = MAP_ROW.match(line)
+        if row and int(row.group(2)) in ranges:
+            width = len(row.group(3)) + len(row.group(4))
+            lines[i] = row.group(1) + ranges[int(row.group(2))].ljust(width - 1) + " " + row.group(5)
+        elif 6 in bars:
+            lines[i] = PATH_LINES.sub(lambda m: f"{m.group(1)}{bars[6] - 1}{m.group(3)}", line)
+    return "\n".join(lines)
+
+
 def make_lab(source: str) -> str:
     """The lab text for a solution text; raises ValueError on unbalanced or misplaced markers."""
     owners = enclosing_functions(source)
@@ -80,18 +108,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if lab.py is out of date")
     args = parser.parse_args(argv)
+    solution = ROOT / "solution.py"
+    source = solution.read_text()
+    refreshed = refresh_reading_map(source)
     try:
-        lab = make_lab((ROOT / "solution.py").read_text())
+        lab = make_lab(refreshed)
     except ValueError as exc:
         print(f"make_lab: {exc}", file=sys.stderr)
         return 1
     target = ROOT / "lab.py"
     if args.check:
+        if refreshed != source:
+            print("make_lab: the reading map in solution.py's docstring is stale; run python tools/make_lab.py",
+                  file=sys.stderr)
+            return 1
         if not target.exists() or target.read_text() != lab:
             print("make_lab: lab.py is not what solution.py generates; run python tools/make_lab.py", file=sys.stderr)
             return 1
         print("make_lab: lab.py is in sync with solution.py")
         return 0
+    if refreshed != source:
+        solution.write_text(refreshed)
+        print("make_lab: refreshed the reading map in solution.py")
     target.write_text(lab)
     stubs = len(re.findall(r'raise NotImplementedError\("Exercise \d+: ', lab))
     print(f"make_lab: wrote {target.name} ({stubs} stubs)")
