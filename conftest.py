@@ -62,6 +62,10 @@ _SELECTED: dict[int | None, int] = {}  # exercise -> how many of its tests this 
 def pytest_configure(config: pytest.Config) -> None:
     if _IMPORT_ERROR:
         raise pytest.UsageError(_IMPORT_ERROR)
+    # One home for the list of exercises: the module's EXERCISES names the markers too.
+    for number, title in EXERCISES.items():
+        config.addinivalue_line("markers", f"exercise{number}: Exercise {number}, {title}")
+    config.addinivalue_line("markers", "provided: provided code the exercises build on (green from the start)")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -3,7 +3,7 @@
 """Inference-serving internals: the three mechanisms behind vLLM, TensorRT-LLM and SGLang,
 on a NumPy GPT-2.
 
-Reading map. Sections 1-5 are the chapter: 1994 lines, a day's reading at 300-400 lines
+Reading map. Sections 1-5 are the chapter: 1991 lines, a day's reading at 300-400 lines
 an hour (the exercises' own code, an afternoon). Stop at section 6; the rest stands beside it.
 
    section                                     lines        what it holds
@@ -11,13 +11,13 @@ an hour (the exercises' own code, an afternoon). Stop at section 6; the rest sta
    2. The model and the paged attention path   461-880      a GPT-2 that reads its past through block tables (Ex. 4)
    3. Continuous batching                      881-1459     requests, the scheduler, the engine (Ex. 5)
    4. Speculative decoding                     1460-1746    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1747-1994    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   5. Capacity planning                        1747-1991    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
    ---- the reading path ends here ----
-   6. Argument checks                          1995-2282    provided: the exercises start from checked arguments
-   7. Beside the path                          2283-2711    int8 K/V arithmetic, static baseline, simulator, presets
-   8. Serving over HTTP                        2712-3586    an OpenAI-compatible endpoint and a load generator
-   9. The design-review scenarios              3587-4121    what `python solution.py` prints
-  10. The command line                         4122-4298    `python solution.py --help`
+   6. Argument checks                          1992-2279    provided: the exercises start from checked arguments
+   7. Beside the path                          2280-2708    int8 K/V arithmetic, static baseline, simulator, presets
+   8. Serving over HTTP                        2709-3583    an OpenAI-compatible endpoint and a load generator
+   9. The design-review scenarios              3584-4119    what `python solution.py` prints
+  10. The command line                         4120-4296    `python solution.py --help`
 
 The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
 generated from this file by `tools/make_lab.py`: every region between
@@ -1595,11 +1595,8 @@ class DeploymentPlan:
     notes: tuple[str, ...] = ()
 
 
-# The PagedAttention paper's ShareGPT means (see SHAREGPT below), as default traffic.
-_DEFAULT_PROMPT_LEN = 161.31
-
-
-_DEFAULT_OUTPUT_LEN = 337.99
+# The default traffic: the PagedAttention paper's ShareGPT means.
+_DEFAULT_PROMPT_LEN, _DEFAULT_OUTPUT_LEN = SHAREGPT.mean_prompt_len, SHAREGPT.mean_output_len
 
 
 def plan_deployment(
@@ -3520,7 +3517,7 @@ def scenario_speculate(alpha: float | None = None, k: int | None = None, c: floa
 
 
 # The curriculum's sizing scenario: "a 13B model, 80 GB GPU, 8k context".
-SEED_SIZING = {"model": "llama-2-13b", "gpu": "a100-80gb", "max_model_len": 8192}
+SEED_SIZING = {"model": "llama-2-13b", "gpu": "a100-80gb", "max_model_len": 8192}  # every default below
 
 
 def format_plan(plan: DeploymentPlan) -> str:
@@ -3628,7 +3625,8 @@ def format_waste(max_model_len: int = 2048, block_size: int = 16,
     return "\n".join(lines)
 
 
-def scenario_size(model: str = "llama-2-13b", gpu: str = "a100-80gb", max_model_len: int = 8192,
+def scenario_size(model: str = SEED_SIZING["model"], gpu: str = SEED_SIZING["gpu"],
+                  max_model_len: int = SEED_SIZING["max_model_len"],
                   block_size: int = 16, gpu_memory_utilization: float = 0.9, activation_gb: float = 0.0,
                   tensor_parallel_size: int = 1, prompt_len: float | None = None,
                   output_len: float | None = None, kv_cache_dtype: str = "auto") -> str:
@@ -3794,9 +3792,9 @@ def run_all_scenarios() -> tuple[str, list[str]]:
 EXERCISES = {
     1: "blocks and the allocator: blocks_needed, BlockAllocator",
     2: "the block table: BlockTable.append_tokens / fork / truncate / slots / free",
-    3: "prefix caching: hash_block, lookup / register, allocate_prompt",
+    3: "prefix caching: hash_block, lookup / register, allocate_prompt, cache_full_blocks",
     4: "paged attention: paged_attention",
-    5: "continuous batching: Scheduler.schedule",
+    5: "continuous batching: Scheduler.schedule / update / _preempt",
     6: "speculative sampling: residual_distribution, accept_or_resample",
     7: "speculative generation: speculative_generate",
     8: "capacity planning: plan_deployment",
@@ -3854,9 +3852,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", parser_class=_Parser)
     size = commands.add_parser("size", help="size a deployment: KV blocks, concurrency, QPS, KV waste")
     # choices: an unknown name is a usage error that lists the known ones, before any exercise runs.
-    size.add_argument("--model", default="llama-2-13b", choices=list(MODELS))
-    size.add_argument("--gpu", default="a100-80gb", choices=list(GPUS))
-    size.add_argument("--max-model-len", type=_positive(int), default=8192)
+    size.add_argument("--model", default=SEED_SIZING["model"], choices=list(MODELS))
+    size.add_argument("--gpu", default=SEED_SIZING["gpu"], choices=list(GPUS))
+    size.add_argument("--max-model-len", type=_positive(int), default=SEED_SIZING["max_model_len"])
     size.add_argument("--block-size", type=_positive(int), default=16)
     size.add_argument("--gpu-memory-utilization", type=_positive(float), default=0.9)
     size.add_argument("--activation-gb", type=_positive(float, allow_zero=True), default=0.0,
