@@ -19,11 +19,13 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import math
 import os
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,26 +208,13 @@ SPEED_SHAPE = dict(batch=32, context_len=256, n_head=4, head_dim=32, block_size=
 LOOKS_LIKE_A_LOOP = 10.0  # paged / contiguous at or above this: named a Python loop over tokens
 
 
-def _contiguous_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Decode attention on contiguous K/V (B, T, H, D): the yardstick the kernel is timed against."""
-    scale = np.float32(1.0 / math.sqrt(q.shape[-1]))
-    scores = np.matmul(k.transpose(0, 2, 1, 3), (q * scale)[..., None])[..., 0]   # (B, H, T)
-    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    return np.matmul(p[:, :, None, :], v.transpose(0, 2, 1, 3))[:, :, 0, :]
-
-
-def _token_loop_attention(q, k_cache, v_cache, table, context_len: int) -> np.ndarray:
-    """One sequence, one Python step per token (heads vectorised): what the exercise must not be."""
-    block_size = k_cache.shape[1]
-    rows = [(table[i // block_size], i % block_size) for i in range(context_len)]
-    scores = np.array([(k_cache[b, s] * q).sum(axis=-1) for b, s in rows]) / np.float32(math.sqrt(q.shape[-1]))
-    p = np.exp(scores - scores.max(axis=0))
-    p /= p.sum(axis=0)
-    out = np.zeros_like(q)
-    for i, (b, s) in enumerate(rows):
-        out += p[i][:, None] * v_cache[b, s]
-    return out
+def _load_bench():
+    """tools/bench.py, whose reference kernels (contiguous attention, a loop over tokens) the
+    scoreboard times the student's kernel against. Loading it imports no module under test."""
+    spec = importlib.util.spec_from_file_location("bench", Path(__file__).parent / "tools" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _best_times(fns: dict, rounds: int = 15, budget: float = 0.3) -> dict:
@@ -258,8 +247,10 @@ def exercise4_speed() -> list[str]:
     v_dense = v_cache[tables].reshape(batch, -1, n_head, head_dim)[:, :context_len].copy()
     where = (f"batch {batch}, {context_len} tokens, {n_head} heads x {head_dim}, block size {block_size}; "
              f"full benchmark: python {LAB_MODULE}.py bench attention")
-    dense = lambda: _contiguous_attention(q, k_dense, v_dense)
-    fns = {"dense": dense, "loop": lambda: _token_loop_attention(q[0], k_cache, v_cache, tables[0], context_len)}
+    bench = _load_bench()
+    dense = lambda: bench._contiguous_decode_attention(q, k_dense, v_dense)
+    loop = lambda: bench._per_token_loop_attention(q[:1], k_cache, v_cache, tables[:1], lens[:1])
+    fns = {"dense": dense, "loop": loop}
     try:
         # First 2 sequences only: a kernel that loops over tokens and heads would take seconds on
         # all 32. A slow one is timed on those 2 and scaled; a fast one on the whole batch.

@@ -28,15 +28,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _module_under_test(argv: list[str]):
-    """The module named by --module (default: solution), imported before the benchmarks are
-    defined, since their default arguments read its constants."""
-    name = argv[argv.index("--module") + 1] if "--module" in argv[:-1] else "solution"
+lab = None  # the module under test (solution or lab): `use_module` sets it before any benchmark runs
+
+
+def use_module(name: str) -> None:
+    """Measure the module `name` (imported from the repository's root)."""
+    global lab
     sys.path.insert(0, str(ROOT))
-    return importlib.import_module(name)
-
-
-lab = _module_under_test(sys.argv)
+    lab = importlib.import_module(name)
 
 
 def _best_side_by_side(fns: dict, repeats: int = 5) -> dict:
@@ -343,7 +342,7 @@ def bench_batching(slots: int = 16) -> str:
 # The bench model must make a decode step weight-read-bound: GPT-2-small's body (12 layers,
 # n_embd 768) with a 4096-token vocabulary is ~350 MB of float32 weights, ten times this CPU's
 # 32 MB L3, so every decode step streams all of them from DRAM.
-SPEC_BENCH_CONFIG = lab.ModelConfig(vocab_size=4096, n_positions=512, n_embd=768, n_layer=12, n_head=12)
+SPEC_BENCH_CONFIG = dict(vocab_size=4096, n_positions=512, n_embd=768, n_layer=12, n_head=12)
 
 
 SPEC_BENCH_DRAFT_LAYERS = 1
@@ -432,7 +431,7 @@ def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
     the measurements behind "it helps decode, not prefill, and less at large batch".
     All timings are best-of-N of interleaved runs on the paged path, after a warm-up.
     """
-    config, m = SPEC_BENCH_CONFIG, SPEC_BENCH_DRAFT_LAYERS
+    config, m = lab.ModelConfig(**SPEC_BENCH_CONFIG), SPEC_BENCH_DRAFT_LAYERS
     _progress(f"building the target ({config.n_layer} layers, n_embd {config.n_embd}, vocab "
               f"{config.vocab_size}) and its {m}-layer self-draft")
     target = lab.make_early_exit_target(config, m, SPEC_BENCH_REFINEMENT_SCALE)
@@ -617,6 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("which", nargs="?", choices=(*BENCHMARKS, "all"), default="all")
     parser.add_argument("--module", default="solution", help="the module to measure: solution or lab")
     args = parser.parse_args(argv)
+    use_module(args.module)
     try:
         for name in BENCHMARKS if args.which == "all" else [args.which]:
             BENCHMARKS[name]()
