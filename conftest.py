@@ -48,10 +48,11 @@ _PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shri
 # The exercises' titles come from the module itself ("blocks and the allocator: ..." -> the part before ":").
 EXERCISES = {n: title.split(":")[0] for n, title in getattr(lab, "EXERCISES", {}).items()}
 
-settings.register_profile("default", max_examples=40, deadline=None, phases=_PHASES,
+# report_multiple_bugs=False: a wrong solution gets one failing example, not an exception group.
+settings.register_profile("default", max_examples=40, deadline=None, phases=_PHASES, report_multiple_bugs=False,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, database=None,
-                          phases=_PHASES, suppress_health_check=[HealthCheck.too_slow])
+                          phases=_PHASES, report_multiple_bugs=False, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
@@ -269,7 +270,9 @@ def exercise4_speed() -> list[str]:
     except Exception as exc:  # feedback only: never fail or break the run
         return [f"speed: not measured: paged_attention raised {type(exc).__name__}: {exc} ({where})"]
     ratio, loop_ratio = t["paged"] / t["dense"], t["loop"] * batch / t["dense"]
-    if ratio >= LOOKS_LIKE_A_LOOP:
+    # Named a loop only when it is both far off contiguous attention and near the measured loop:
+    # on a loaded machine one slow timing of a vectorised kernel must not earn that verdict.
+    if ratio >= max(LOOKS_LIKE_A_LOOP, loop_ratio / 3):
         return [f"speed: your paged_attention looks like a Python loop over tokens ({ratio:.0f}x slower than "
                 f"contiguous attention): vectorise over the tokens of a block",
                 f"       ({where})"]

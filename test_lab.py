@@ -667,9 +667,9 @@ def test_allocate_prompt_that_does_not_fit_changes_nothing():
     queries = alloc.stats.queries
     with pytest.raises(lab.OutOfBlocksError):
         lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 5, 6, 7, 8, 9])  # hit + 2 more, 1 left after revival
-    assert [alloc.ref_count(b) for b in range(3)] == refs and alloc.num_free_blocks == 2, (
-        "a failed allocate_prompt must give back the cache hits it took"
-    )
+    assert [alloc.ref_count(b) for b in range(3)] == refs, (
+        "a failed allocate_prompt must give back the cache hits it took")
+    assert alloc.num_free_blocks == 2, "a failed allocate_prompt must leave every block it looked at free"
     assert alloc.stats.queries == queries, "a failed allocate_prompt must not look anything up (ask first, then act)"
 
 

@@ -51,7 +51,7 @@ def enclosing_functions(source: str) -> dict[int, str]:
 
 SECTION_TITLE = re.compile(r"^# (\d+)\. ")
 MAP_ROW = re.compile(r"^(\s*(\d+)\. .+?\s)(\d+-\d+)( +)(\S.*)$")
-PATH_LINES = re.compile(r"(Sections 1-5 are the chapter: )(\d+)( lines)")
+PATH_LINES = re.compile(r"^(\d+)( lines, a day)")
 
 
 def refresh_reading_map(source: str) -> str:
@@ -70,7 +70,7 @@ def refresh_reading_map(source: str) -> str:
             width = len(row.group(3)) + len(row.group(4))
             lines[i] = row.group(1) + ranges[int(row.group(2))].ljust(width - 1) + " " + row.group(5)
         elif 6 in bars:
-            lines[i] = PATH_LINES.sub(lambda m: f"{m.group(1)}{bars[6] - 1}{m.group(3)}", line)
+            lines[i] = PATH_LINES.sub(lambda m: f"{bars[6] - 1}{m.group(2)}", line)
     return "\n".join(lines)
 
 
