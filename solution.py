@@ -15,8 +15,8 @@ Stop at section 6; the rest stands beside it.
    6. Argument checks                          1993-2280    provided: the exercises start from checked arguments
    7. Beside the path                          2281-2709    int8 K/V arithmetic, static baseline, simulator, presets
    8. Serving over HTTP                        2710-3584    an OpenAI-compatible endpoint and a load generator
-   9. The design-review scenarios              3585-4120    what `python solution.py` prints
-  10. The command line                         4121-4297    `python solution.py --help`
+   9. The design-review scenarios              3585-4166    what `python solution.py` prints
+  10. The command line                         4167-4344    `python solution.py --help`
 
 The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
 generated from this file by `tools/make_lab.py`: every region between
@@ -3815,6 +3815,8 @@ def _measured_speculation(k: int = 4, num_tokens: int = 100) -> str:
     q = token_probs(draft.forward_dense(text)[len(prompt) - 1:-1], 1.0)
     predicted = float(np.minimum(p, q).sum(axis=1).mean())  # acceptance_rate, row by row
     measured = estimate_alpha(out, k)
+    # The proof, as arithmetic on these very rows: one accept/resample emits exactly p.
+    exact = max(float(np.abs(speculative_output_distribution(pi, qi) - pi).max()) for pi, qi in zip(p, q))
     return "\n".join([
         f"Measured: your speculative_generate on the toy models, sampled at T = 1, k = {k}: a "
         f"{_SPEC_DEMO_CONFIG.n_layer}-layer target (later layers x 0.2) and its 1-layer self-draft",
@@ -3823,6 +3825,8 @@ def _measured_speculation(k: int = 4, num_tokens: int = 100) -> str:
         f"(sum(min(p, q)) averaged over the output's positions)",
         f"  tokens per target pass: measured {len(out.token_ids) / max(out.num_target_passes, 1):.2f}, "
         f"formula E(alpha, k) = {expected_tokens_per_step(predicted, k):.2f}",
+        f"  the output keeps the target's distribution: over these {len(p)} positions, "
+        f"max |P(emitted) - p| = {exact:.1e} (speculative_output_distribution, exact arithmetic)",
     ])
 
 
@@ -3854,10 +3858,12 @@ def scenario_speculate(alpha: float | None = None, k: int | None = None, c: floa
 SEED_SIZING = {"model": "llama-2-13b", "gpu": "a100-80gb", "max_model_len": 8192}  # every default below
 
 
-def format_plan(plan: DeploymentPlan) -> str:
+def format_plan(plan: DeploymentPlan, usd_per_gpu_hour: float | None = None) -> str:
     """A design-review printout of `plan`: the memory split, the concurrency and the QPS, and
     the evidence for which consumer sets the concurrency ceiling (re-planned variants: zero
-    weights, half the context, the mean request's length, an 8-KV-head GQA twin)."""
+    weights, half the context, the mean request's length, an 8-KV-head GQA twin). With a GPU
+    price, the cost per million output tokens: the tp GPUs' price per hour over the output
+    tokens the group makes in an hour."""
     m, g, tp = plan.model, plan.gpu, plan.tensor_parallel_size
     per_seq = blocks_needed(plan.max_model_len, plan.block_size)
     kv_element = m.dtype_bytes if m.kv_dtype_bytes is None else m.kv_dtype_bytes
@@ -3934,6 +3940,13 @@ def format_plan(plan: DeploymentPlan) -> str:
         f"{blocks_needed(mean_len, plan.block_size)} blocks) leaves room for "
         f"{typical.max_concurrent_seqs} at once ({typical.qps:.1f} QPS); "
         f"{plan.max_concurrent_seqs} is the guarantee if every request grows to {plan.max_model_len}.")
+    if usd_per_gpu_hour is not None:
+        def per_million(p: DeploymentPlan) -> float:
+            return usd_per_gpu_hour * tp / (p.output_tokens_per_s * 3600) * 1e6
+        lines.append(
+            f"  Cost at ${usd_per_gpu_hour:.2f} per GPU-hour: ${per_million(plan):.2f} per 1M output tokens at the "
+            f"guaranteed {plan.max_concurrent_seqs} sequences, ${per_million(typical):.2f} at the mean request's "
+            f"{typical.max_concurrent_seqs}: the KV ceiling is also the price.")
     return "\n".join(lines)
 
 
@@ -3963,7 +3976,8 @@ def scenario_size(model: str = SEED_SIZING["model"], gpu: str = SEED_SIZING["gpu
                   max_model_len: int = SEED_SIZING["max_model_len"],
                   block_size: int = 16, gpu_memory_utilization: float = 0.9, activation_gb: float = 0.0,
                   tensor_parallel_size: int = 1, prompt_len: float | None = None,
-                  output_len: float | None = None, kv_cache_dtype: str = "auto") -> str:
+                  output_len: float | None = None, kv_cache_dtype: str = "auto",
+                  usd_per_gpu_hour: float | None = None) -> str:
     """Size a vLLM deployment (by default the curriculum's: a 13B model on an 80 GB GPU at 8k context),
     then the KV waste a paged cache removes."""
     lengths = {k: v for k, v in (("mean_prompt_len", prompt_len), ("mean_output_len", output_len)) if v is not None}
@@ -3971,7 +3985,7 @@ def scenario_size(model: str = SEED_SIZING["model"], gpu: str = SEED_SIZING["gpu
                            gpu_memory_utilization=gpu_memory_utilization,
                            activation_bytes=int(activation_gb * GB), tensor_parallel_size=tensor_parallel_size,
                            kv_cache_dtype=kv_cache_dtype, **lengths)
-    return format_plan(plan) + "\n\n" + format_waste(block_size=block_size)
+    return format_plan(plan, usd_per_gpu_hour) + "\n\n" + format_waste(block_size=block_size)
 
 
 # --- pick a stack: vLLM vs TensorRT-LLM vs SGLang, as data -------------------------------
@@ -4086,10 +4100,38 @@ def format_stack_choice(workloads=STACK_WORKLOADS) -> str:
     return "\n".join(lines)
 
 
+def _measured_prefix_sharing(num_requests: int = 16, system_len: int = 96, user_len: int = 16) -> str:
+    """What "complex prefix sharing" is worth, on the toy engine: requests that share a system
+    prompt, with prefix caching off and on. One request warms the cache first (a block becomes
+    findable once its K/V is computed, so requests admitted in the same step cannot share yet)."""
+    model = ToyTransformer(ModelConfig(), seed=0)
+    rng = np.random.default_rng(0)
+    system = rng.integers(0, model.config.vocab_size, system_len).tolist()
+    prompts = [system + rng.integers(0, model.config.vocab_size, user_len).tolist() for _ in range(num_requests)]
+    sampling = SamplingParams(max_tokens=8)
+    runs = {}
+    for caching in (False, True):
+        engine = LLMEngine(model, block_size=16, enable_prefix_caching=caching)
+        outs = engine.generate(prompts[:1], sampling) + engine.generate(prompts[1:], sampling)
+        reused = engine.allocator.stats.hits * engine.allocator.block_size
+        runs[caching] = ([o.output_token_ids for o in outs], reused, engine.prefix_cache_hit_rate)
+    (plain, _, _), (cached, reused, hit_rate) = runs[False], runs[True]
+    total = sum(len(p) for p in prompts)
+    return (f"Measured: prefix caching on the toy engine, {num_requests} requests sharing a {system_len}-token system "
+            f"prompt (+{user_len} tokens each):\n  prefill tokens computed {total} -> {total - reused} "
+            f"({reused / total:.0%} served from the cache, block hit rate {hit_rate:.0%}); outputs identical: "
+            f"{plain == cached}")
+
+
 def scenario_stack(hardware: str | None = None, priority: str = "throughput", prefix_sharing: bool = False,
                    structured_output: bool = False) -> str:
-    """Pick a stack: the example workloads, and the answer for yours when a hardware is given."""
+    """Pick a stack: the example workloads, what prefix sharing saves (measured on the lab's own
+    engine, or which stub it still needs), and the answer for yours when a hardware is given."""
     text = format_stack_choice()
+    try:
+        text += "\n\n" + _measured_prefix_sharing()
+    except NotImplementedError as exc:  # the table above is provided; the run needs the exercises
+        text += f"\n\nMeasured prefix sharing: not yet: {exc} is still a stub"
     if hardware is not None:
         choice = choose_stack(hardware=hardware, priority=priority, prefix_sharing=prefix_sharing,
                               structured_output=structured_output)
@@ -4097,11 +4139,15 @@ def scenario_stack(hardware: str | None = None, priority: str = "throughput", pr
     return text
 
 
+# An example price for the main job's cost line, not a quote: pass --usd-per-gpu-hour for yours.
+EXAMPLE_USD_PER_GPU_HOUR = 2.0
+
+
 def run_all_scenarios() -> tuple[str, list[str]]:
     """The four design-review scenarios in order, and the stubs any of them hit (in lab.py a
     scenario whose exercise is not written yet says so and the others still run)."""
     sections = [
-        ("1. Size a vLLM deployment", scenario_size),
+        ("1. Size a vLLM deployment", lambda: scenario_size(usd_per_gpu_hour=EXAMPLE_USD_PER_GPU_HOUR)),
         ("2. Defend continuous batching", scenario_batching),
         ("3. Decide whether to add speculative decoding", scenario_speculate),
         ("4. Pick a stack", scenario_stack),
@@ -4198,6 +4244,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     size.add_argument("--output-len", type=_positive(float), help="mean output tokens (default: ShareGPT)")
     size.add_argument("--kv-cache-dtype", choices=list(PLAN_KV_CACHE_DTYPES), default="auto",
                       help="KV-cache element type: auto (the model's), fp8 or int8 (1 byte)")
+    size.add_argument("--usd-per-gpu-hour", type=_positive(float), help="GPU price: prints the cost per 1M tokens")
     batching = commands.add_parser("batching", help="static vs continuous batching: a skewed workload, then a stream")
     batching.add_argument("--slots", type=_positive(int), default=16)
     batching.add_argument("--long", type=_positive(int), default=2000, help="tokens of the long answer")
@@ -4269,7 +4316,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "size":
             print(scenario_size(args.model, args.gpu, args.max_model_len, args.block_size,
                                 args.gpu_memory_utilization, args.activation_gb, args.tp, args.prompt_len,
-                                args.output_len, args.kv_cache_dtype))
+                                args.output_len, args.kv_cache_dtype, args.usd_per_gpu_hour))
         elif args.command == "batching":
             print(scenario_batching(args.slots, args.long, args.short, args.num_short))
         elif args.command == "speculate":

@@ -3055,6 +3055,15 @@ def test_format_plan_shows_the_kv_blocks_set_the_ceiling():
 
 
 @pytest.mark.exercise8
+def test_format_plan_prices_a_million_output_tokens_from_the_plans_throughput():
+    plan = lab.plan_deployment(**lab.SEED_SIZING)
+    text = lab.format_plan(plan, usd_per_gpu_hour=2.0)
+    per_million = 2.0 / (plan.output_tokens_per_s * 3600) * 1e6   # one GPU's hour over its tokens
+    assert f"${per_million:.2f} per 1M output tokens" in text, (
+        f"expected ${per_million:.2f} per 1M output tokens (price per hour / output tokens per hour):\n{text}")
+
+
+@pytest.mark.exercise8
 def test_format_plan_prints_the_block_size_in_mib_of_two_to_the_twenty_bytes():
     # 16 tokens x 819,200 B = 13,107,200 B = 12.5 x 2**20 (13.1 million: MB would be the other unit)
     text = lab.format_plan(lab.plan_deployment(**lab.SEED_SIZING))
@@ -3226,6 +3235,23 @@ def test_cli_speculate_runs_speculative_generate_and_sets_measured_alpha_beside_
     assert re.search(r"alpha: measured 0\.\d+ .*formula 0\.\d+", proc.stdout), (
         f"`python {lab.__name__}.py speculate` must run speculative_generate on the toy models and print "
         f"the measured alpha beside the formula's; got:\n{proc.stdout[-600:]}")
+    assert re.search(r"max \|P\(emitted\) - p\| = \d\.\de-1[5-9]", proc.stdout), (
+        "the speculate scenario must show, on the measured rows, that accept/resample emits exactly p")
+
+
+@pytest.mark.exercise5
+def test_cli_stack_measures_what_prefix_sharing_saves_on_the_lab_engine():
+    proc = run_cli("stack")
+    stub = re.search(r"(Exercise \d+: \S+) is still a stub", proc.stdout)
+    if stub:
+        raise NotImplementedError(stub.group(1))
+    assert proc.returncode == 0, proc.stderr
+    found = re.search(r"prefill tokens computed (\d+) -> (\d+) .*outputs identical: (\w+)", proc.stdout)
+    assert found, f"`stack` must print what prefix caching saved on the toy engine; got:\n{proc.stdout[-600:]}"
+    total, computed, same = int(found.group(1)), int(found.group(2)), found.group(3)
+    assert computed < total / 2 and same == "True", (
+        f"16 requests sharing a 96-token system prompt computed {computed} of {total} prefill tokens "
+        f"(outputs identical: {same}): after the first request, the shared blocks must come from the cache")
 
 
 @pytest.mark.provided
@@ -3234,6 +3260,7 @@ def test_cli_speculate_runs_speculative_generate_and_sets_measured_alpha_beside_
     (("size", "--gpu", "tpu-v9"), "choose from 'a100-40gb'"),
     (("size", "--max-model-len", "-1"), "--max-model-len"),
     (("size", "--activation-gb", "inf"), "--activation-gb"),
+    (("size", "--usd-per-gpu-hour", "-2"), "--usd-per-gpu-hour"),
     (("speculate", "--c", "nan"), "--c"),
     (("size", "--kv-cache-dtype", "fp4"), "--kv-cache-dtype"),
     (("speculate", "--alpha", "1.5"), "alpha"),
