@@ -3648,18 +3648,6 @@ def recurring_workload(num_requests: int, long_len: int, short_len: int, prompt_
             for i, t in enumerate(np.cumsum(gaps) - gaps[0])]
 
 
-def _measure_engine(model: ToyTransformer, workload: list[tuple[float, int, int]], scheduling: str,
-                    max_num_seqs: int) -> tuple[float, int]:
-    """Wall-clock seconds and output tokens of one engine run (greedy, every request queued at once)."""
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, model.config.vocab_size, p).tolist() for _, p, _ in workload]
-    sampling = [SamplingParams(max_tokens=o) for _, _, o in workload]
-    engine = LLMEngine(model, max_num_seqs=max_num_seqs, scheduling=scheduling)
-    start = time.perf_counter()
-    outputs = engine.generate(prompts, sampling)
-    return time.perf_counter() - start, sum(len(o.output_token_ids) for o in outputs)
-
-
 def _static_and_continuous(workload, slots: int) -> tuple[ServingSimulation, ServingSimulation]:
     return (simulate_serving(workload, "static", max_num_seqs=slots),
             simulate_serving(workload, "continuous", max_num_seqs=slots))
