@@ -17,8 +17,8 @@ Stop at section 6; the rest stands beside it.
    6. Argument checks                          1993-2280    provided: the exercises start from checked arguments
    7. Beside the path                          2281-2709    int8 K/V arithmetic, static baseline, simulator, presets
    8. Serving over HTTP                        2710-3584    an OpenAI-compatible endpoint and a load generator
-   9. The design-review scenarios              3585-4166    what `python solution.py` prints
-  10. The command line                         4167-4344    `python solution.py --help`
+   9. The design-review scenarios              3585-4154    what `python solution.py` prints
+  10. The command line                         4155-4332    `python solution.py --help`
 
 The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
 generated from this file by `tools/make_lab.py`: every region between
@@ -3313,18 +3313,6 @@ def recurring_workload(num_requests: int, long_len: int, short_len: int, prompt_
     gaps = np.random.default_rng(seed).exponential(1 / rate, num_requests) if rate else np.zeros(num_requests)
     return [(float(t), prompt_len, long_len if i % long_every == 0 else short_len)
             for i, t in enumerate(np.cumsum(gaps) - gaps[0])]
-
-
-def _measure_engine(model: ToyTransformer, workload: list[tuple[float, int, int]], scheduling: str,
-                    max_num_seqs: int) -> tuple[float, int]:
-    """Wall-clock seconds and output tokens of one engine run (greedy, every request queued at once)."""
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, model.config.vocab_size, p).tolist() for _, p, _ in workload]
-    sampling = [SamplingParams(max_tokens=o) for _, _, o in workload]
-    engine = LLMEngine(model, max_num_seqs=max_num_seqs, scheduling=scheduling)
-    start = time.perf_counter()
-    outputs = engine.generate(prompts, sampling)
-    return time.perf_counter() - start, sum(len(o.output_token_ids) for o in outputs)
 
 
 def _static_and_continuous(workload, slots: int) -> tuple[ServingSimulation, ServingSimulation]:

@@ -15,8 +15,8 @@ Stop at section 6; the rest stands beside it.
    6. Argument checks                          1993-2280    provided: the exercises start from checked arguments
    7. Beside the path                          2281-2709    int8 K/V arithmetic, static baseline, simulator, presets
    8. Serving over HTTP                        2710-3584    an OpenAI-compatible endpoint and a load generator
-   9. The design-review scenarios              3585-4166    what `python solution.py` prints
-  10. The command line                         4167-4344    `python solution.py --help`
+   9. The design-review scenarios              3585-4154    what `python solution.py` prints
+  10. The command line                         4155-4332    `python solution.py --help`
 
 The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
 generated from this file by `tools/make_lab.py`: every region between

@@ -892,17 +892,22 @@ def paged_batches(draw):
     return batch, block_size, lens, n_head, head_dim, fill, padding, extra_columns, seed
 
 
+def random_case(lens, block_size=4, n_head=2, head_dim=8, seed=0, fill=np.nan, **kwargs):
+    rng = np.random.default_rng(seed)
+    seqs_k = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
+    seqs_v = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
+    q = rng.standard_normal((len(lens), n_head, head_dim)).astype(np.float32)
+    k_cache, v_cache, tables = scatter_into_paged_cache(seqs_k, seqs_v, block_size, rng, fill, **kwargs)
+    return q, seqs_k, seqs_v, k_cache, v_cache, tables
+
+
 @pytest.mark.exercise4
 @settings(max_examples=60)
 @given(paged_batches())
 def test_paged_attention_equals_dense_attention_on_contiguous_kv(case):
     batch, block_size, lens, n_head, head_dim, fill, padding, extra_columns, seed = case
-    rng = np.random.default_rng(seed)
-    seqs_k = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
-    seqs_v = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
-    q = rng.standard_normal((batch, n_head, head_dim)).astype(np.float32)
-    k_cache, v_cache, tables = scatter_into_paged_cache(seqs_k, seqs_v, block_size, rng, fill,
-                                                        extra_columns=extra_columns, padding=padding)
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size, n_head, head_dim, seed, fill,
+                                                              extra_columns=extra_columns, padding=padding)
     with np.errstate(all="ignore"):  # a kernel that reads the NaN/huge fill should fail below, not warn
         out = lab.paged_attention(q, k_cache, v_cache, tables, np.array(lens))
     assert out.shape == (batch, n_head, head_dim)
@@ -916,15 +921,6 @@ def test_paged_attention_equals_dense_attention_on_contiguous_kv(case):
             err_msg=f"sequence {b} (context {lens[b]}, block size {block_size}): paged attention "
                     "differs from plain softmax attention over its first context_lens[b] tokens; "
                     "token i lives at block_tables[b, i // block_size], offset i % block_size")
-
-
-def random_case(lens, block_size=4, n_head=2, head_dim=8, seed=0, fill=np.nan, **kwargs):
-    rng = np.random.default_rng(seed)
-    seqs_k = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
-    seqs_v = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
-    q = rng.standard_normal((len(lens), n_head, head_dim)).astype(np.float32)
-    k_cache, v_cache, tables = scatter_into_paged_cache(seqs_k, seqs_v, block_size, rng, fill, **kwargs)
-    return q, seqs_k, seqs_v, k_cache, v_cache, tables
 
 
 @pytest.mark.exercise4
@@ -1395,13 +1391,9 @@ def test_int8_cache_copy_on_write_copies_values_and_scales(tiny_model):
 @given(paged_batches())
 def test_paged_attention_on_int8_blocks_is_dense_attention_on_their_dequantised_values(case):
     batch, block_size, lens, n_head, head_dim, _, padding, extra_columns, seed = case
-    rng = np.random.default_rng(seed)
-    seqs_k = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
-    seqs_v = [rng.standard_normal((t, n_head, head_dim)).astype(np.float32) for t in lens]
-    q = rng.standard_normal((batch, n_head, head_dim)).astype(np.float32)
     # Stale slots and spare blocks: zeros, then quantised; their scales huge so a read shows.
-    k_cache, v_cache, tables = scatter_into_paged_cache(seqs_k, seqs_v, block_size, rng, 0.0,
-                                                        extra_columns=extra_columns, padding=padding)
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size, n_head, head_dim, seed, 0.0,
+                                                              extra_columns=extra_columns, padding=padding)
     (kq, ks), (vq, vs) = lab.quantize_int8(k_cache), lab.quantize_int8(v_cache)
     kq[ks == 0], vq[vs == 0] = 100, -100
     ks[ks == 0], vs[vs == 0] = 1e30, 1e30
