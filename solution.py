@@ -2,21 +2,21 @@
 on a NumPy GPT-2.
 
 Reading map of solution.py (its line numbers; lab.py's differ). Sections 1-5 are the chapter:
-1992 lines, a day's reading at 300-400 lines an hour (the exercises' own code, an afternoon).
+1993 lines, a day's reading at 300-400 lines an hour (the exercises' own code, an afternoon).
 Stop at section 6; the rest stands beside it.
 
    section                                     lines        what it holds
-   1. Paged KV-cache (PagedAttention)          53-461       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   462-881      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      882-1460     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1461-1747    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1748-1992    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   1. Paged KV-cache (PagedAttention)          53-459       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   460-879      a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      880-1461     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1462-1748    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1749-1993    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
    ---- the reading path ends here ----
-   6. Argument checks                          1993-2280    provided: the exercises start from checked arguments
-   7. Beside the path                          2281-2709    int8 K/V arithmetic, static baseline, simulator, presets
-   8. Serving over HTTP                        2710-3584    an OpenAI-compatible endpoint and a load generator
-   9. The design-review scenarios              3585-4154    what `python solution.py` prints
-  10. The command line                         4155-4332    `python solution.py --help`
+   6. Argument checks                          1994-2281    provided: the exercises start from checked arguments
+   7. Beside the path                          2282-2710    int8 K/V arithmetic, static baseline, simulator, presets
+   8. Serving over HTTP                        2711-3585    an OpenAI-compatible endpoint and a load generator
+   9. The design-review scenarios              3586-4155    what `python solution.py` prints
+  10. The command line                         4156-4333    `python solution.py --help`
 
 The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
 generated from this file by `tools/make_lab.py`: every region between
@@ -83,14 +83,14 @@ def hash_block(parent_hash: int | None, token_ids: Sequence[int], cache_salt: st
 
     Chaining makes the hash name the whole prefix, not just this block's tokens: two
     blocks with the same tokens after different prefixes hold different K/V (attention
-    saw different pasts), so they must never be confused. `cache_salt` (given for a
-    sequence's first block only; the chain carries it on) keeps the prefixes of requests
-    with different salts apart: tenants that must not share cached K/V never do.
+    saw different pasts), so they must never be confused. `cache_salt` (a table passes its
+    own with every block) keeps the prefixes of requests with different salts apart:
+    tenants that must not share cached K/V never do.
 
     Required: the same int in every process (so not Python's `hash`, which is salted per
-    process for str and, since 3.12, for None) and collision-resistant (a collision would
-    hand one request another's K/V). SHA-256 over a canonical encoding of (parent_hash,
-    cache_salt, token ids) has both.
+    process for str and bytes, and before Python 3.12 depends on the address of None) and
+    collision-resistant (a collision would hand one request another's K/V). SHA-256 over a
+    canonical encoding of (parent_hash, cache_salt, token ids) has both.
     """
     # BEGIN SOLUTION: Exercise 3
     # repr of a tuple of ints, None and str is canonical: one text per value, in every process.
@@ -100,12 +100,11 @@ def hash_block(parent_hash: int | None, token_ids: Sequence[int], cache_salt: st
 
 
 def chained_block_hashes(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None) -> list[int]:
-    """The chained hashes of every FULL block of `token_ids`, in order (the salt goes into
-    the first block's hash)."""
+    """The chained hashes of every FULL block of `token_ids`, in order."""
     hashes: list[int] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hashes[-1] if hashes else None
-        hashes.append(hash_block(parent, token_ids[start : start + block_size], None if hashes else cache_salt))
+        hashes.append(hash_block(parent, token_ids[start : start + block_size], cache_salt))
     return hashes
 
 
@@ -287,7 +286,7 @@ class BlockTable:
     blocks it has registered, in order. A block is registered only once its K/V is computed
     (`cache_full_blocks`, called after the forward pass that wrote it), never when it is
     allocated: until then another sequence that found it would read K/V that is not there.
-    `cache_salt` goes into the first block's hash (see `hash_block`).
+    `cache_salt` goes into every block's hash (see `hash_block`).
     """
 
     def __init__(self, allocator: BlockAllocator, cache_salt: str | None = None):
@@ -384,7 +383,7 @@ class BlockTable:
     def cache_full_blocks(self, num_computed_tokens: int) -> None:
         """Register (prefix caching only) every full block among the first `num_computed_tokens`
         tokens that has no hash yet: their K/V is now written. Blocks are registered in order,
-        under their chained hashes (`hash_block(parent, tokens, cache_salt for the first)`),
+        under their chained hashes (`hash_block(parent, tokens, self.cache_salt)`),
         and `_block_hashes` grows with them. Call it after the forward pass that computed them.
         (Checked before your code: an int in 0..num_tokens.)"""
         check_int("num_computed_tokens", num_computed_tokens, 0)
@@ -396,8 +395,7 @@ class BlockTable:
         block_size = self.block_size
         for i in range(len(self._block_hashes), num_computed_tokens // block_size):
             parent = self._block_hashes[-1] if self._block_hashes else None
-            salt = None if self._block_hashes else self.cache_salt
-            block_hash = hash_block(parent, self.token_ids[i * block_size : (i + 1) * block_size], salt)
+            block_hash = hash_block(parent, self.token_ids[i * block_size : (i + 1) * block_size], self.cache_salt)
             self._block_hashes.append(block_hash)
             self.allocator.register(self.block_ids[i], block_hash)
         # END SOLUTION
@@ -976,8 +974,9 @@ class SequenceState:
 
     Invariant between steps: `block_table` holds exactly the first `num_computed_tokens`
     tokens, whose K/V is in the cache; the tokens after them (the rest of a prompt being
-    prefilled, or the last sampled token) are still to be processed. So a block is in the
-    table, and in the prefix cache, only once its K/V is being computed.
+    prefilled, or the last sampled token) are still to be processed. A step appends its
+    tokens to the table as it is planned, and the full blocks it computed enter the prefix
+    cache in `update` (`cache_full_blocks`), after the forward pass.
     """
 
     def __init__(self, request: Request, allocator: BlockAllocator):
@@ -1296,8 +1295,9 @@ class LLMEngine:
     length fit at once (then nothing is ever preempted); pass fewer to study memory pressure.
     `scheduling` is "continuous" (Scheduler) or "static" (StaticBatchScheduler with
     batch_size = max_num_seqs). Metrics are wall-clock seconds from `time.perf_counter`.
-    `kv_cache_dtype="int8"` keeps K/V as int8 with per-token scales (`KVCache`): the same
-    memory holds about 4x the blocks of float32, at a small cost in logit accuracy.
+    `kv_cache_dtype="int8"` keeps K/V as int8 with per-token scales (`KVCache`): each block
+    takes 3.2-3.8x fewer bytes than float32 (the scales cost the rest of 4x), at a small cost
+    in logit accuracy; the engine keeps `num_blocks` blocks either way.
     """
 
     def __init__(self, model: ToyTransformer, num_blocks: int | None = None, block_size: int = 16,
@@ -1336,20 +1336,21 @@ class LLMEngine:
                           sampling: Sequence[SamplingParams | None]) -> list[Request]:
         """Requests for these prompts, every field checked, ids fresh and unique: a ValueError
         for any bad one, and then nothing is queued (a batch is all or nothing)."""
-        taken, requests = self._in_flight(), []
+        taken, requests, next_id = self._in_flight(), [], self._next_id
         for prompt, params in zip(prompts, sampling):
             if isinstance(prompt, Request):
                 request = prompt
             else:
-                while str(self._next_id) in taken:  # a caller's id may look like ours
-                    self._next_id += 1
-                request = Request(str(self._next_id), prompt, SamplingParams() if params is None else params)
+                while str(next_id) in taken:  # a caller's id may look like ours
+                    next_id += 1
+                request = Request(str(next_id), prompt, SamplingParams() if params is None else params)
+                next_id += 1
             _check_request(request, self.model.config)
             if request.request_id in taken:
                 raise ValueError(f"request id {request.request_id!r} is already in flight; ids must be unique")
             taken.add(request.request_id)
             requests.append(request)
-        self._next_id += len(requests)
+        self._next_id = next_id  # only once the whole batch is accepted
         return requests
 
     def add_request(self, prompt: Request | Sequence[int], sampling: SamplingParams | None = None) -> str:
@@ -1390,23 +1391,23 @@ class LLMEngine:
         If the model or the sampler raises, every sequence of the step is finished as "error"
         (its blocks freed, its output reported by the next step) and the error propagates:
         no request is left behind half-computed."""
-        held, self._held = list(self._held.values()), {}
         plan = self.scheduler.plan_step()
         done, self._just_finished = self._just_finished, []
-        if not plan.scheduled:
-            return held + [seq.to_output() for seq in done]
-        try:
-            sampled = self._run_model(plan)
-        except Exception as exc:
-            for seq in plan.scheduled:
-                self.scheduler.abort(seq.request_id)
-                seq.finish_reason, seq.finish_time = "error", time.perf_counter()
-                seq.finish_detail = f"{type(exc).__name__}: {exc}"
-            self._just_finished = done + plan.scheduled
-            raise
-        self.scheduler.finish_step(plan, sampled, time.perf_counter())
-        self.num_steps += 1
-        progressed = [s for s in plan.scheduled if s.request_id in sampled]
+        progressed = []
+        if plan.scheduled:
+            try:
+                sampled = self._run_model(plan)
+            except Exception as exc:
+                for seq in plan.scheduled:
+                    self.scheduler.abort(seq.request_id)
+                    seq.finish_reason, seq.finish_time = "error", time.perf_counter()
+                    seq.finish_detail = f"{type(exc).__name__}: {exc}"
+                self._just_finished = done + plan.scheduled
+                raise
+            self.scheduler.finish_step(plan, sampled, time.perf_counter())
+            self.num_steps += 1
+            progressed = [s for s in plan.scheduled if s.request_id in sampled]
+        held, self._held = list(self._held.values()), {}
         return held + [seq.to_output() for seq in done + progressed]
 
     def _run_model(self, plan: SchedulerOutput) -> dict[str, int]:

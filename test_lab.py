@@ -399,18 +399,20 @@ def test_block_hash_is_chained_on_the_parent():
 
 
 @pytest.mark.exercise3
-def test_block_hash_is_the_same_int_in_another_process():
-    here = lab.hash_block(lab.hash_block(None, [1, 2, 3, 4]), [5, 6, 7, 8])
-    assert isinstance(here, int)
+def test_block_hash_is_the_same_int_in_every_process():
+    # Two chains, one with a str salt: Python's hash() of a str changes with PYTHONHASHSEED, and
+    # before 3.12 its hash of None with the process's memory layout.
+    here = [lab.hash_block(lab.hash_block(None, [1, 2, 3, 4]), [5, 6, 7, 8]), lab.hash_block(None, [1, 2], "tenant")]
+    assert all(isinstance(h, int) for h in here), "hash_block must return an int"
     code = (f"import importlib; m = importlib.import_module({lab.__name__!r}); "
-            "print(m.hash_block(m.hash_block(None, [1, 2, 3, 4]), [5, 6, 7, 8]))")
-    env = dict(os.environ, PYTHONHASHSEED="12345")
-    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env,
-                           cwd=Path(lab.__file__).parent)
-    assert there.returncode == 0, there.stderr[-500:]
-    assert int(there.stdout) == here, (
-        "hash_block gave another value in another process: Python's hash() is salted per process (None's hash "
-        "is its address); use a content hash such as hashlib.sha256 over a canonical encoding")
+            "print(m.hash_block(m.hash_block(None, [1, 2, 3, 4]), [5, 6, 7, 8]), m.hash_block(None, [1, 2], 'tenant'))")
+    for seed in ("1", "2"):
+        there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                               env=dict(os.environ, PYTHONHASHSEED=seed), cwd=Path(lab.__file__).parent)
+        assert there.returncode == 0, there.stderr[-500:]
+        assert [int(h) for h in there.stdout.split()] == here, (
+            f"hash_block gave other values in a process with PYTHONHASHSEED={seed}: Python's hash() is salted per "
+            "process; use a content hash such as hashlib.sha256 over a canonical encoding")
 
 
 @pytest.mark.exercise3
@@ -418,7 +420,7 @@ def test_a_cache_salt_keeps_equal_prompts_apart():
     alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
     computed_table(alloc, list(range(9)), cache_salt="tenant-a")
     assert lab.BlockTable(alloc, "tenant-b").allocate_prompt(list(range(9))) == 0, (
-        "a prompt with another cache_salt hit the cache: mix the salt into the first block's hash")
+        "a prompt with another cache_salt hit the cache: mix the salt into the block hashes")
     assert lab.BlockTable(alloc).allocate_prompt(list(range(9))) == 0, "an unsalted prompt hit a salted prefix"
     assert lab.BlockTable(alloc, "tenant-a").allocate_prompt(list(range(9))) == 8, (
         "the same salt must still share the prefix")
@@ -1842,6 +1844,17 @@ def test_a_request_id_already_in_flight_is_refused_and_changes_nothing(engine_mo
     with pytest.raises(ValueError, match="'a'"):
         engine.add_request(lab.Request("a", [4, 5], lab.SamplingParams(max_tokens=2)))
     assert len(engine.scheduler.waiting) == 1, "a refused duplicate must not be queued"
+
+
+@pytest.mark.exercise5
+def test_the_engine_never_reuses_a_request_id_it_handed_out(engine_model):
+    engine = lab.LLMEngine(engine_model, block_size=4)
+    first = engine.add_request([1, 2, 3], lab.SamplingParams(max_tokens=1))
+    while engine.has_unfinished():
+        engine.step()
+    ids = [first] + [engine.add_request([4, 5], lab.SamplingParams(max_tokens=1)) for _ in range(3)]
+    ids += [o.request_id for o in engine.generate([[6], [7]], lab.SamplingParams(max_tokens=1))]
+    assert len(set(ids)) == len(ids), f"request ids {ids}: an id names one request, even after it finished"
 
 
 @pytest.mark.exercise5
