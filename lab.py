@@ -4,21 +4,21 @@
 on a NumPy GPT-2.
 
 Reading map of solution.py (its line numbers; lab.py's differ). Sections 1-5 are the chapter:
-1993 lines, a day's reading at 300-400 lines an hour (the exercises' own code, an afternoon).
+1992 lines, a day's reading at 300-400 lines an hour (the exercises' own code, an afternoon).
 Stop at section 6; the rest stands beside it.
 
    section                                     lines        what it holds
    1. Paged KV-cache (PagedAttention)          53-459       blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   460-879      a GPT-2 that reads its past through block tables (Ex. 4)
    3. Continuous batching                      880-1461     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1462-1748    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1749-1993    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   4. Speculative decoding                     1462-1747    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1748-1992    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
    ---- the reading path ends here ----
-   6. Argument checks                          1994-2281    provided: the exercises start from checked arguments
-   7. Beside the path                          2282-2710    int8 K/V arithmetic, static baseline, simulator, presets
-   8. Serving over HTTP                        2711-3585    an OpenAI-compatible endpoint and a load generator
-   9. The design-review scenarios              3586-4155    what `python solution.py` prints
-  10. The command line                         4156-4333    `python solution.py --help`
+   6. Argument checks                          1993-2280    provided: the exercises start from checked arguments
+   7. Beside the path                          2281-2709    int8 K/V arithmetic, static baseline, simulator, presets
+   8. Serving over HTTP                        2710-3584    an OpenAI-compatible endpoint and a load generator
+   9. The design-review scenarios              3585-4154    what `python solution.py` prints
+  10. The command line                         4155-4332    `python solution.py --help`
 
 The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
 generated from this file by `tools/make_lab.py`: every region between

@@ -2,21 +2,21 @@
 on a NumPy GPT-2.
 
 Reading map of solution.py (its line numbers; lab.py's differ). Sections 1-5 are the chapter:
-1993 lines, a day's reading at 300-400 lines an hour (the exercises' own code, an afternoon).
+1992 lines, a day's reading at 300-400 lines an hour (the exercises' own code, an afternoon).
 Stop at section 6; the rest stands beside it.
 
    section                                     lines        what it holds
    1. Paged KV-cache (PagedAttention)          53-459       blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   460-879      a GPT-2 that reads its past through block tables (Ex. 4)
    3. Continuous batching                      880-1461     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1462-1748    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1749-1993    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   4. Speculative decoding                     1462-1747    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1748-1992    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
    ---- the reading path ends here ----
-   6. Argument checks                          1994-2281    provided: the exercises start from checked arguments
-   7. Beside the path                          2282-2710    int8 K/V arithmetic, static baseline, simulator, presets
-   8. Serving over HTTP                        2711-3585    an OpenAI-compatible endpoint and a load generator
-   9. The design-review scenarios              3586-4155    what `python solution.py` prints
-  10. The command line                         4156-4333    `python solution.py --help`
+   6. Argument checks                          1993-2280    provided: the exercises start from checked arguments
+   7. Beside the path                          2281-2709    int8 K/V arithmetic, static baseline, simulator, presets
+   8. Serving over HTTP                        2710-3584    an OpenAI-compatible endpoint and a load generator
+   9. The design-review scenarios              3585-4154    what `python solution.py` prints
+  10. The command line                         4155-4332    `python solution.py --help`
 
 The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
 generated from this file by `tools/make_lab.py`: every region between
@@ -1720,8 +1720,8 @@ def speculative_generate(
     stop_ids = set(sampling.stop_token_ids)
     while len(out) < limit and not stop_ids.intersection(out):
         committed = target_seq.table.num_tokens
-        # A round emits up to n_draft + 1 tokens: draft no more than can be emitted or stored.
-        n_draft = min(k, limit - len(out) - 1, n_positions - committed - 1)
+        # A round emits up to n_draft + 1 tokens; `limit` already stops them at n_positions.
+        n_draft = min(k, limit - len(out) - 1)
         num_drafted += n_draft
         drafts, q_rows = [], []
         for _ in range(n_draft):
@@ -1738,8 +1738,7 @@ def speculative_generate(
             seq.rollback(committed + len(emitted) - 1)
             seq.extend(emitted[-1:])
         out.extend(emitted)
-    # The last round may overshoot max_tokens or run past a stop token: cut there.
-    out = out[:limit]
+    # The last round may run past a stop token: cut there.
     first_stop = next((i for i, t in enumerate(out) if t in stop_ids), len(out) - 1)
     return SpeculativeOutput(out[: first_stop + 1], len(accepted_per_pass), num_drafted,
                              sum(accepted_per_pass), accepted_per_pass)
