@@ -16,9 +16,9 @@ Stop at section 6; the rest stands beside it.
    ---- the reading path ends here ----
    6. Argument checks                          1993-2280    provided: the exercises start from checked arguments
    7. Beside the path                          2281-2709    int8 K/V arithmetic, static baseline, simulator, presets
-   8. Serving over HTTP                        2710-3584    an OpenAI-compatible endpoint and a load generator
-   9. The design-review scenarios              3585-4154    what `python solution.py` prints
-  10. The command line                         4155-4332    `python solution.py --help`
+   8. Serving over HTTP                        2710-3595    an OpenAI-compatible endpoint and a load generator
+   9. The design-review scenarios              3596-4165    what `python solution.py` prints
+  10. The command line                         4166-4343    `python solution.py --help`
 
 The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
 generated from this file by `tools/make_lab.py`: every region between
@@ -430,7 +430,7 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-# --- the KV-cache, in float32 or int8 (its arithmetic is in section 6) -------------------
+# --- the KV-cache, in float32 or int8 (its arithmetic is in section 7) -------------------
 
 
 class KVCache:
@@ -2474,7 +2474,7 @@ def parse_completion_request(body: bytes, config: ModelConfig, request_id: str) 
     seed, stop_token_ids, stream, stream_options.include_usage, n (only 1); others are ignored."""
     try:
         payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, an absurd int, absurd nesting
         raise _HTTPError(f"the body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise _HTTPError("the body must be a JSON object")
@@ -2552,7 +2552,7 @@ async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
     if "transfer-encoding" in headers:
         raise _HTTPError("chunked request bodies are not supported: send Content-Length")
     length = headers.get("content-length", "0")
-    if not length.isdigit():
+    if not (length.isascii() and length.isdigit() and len(length) <= 12):
         raise _HTTPError(f"Content-Length must be a number of bytes, got {length!r}")
     if int(length) > MAX_BODY_BYTES:
         raise _HTTPError(f"the body is {length} bytes; the limit is {MAX_BODY_BYTES}")
@@ -2608,6 +2608,9 @@ class _EngineBridge:
 
     def submit(self, request: Request) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue()
+        if self.closing:  # the loop that would feed the queue has stopped
+            queue.put_nowait(_HTTPError("the server is shutting down", 503, "server_error"))
+            return queue
         self.streams[request.request_id] = queue
         self._send(("add", request))
         return queue
@@ -2678,6 +2681,9 @@ class _EngineBridge:
         request_ids = list(self.streams)
         for request_id in request_ids:
             self._finish(request_id, error)
+        # A request submitted while the failing step ran is failed too: its add must not follow.
+        failed = set(request_ids)
+        self.inbox = [(kind, arg) for kind, arg in self.inbox if not (kind == "add" and arg.request_id in failed)]
         return await asyncio.get_running_loop().run_in_executor(self.worker, self._abort_and_flush, request_ids)
 
     def _abort_and_flush(self, request_ids: list[str]) -> bool:
@@ -2840,6 +2846,9 @@ class CompletionServer:
             await respond(request, queue, writer, received, include_usage)
         except (_ClientGone, ConnectionError):
             self._bridge.abort(request.request_id)
+        except BaseException:  # a bug or a cancellation: the request must not run on unattended
+            self._bridge.abort(request.request_id)
+            raise
         finally:
             watcher.cancel()
 
@@ -2889,7 +2898,8 @@ class CompletionServer:
         except _HTTPError as exc:
             if sent == 0:
                 raise  # nothing sent yet: a plain error response
-            writer.write(_sse(exc.body()))
+            writer.write(_sse(exc.body()) + _http_chunk(b""))  # ends the stream; not counted a success
+            return
         self._count(request, sent)
         if include_usage:
             writer.write(_sse(header | {"choices": [], "usage": _usage(request, sent)}))
@@ -3209,9 +3219,10 @@ def run_load(url: str, payloads: Sequence[dict], rate: float, seed: int = 0,
     deadline = time.perf_counter() + timeout + 5.0
     for thread in threads:
         thread.join(max(0.0, deadline - time.perf_counter()))
-    results = [r or StreamResult(start, error="no answer within the timeout") for r in results]
-    end = max((r.chunk_times[-1] for r in results if r.chunk_times), default=start)
-    return results, end - start
+    # A new list: a thread still running past the deadline writes into `results`, not into this.
+    done = [r or StreamResult(start, error="no answer within the timeout") for r in results]
+    end = max((r.chunk_times[-1] for r in done if r.chunk_times), default=start)
+    return done, end - start
 
 
 def loadtest(url: str, rates: Sequence[float], num_prompts: int, workload: str = "sharegpt", seed: int = 0,
@@ -3238,11 +3249,11 @@ def loadtest(url: str, rates: Sequence[float], num_prompts: int, workload: str =
     summaries, first_error = [], None
     for rate in rates:
         results, duration = run_load(url, payloads, rate, seed, timeout)
-        summaries.append(summarize_load(results, duration, slo_ttft_ms and slo_ttft_ms / 1e3,
-                                        slo_tpot_ms and slo_tpot_ms / 1e3))
+        summaries.append(summarize_load(results, duration, None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
+                                        None if slo_tpot_ms is None else slo_tpot_ms / 1e3))
         first_error = first_error or next((r.error for r in results if r.error), None)
         log(f"  rate {rate:g} req/s: {summaries[-1]['completed']}/{num_prompts} done in {duration:.1f} s")
-    slo = ", ".join(f"{k} <= {v:g} ms" for k, v in (("TTFT", slo_ttft_ms), ("TPOT", slo_tpot_ms)) if v)
+    slo = ", ".join(f"{k} <= {v:g} ms" for k, v in (("TTFT", slo_ttft_ms), ("TPOT", slo_tpot_ms)) if v is not None)
     log(format_load_table(rates, summaries))
     log(f"goodput: requests per second meeting {slo or 'no SLO (give --slo-ttft-ms / --slo-tpot-ms)'}")
     log(format_load_chart(rates, summaries))

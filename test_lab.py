@@ -3439,6 +3439,8 @@ BAD_REQUESTS = [
     (b'{"prompt": [1], "stream": "yes"}', "stream"),
     (b'{"prompt": [1], "seed": -3}', "seed"),
     (b'{"prompt": [1], "stop_token_ids": [1.5]}', "stop_token_ids"),
+    (b"[" * 100_000 + b"]" * 100_000, "JSON"),           # nesting past Python's recursion limit
+    (b'{"prompt": [1], "seed": ' + b"9" * 5000 + b"}", "JSON"),  # an int too long to convert
 ]
 
 
@@ -3451,6 +3453,15 @@ def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_keeps_servin
     assert error["type"] == "invalid_request_error" and says in error["message"], (
         f"{body!r}: the error must say what was wrong ({says!r}); got {error}")
     assert http_call(server, "GET", "/health")[0] == 200, "after a bad request the server must keep serving"
+
+
+@pytest.mark.provided
+def test_a_content_length_that_is_not_ascii_digits_is_a_400(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ²\r\n\r\n".encode())
+        reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:100]
+    assert http_call(server, "GET", "/health")[0] == 200
 
 
 @pytest.mark.provided

@@ -608,7 +608,10 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
         served_alone = [lab.stream_metrics(lab.stream_completion(url, p, 60.0)) for p in payloads[:num_alone]]
     finally:
         proc.terminate()
-        proc.wait(lab.SHUTDOWN_TIMEOUT_S)
+        try:
+            proc.wait(lab.SHUTDOWN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
     ttft_offline = float(np.median([m.ttft for m in alone]))
     ttft_served = float(np.median([m.ttft for m in served_alone]))
     step = float(np.median([gap for m in alone for gap in m.itl]))
