@@ -2,21 +2,21 @@
 on a NumPy GPT-2.
 
 Reading map of solution.py (its line numbers; lab.py's differ). Sections 1-5 are the chapter:
-1992 lines, a day's reading at 300-400 lines an hour (the exercises' own code, an afternoon).
+1994 lines, a day's reading at 300-400 lines an hour (the exercises' own code, an afternoon).
 Stop at section 6; the rest stands beside it.
 
    section                                     lines        what it holds
    1. Paged KV-cache (PagedAttention)          53-459       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   460-879      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      880-1461     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1462-1747    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1748-1992    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   2. The model and the paged attention path   460-881      a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      882-1463     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1464-1749    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1750-1994    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
    ---- the reading path ends here ----
-   6. Argument checks                          1993-2280    provided: the exercises start from checked arguments
-   7. Beside the path                          2281-2709    int8 K/V arithmetic, static baseline, simulator, presets
-   8. Serving over HTTP                        2710-3595    an OpenAI-compatible endpoint and a load generator
-   9. The design-review scenarios              3596-4165    what `python solution.py` prints
-  10. The command line                         4166-4343    `python solution.py --help`
+   6. Argument checks                          1995-2282    provided: the exercises start from checked arguments
+   7. Beside the path                          2283-2711    int8 K/V arithmetic, static baseline, simulator, presets
+   8. Serving over HTTP                        2712-3597    an OpenAI-compatible endpoint and a load generator
+   9. The design-review scenarios              3598-4167    what `python solution.py` prints
+  10. The command line                         4168-4345    `python solution.py --help`
 
 The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
 generated from this file by `tools/make_lab.py`: every region between
@@ -851,22 +851,24 @@ class _PagedBatch:
         self.prefills = []
         row = 0
         for table, start, n in zip(block_tables, start_positions, num_tokens):
+            start, n = check_int("start position", start, 0), check_int("num_tokens", n, 1)
             stop = start + n
-            if n < 1 or start < 0 or stop > table.num_tokens:
+            if stop > table.num_tokens:
                 raise ValueError(f"cannot process positions {start}..{stop - 1} "
                                  f"of a sequence of {table.num_tokens} tokens")
-            _check_tokens(config, np.empty(0, np.int64), stop)
             tokens.append(table.token_ids[start:stop])
             positions.append(np.arange(start, stop))
-            slots.append(table.slots(start, stop))
-            if n == 1:
+            if n == 1:  # a decode reads its past through the block table, in paged_attention
+                slots.append(table.slots(start, stop))
                 decode.append((row, table, stop))
-            else:
+            else:  # a prefill chunk gathers its whole context: its own slots are the tail of it
+                context_slots = table.slots(0, stop)
+                slots.append(context_slots[start:])
                 mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None]
-                self.prefills.append((slice(row, row + n), table.slots(0, stop), mask))
+                self.prefills.append((slice(row, row + n), context_slots, mask))
             row += n
         self.token_ids = np.concatenate(tokens).astype(np.int64)
-        _check_tokens(config, self.token_ids, 0)
+        _check_tokens(config, self.token_ids, max(p[-1] for p in positions) + 1)
         self.positions = np.concatenate(positions)
         self.slots = np.concatenate(slots)
         self.decode_rows = np.array([r for r, _, _ in decode], dtype=np.int64)
