@@ -1,54 +1,74 @@
 """Inference-serving internals: the three mechanisms behind vLLM, TensorRT-LLM and SGLang,
 on a NumPy GPT-2.
 
-Reading map of solution.py (its line numbers; lab.py's differ). Sections 1-5 are the chapter:
-1994 lines, a day's reading at 300-400 lines an hour (the exercises' own code, an afternoon).
-Stop at section 6; the rest stands beside it.
+Reading map (this file's own line numbers): the chapter, read top to bottom, each idea after
+the ideas it needs; the exercises' own code is an afternoon, the whole file a day.
 
    section                                     lines        what it holds
-   1. Paged KV-cache (PagedAttention)          53-459       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   460-881      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      882-1463     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1464-1749    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1750-1994    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   ---- the reading path ends here ----
-   6. Argument checks                          1995-2282    provided: the exercises start from checked arguments
-   7. Beside the path                          2283-2711    int8 K/V arithmetic, static baseline, simulator, presets
-   8. Serving over HTTP                        2712-3597    an OpenAI-compatible endpoint and a load generator
-   9. The design-review scenarios              3598-4167    what `python solution.py` prints
-  10. The command line                         4168-4345    `python solution.py --help`
+   0. Conventions                              40-72        checked arguments: what the exercises start from
+   1. Paged KV-cache (PagedAttention)          73-480       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   481-1051     a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      1052-1761    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1762-2138    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2139-2499    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2500-2533    the list of exercises, and `__main__`
 
-The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
-generated from this file by `tools/make_lab.py`: every region between
-`# BEGIN SOLUTION: Exercise N` and `# END SOLUTION` becomes a stub for the student to write.
+What runs the chapter for a user (the server, the load generator, the simulator, the design
+reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
+hands this module to `serving.main`. The benchmarks live in tools/bench.py. `lab.py` is generated
+from this file by `tools/make_lab.py`: every region between `# BEGIN SOLUTION: Exercise N` and
+`# END SOLUTION` becomes a stub for the student to write.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import collections
-import concurrent.futures
 import dataclasses
 import enum
 import hashlib
-import http.client
 import inspect
 import itertools
-import json
 import math
 import numbers
-import os
 import re
-import subprocess
 import sys
-import threading
 import time
-import urllib.parse
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
+
+# =====================================================================================
+# 0. Conventions: every argument is checked before anything changes
+# =====================================================================================
+#
+# Every bad input is a ValueError (or TypeError) that names the argument and says what was
+# wrong, raised before anything changes. Python and NumPy ints are ints; bools, floats and
+# strings are not. The checks of each exercise's arguments are provided code that stands
+# just above the exercise, so that the exercises start from checked arguments.
+
+
+class NotAnIntError(TypeError, ValueError):
+    """A bool, float or string where an int is meant. Both a TypeError and a ValueError, so
+    that `except ValueError` (the lab's "bad input") catches it too."""
+
+
+def check_int(name: str, value: object, minimum: int | None = None) -> int:
+    """`value` as a Python int. Python and NumPy integers are accepted; a bool, a float (even
+    2.0) or a string is a NotAnIntError naming `name`; below `minimum` is a ValueError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise NotAnIntError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_token_ids(name: str, token_ids: object) -> list[int]:
+    """A sequence of token ids as a list of Python ints (see `check_int`); a string is refused,
+    not read as characters."""
+    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, (Sequence, np.ndarray)):
+        raise NotAnIntError(f"{name} must be a list of token ids (ints), got {type(token_ids).__name__}")
+    return [check_int(f"{name}[{i}]", t, minimum=0) for i, t in enumerate(token_ids)]
+
 
 # =====================================================================================
 # 1. Paged KV-cache: blocks, the allocator, block tables, prefix caching
@@ -58,6 +78,7 @@ import numpy as np
 # fixed-size blocks taken from a shared pool on demand, so at most one block per sequence is
 # partly empty (the paper's "near-zero fragmentation"). Blocks carry reference counts, so
 # sequences can share them: a fork (parallel sampling) or the prefix cache.
+
 
 
 class OutOfBlocksError(RuntimeError):
@@ -546,7 +567,42 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-# --- the KV-cache, in float32 or int8 (its arithmetic is in section 7) -------------------
+# --- the KV-cache, in float32 or int8 -----------------------------------------------------
+#
+# Decode reads every cached K/V byte once per step, so the cache's element size is both how
+# many tokens fit and how long a step takes. An int8 cache stores each K (and V) vector of one
+# token and one head as 127 levels of a float32 scale: 1 byte per element plus 4 bytes per
+# head_dim elements, about 3.8x smaller than float32 at head_dim 64 (vLLM's fp8 KV cache and
+# KIVI-style int8 caches are the same lever; per-token scales because a new token's K/V is
+# quantised when it is written, before any later token exists).
+
+
+KV_CACHE_DTYPES = ("float32", "int8")
+
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per vector: x (..., D) float32 -> (values int8 (..., D), scale float32 (...)).
+
+    scale = max|x| / 127 over the last axis, values = round(x / scale), so values * scale is x
+    to within scale / 2 = max|x| / 254 per element. An all-zero vector gets scale 0 (and
+    dequantises to exact zeros). Non-finite input is refused: one inf would make its scale inf.
+    """
+    x = np.asarray(x)
+    if x.dtype != np.float32 or x.ndim < 1:
+        raise ValueError(f"quantize_int8 takes a float32 array (..., D), got {x.dtype} {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError("quantize_int8: x holds NaN or inf; a scale cannot represent it")
+    scale = np.abs(x).max(axis=-1) * np.float32(1.0 / 127.0)
+    # Divide by 1 where the scale is 0: those vectors are all zeros and stay zeros.
+    safe = np.where(scale > 0, scale, np.float32(1.0))
+    values = np.rint(x / safe[..., None]).astype(np.int8)  # |x / scale| <= 127: no overflow
+    return values, scale
+
+
+def dequantize_int8(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The float32 vectors `values * scale[..., None]` (the inverse of `quantize_int8`)."""
+    # One pass: int8 * float32 is computed and stored as float32, no float32 copy of `values`.
+    return np.multiply(values, scale[..., None], dtype=np.float32)
 
 
 class KVCache:
@@ -625,7 +681,7 @@ class KVCache:
                 array[:, dst] = array[:, src]
 
 
-# --- paged attention: the kernel that reads K/V through block tables ---------------------
+# --- paged attention: the kernel that reads K/V through block tables ----------------------
 
 
 # How many tokens one step of the kernel gathers: one 16-token block at the usual block size.
@@ -633,6 +689,74 @@ class KVCache:
 # (batch x 16 tokens x n_head x head_dim x 4 bytes, 1.5 MB at batch 32, 12 x 64) stays in the
 # CPU's L2 cache between the gather and the two matmuls that read it.
 PAGED_ATTENTION_CHUNK_TOKENS = 16
+
+
+def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale=None, v_scale=None):
+    """Validate the kernel's inputs; return (block_tables, context_lens) as int64 arrays.
+
+    Also checks that every table entry a sequence really uses names a block of the cache: a
+    -1 there would otherwise silently read the LAST block (NumPy's negative indexing). Unsigned
+    integers are accepted and converted once checked: `-x` of an unsigned x wraps around, so the
+    kernel's `-(-lens // block_size)` would be garbage on them.
+    """
+    if not (isinstance(q, np.ndarray) and q.ndim == 3 and q.dtype == np.float32):
+        raise ValueError(f"q must be a float32 array (batch, n_head, head_dim), got "
+                         f"{getattr(q, 'dtype', type(q).__name__)} {np.shape(q)}")
+    batch, n_head, head_dim = q.shape
+    quantized = k_scale is not None or v_scale is not None
+    element = np.int8 if quantized else np.float32
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not (isinstance(cache, np.ndarray) and cache.ndim == 4 and cache.dtype == element
+                and cache.shape[0] >= 1 and cache.shape[1] >= 1
+                and cache.shape[2:] == (n_head, head_dim)):
+            raise ValueError(f"{name} must be {np.dtype(element).name} (num_blocks, block_size, {n_head}, "
+                             f"{head_dim}) to match q{' and the scales' if quantized else ''}, got "
+                             f"{getattr(cache, 'dtype', '?')} {np.shape(cache)}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} must have one shape")
+    if quantized:
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not (isinstance(scale, np.ndarray) and scale.dtype == np.float32
+                    and scale.shape == k_cache.shape[:3]):
+                raise ValueError(f"{name} must be float32 {k_cache.shape[:3]} (one scale per slot and "
+                                 f"head of the int8 cache), got {getattr(scale, 'dtype', '?')} {np.shape(scale)}")
+    block_tables = np.asarray(block_tables)
+    context_lens = np.asarray(context_lens)
+    if not (block_tables.ndim == 2 and block_tables.shape[0] == batch
+            and np.issubdtype(block_tables.dtype, np.integer)):
+        raise ValueError(f"block_tables must be an integer array ({batch}, max_blocks), got "
+                         f"{block_tables.dtype} {block_tables.shape}")
+    if not (context_lens.shape == (batch,) and np.issubdtype(context_lens.dtype, np.integer)):
+        raise ValueError(f"context_lens must be an integer array ({batch},), got "
+                         f"{context_lens.dtype} {context_lens.shape}")
+    num_blocks, block_size = k_cache.shape[:2]
+    capacity = block_tables.shape[1] * block_size
+    # Compared in their own dtype (exact for unsigned too), then converted: 1..capacity fits int64.
+    if batch and (context_lens.min() < 1 or context_lens.max() > capacity):
+        raise ValueError(f"context_lens must be in 1..{capacity} (max_blocks {block_tables.shape[1]} "
+                         f"x block_size {block_size}), got {context_lens.tolist()}")
+    context_lens = context_lens.astype(np.int64)
+    used = np.arange(block_tables.shape[1]) < -(-context_lens[:, None] // block_size)
+    if np.any(used & ((block_tables < 0) | (block_tables >= num_blocks))):
+        raise ValueError(f"a block table entry in use is not a block id in 0..{num_blocks - 1}")
+    # Entries in use are now known to be < num_blocks; padding may wrap, and is never read.
+    return block_tables.astype(np.int64), context_lens
+
+
+def _dequantize_blocks_read(k_cache, v_cache, k_scale, v_scale, block_tables, context_lens):
+    """The int8 cache's blocks this batch reads, dequantised into a small float32 cache.
+
+    Returns (k, v, tables): k, v (num_read, block_size, H, D) float32 hold the distinct blocks
+    in use (a block shared by several sequences once), and `tables` renumbers the block tables
+    into them (padding entries become 0). Only those blocks are touched: a decode step's cost
+    grows with the contexts in the batch, not with the size of the pool.
+    """
+    block_size = k_cache.shape[1]
+    used = np.arange(block_tables.shape[1]) < -(-context_lens[:, None] // block_size)
+    ids, renumbered = np.unique(block_tables[used], return_inverse=True)
+    tables = np.zeros_like(block_tables)
+    tables[used] = renumbered
+    return dequantize_int8(k_cache[ids], k_scale[ids]), dequantize_int8(v_cache[ids], v_scale[ids]), tables
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
@@ -721,7 +845,53 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     # END SOLUTION
 
 
-# --- the model: a reference path and the serving path ------------------------------------
+# --- the model: a reference path and the serving path -------------------------------------
+
+
+def _checked_gpt2_weights(config: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Strip a `transformer.` prefix, drop GPT-2's mask buffers, check every name and shape."""
+    expected = gpt2_weight_shapes(config)
+    found: dict[str, np.ndarray] = {}
+    lm_head = None
+    for name, value in weights.items():
+        key = name.removeprefix("transformer.")
+        if key == "lm_head.weight":
+            lm_head = np.asarray(value)
+            continue
+        if key.endswith((".attn.bias", ".attn.masked_bias")) and key.startswith("h."):
+            continue  # causal-mask buffers, not parameters
+        if key not in expected:
+            raise ValueError(f"unknown weight {name!r}: not a GPT-2 tensor for this config")
+        value = np.asarray(value)
+        if value.shape != expected[key]:
+            raise ValueError(f"weight {name!r} has shape {value.shape}, expected {expected[key]}")
+        found[key] = np.ascontiguousarray(value, dtype=np.float32)
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        raise ValueError(f"missing weight(s) {missing[:4]}{' ...' if len(missing) > 4 else ''}")
+    if lm_head is not None and not np.array_equal(lm_head, found["wte.weight"]):
+        raise ValueError("lm_head.weight differs from wte.weight: GPT-2's LM head is tied to the embeddings")
+    return found
+
+
+def _check_tokens(config: ModelConfig, token_ids: np.ndarray, positions_end: int) -> None:
+    """Token ids inside the vocabulary, positions (up to `positions_end`) inside n_positions."""
+    if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= config.vocab_size):
+        raise ValueError(f"token ids must be in 0..{config.vocab_size - 1}")
+    if positions_end > config.n_positions:
+        raise ValueError(f"position {positions_end - 1} is beyond n_positions={config.n_positions}")
+
+
+def _check_logits_indices(logits_indices, num_rows: int) -> np.ndarray | None:
+    """None, or the rows to keep as an int64 array of indices in 0..num_rows-1."""
+    if logits_indices is None:
+        return None
+    rows = np.asarray(logits_indices)
+    if not (rows.ndim == 1 and (np.issubdtype(rows.dtype, np.integer) or rows.size == 0)):
+        raise ValueError(f"logits_indices must be a 1-D sequence of ints, got {rows.dtype} {rows.shape}")
+    if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
+        raise ValueError(f"logits_indices must be rows in 0..{num_rows - 1} of this batch, got {rows.tolist()}")
+    return rows.astype(np.int64)
 
 
 class ToyTransformer:
@@ -927,6 +1097,7 @@ class RequestMetrics:
 
     ttft: first token time - arrival. tpot: (e2e - ttft) / (output tokens - 1), NaN with
     fewer than 2 tokens. itl: the gaps between consecutive tokens. e2e_latency: finish - arrival.
+    (The load generator in serving/ computes a streamed request's metrics with `from_times` too.)
     """
 
     ttft: float
@@ -935,11 +1106,15 @@ class RequestMetrics:
     e2e_latency: float
 
     @classmethod
-    def from_times(cls, arrival: float, token_times: list[float], finish: float) -> RequestMetrics:
+    def from_times(cls, arrival: float, token_times: list[float], finish: float,
+                   num_tokens: int | None = None) -> RequestMetrics:
+        """`token_times`: when each token (or each streamed chunk) arrived; `num_tokens`: how many
+        tokens they carried (default one each), the divisor of TPOT."""
         if not token_times:  # rejected: no token was ever produced
             return cls(math.nan, math.nan, [], finish - arrival)
+        num_tokens = len(token_times) if num_tokens is None else num_tokens
         ttft, e2e = token_times[0] - arrival, finish - arrival
-        tpot = (e2e - ttft) / (len(token_times) - 1) if len(token_times) > 1 else math.nan
+        tpot = (e2e - ttft) / (num_tokens - 1) if num_tokens > 1 else math.nan
         return cls(ttft, tpot, list(np.diff(token_times).tolist()), e2e)
 
 
@@ -961,6 +1136,37 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def latency_percentiles(values: Sequence[float], name: str) -> dict[str, float]:
+    """mean, p50, p90 and p99 of `values` as {"mean_<name>": ..., "p50_<name>": ...}; NaN when empty."""
+    values = np.asarray(values, dtype=np.float64)
+    stats = {"mean": np.mean, "p50": np.median, "p90": lambda x: np.percentile(x, 90),
+             "p99": lambda x: np.percentile(x, 99)}
+    return {f"{stat}_{name}": float(f(values)) if values.size else math.nan for stat, f in stats.items()}
+
+
+def summarize_serving(outputs: Sequence[RequestOutput], duration: float, num_preemptions: int = 0,
+                      prefix_cache_hit_rate: float = 0.0) -> dict[str, float]:
+    """The numbers of a serving benchmark, named as vLLM's benchmark prints them: mean, p50,
+    p90 and p99 of TTFT, TPOT, ITL and E2E latency (in the unit of the metrics: seconds, or steps
+    for the simulator's step clock), output-token throughput per unit of `duration`, and the
+    counts. Rejected requests count as requests, not in the latencies."""
+    served = [o for o in outputs if o.metrics is not None and o.output_token_ids]
+    samples = {
+        "ttft": [o.metrics.ttft for o in served],
+        "tpot": [o.metrics.tpot for o in served if len(o.output_token_ids) > 1],
+        "itl": [gap for o in served for gap in o.metrics.itl],
+        "e2e": [o.metrics.e2e_latency for o in served],
+    }
+    num_out = sum(len(o.output_token_ids) for o in outputs)
+    summary = {"num_requests": len(outputs), "num_rejected": len(outputs) - len(served),
+               "num_output_tokens": num_out, "duration": duration,
+               "output_throughput": num_out / duration if duration > 0 else math.nan,
+               "num_preemptions": num_preemptions, "prefix_cache_hit_rate": prefix_cache_hit_rate}
+    for name, values in samples.items():
+        summary |= latency_percentiles(values, name)
+    return summary
 
 
 class SequenceStatus(enum.Enum):
@@ -1257,7 +1463,56 @@ class Scheduler:
         # END SOLUTION
 
 
-# --- the engine: the scheduler driving the toy model -------------------------------------
+class StaticBatchScheduler(Scheduler):
+    """The baseline: a batch of up to `batch_size` requests runs until ALL of them finished;
+    only then does the next batch start. A finished sequence frees its blocks, but its slot
+    stays empty until the whole batch is done (head-of-line blocking).
+
+    Like the static servers it stands for, it reserves each request's worst case
+    (prompt + max_tokens) at admission, so it never preempts; prompts run whole, unchunked.
+    """
+
+    def __init__(self, allocator: BlockAllocator, batch_size: int):
+        super().__init__(allocator, max_num_seqs=batch_size, max_num_batched_tokens=sys.maxsize,
+                         enable_chunked_prefill=False)
+
+    def schedule(self) -> SchedulerOutput:
+        plan = SchedulerOutput()
+        if not self.running:
+            self._start_batch(plan)
+            return plan
+        for seq in self.running:
+            num_new = seq.num_tokens - seq.num_computed_tokens
+            if not self._allocate_slots(seq, num_new, plan):
+                raise RuntimeError("a static batch ran out of the blocks it reserved")
+            plan.add(seq, num_new)
+        return plan
+
+    def _start_batch(self, plan: SchedulerOutput) -> None:
+        free, reserved = self.allocator.num_free_blocks, 0
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            worst = blocks_needed(len(seq.prompt_token_ids) + seq.sampling.max_tokens, self.allocator.block_size)
+            if reserved + worst > free:
+                break
+            num_new = self._try_admit(seq, self.max_num_batched_tokens)
+            reserved += worst
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            plan.add(seq, num_new)
+
+
+def make_scheduler(scheduling: str, allocator: BlockAllocator, max_num_seqs: int, max_num_batched_tokens: int,
+                    enable_chunked_prefill: bool) -> Scheduler:
+    if scheduling == "continuous":
+        return Scheduler(allocator, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
+    if scheduling == "static":
+        return StaticBatchScheduler(allocator, batch_size=max_num_seqs)
+    raise ValueError(f"scheduling must be 'continuous' or 'static', got {scheduling!r}")
+
+
+# --- the engine: the scheduler driving the toy model --------------------------------------
 
 
 def token_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
@@ -1290,6 +1545,49 @@ def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Ge
     return int(rng.choice(p.size, p=p))
 
 
+def check_request(request: Request, config: ModelConfig) -> None:
+    """A ValueError naming the request and what is wrong with it; nothing else is touched.
+    Every field is checked here, so that nothing can fail later inside a step."""
+    def bad(why: str) -> ValueError:
+        return ValueError(f"request {request.request_id!r}: {why}")
+
+    def ids_in_vocab(name: str, ids: object) -> list[int]:
+        try:
+            ids = check_token_ids(name, ids)
+        except TypeError as e:
+            raise bad(str(e)) from None
+        except ValueError:  # a negative id
+            ids = [-1]
+        if any(not 0 <= t < config.vocab_size for t in ids):
+            raise bad(f"{name} has a token id outside the vocabulary 0..{config.vocab_size - 1}")
+        return ids
+
+    s = request.sampling
+    if not isinstance(request.request_id, str):
+        raise bad(f"request_id must be a str, got {type(request.request_id).__name__}")
+    if not isinstance(s, SamplingParams):
+        raise bad(f"sampling must be a SamplingParams, got {type(s).__name__}")
+    prompt = ids_in_vocab("prompt_token_ids", request.prompt_token_ids)
+    if not prompt:
+        raise bad("the prompt is empty; expected at least one token id")
+    if isinstance(s.max_tokens, bool) or not isinstance(s.max_tokens, (int, np.integer)) or s.max_tokens < 1:
+        raise bad(f"max_tokens must be an int >= 1, got {s.max_tokens!r}")
+    if len(prompt) + s.max_tokens > config.n_positions:
+        raise bad(f"prompt ({len(prompt)} tokens) + max_tokens ({s.max_tokens}) exceeds the model's "
+                  f"n_positions = {config.n_positions}")
+    t = s.temperature
+    if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Real) or not 0 <= t < math.inf:
+        raise bad(f"temperature must be a finite number >= 0, got {t!r}")
+    if s.seed is not None and (isinstance(s.seed, (bool, np.bool_)) or not isinstance(s.seed, (int, np.integer))
+                               or s.seed < 0):
+        raise bad(f"seed must be None or an int >= 0, got {s.seed!r}")
+    if not isinstance(s.stop_token_ids, (tuple, list)):
+        raise bad(f"stop_token_ids must be a tuple or list of token ids, got {type(s.stop_token_ids).__name__}")
+    ids_in_vocab("stop_token_ids", s.stop_token_ids)
+    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
+        raise bad(f"cache_salt must be None or a str, got {type(request.cache_salt).__name__}")
+
+
 class LLMEngine:
     """Serves generation requests on a ToyTransformer with a paged KV-cache.
 
@@ -1314,7 +1612,7 @@ class LLMEngine:
         self.model = model
         self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
         self.kv_cache = KVCache(model.config, num_blocks, block_size, dtype=kv_cache_dtype)
-        self.scheduler = _make_scheduler(scheduling, self.allocator, max_num_seqs, max_num_batched_tokens,
+        self.scheduler = make_scheduler(scheduling, self.allocator, max_num_seqs, max_num_batched_tokens,
                                          enable_chunked_prefill)
         self.num_steps = 0
         self._next_id = 0
@@ -1347,7 +1645,7 @@ class LLMEngine:
                     next_id += 1
                 request = Request(str(next_id), prompt, SamplingParams() if params is None else params)
                 next_id += 1
-            _check_request(request, self.model.config)
+            check_request(request, self.model.config)
             if request.request_id in taken:
                 raise ValueError(f"request id {request.request_id!r} is already in flight; ids must be unique")
             taken.add(request.request_id)
@@ -1471,12 +1769,47 @@ class LLMEngine:
 # Language Model Decoding with Speculative Sampling" (arXiv:2302.01318).
 
 
+
 # A row is a probability distribution when it is finite, non-negative and sums to 1 within
 # PROB_ATOL. 1e-5 admits float32 softmax rows over a large vocabulary (their sums drift by a few
 # float32 ulps per term) and still rejects logits, counts or a forgotten normalisation. Accepted
 # rows are renormalised in float64 before any arithmetic, because `Generator.choice` itself
 # insists on a sum within ~1.5e-8.
 PROB_ATOL = 1e-5
+
+
+def _as_distributions(name: str, probs, ndim: int) -> np.ndarray:
+    """`probs` as float64 rows that sum to exactly 1, or a ValueError naming the first bad row."""
+    arr = np.asarray(probs, dtype=np.float64)
+    if arr.ndim != ndim:
+        expected = "a 1-D row (V,)" if ndim == 1 else "a 2-D array of rows (n, V)"
+        raise ValueError(f"{name} must be {expected} of probabilities, got shape {arr.shape}")
+    if arr.shape[-1] == 0:
+        raise ValueError(f"{name} has an empty vocabulary axis, shape {arr.shape}")
+    rows = arr.reshape(-1, arr.shape[-1])
+    sums = rows.sum(axis=1)
+    # One cheap test on the common path; the diagnosis below runs only for bad input. NaN fails
+    # every comparison, so `not (... <= ...)` also catches it.
+    if rows.size and not (rows.min() >= 0.0 and np.abs(sums - 1.0).max() <= PROB_ATOL):
+        problems = [
+            (~np.isfinite(rows).all(axis=1), "contains NaN or inf"),
+            ((rows < 0).any(axis=1), "has a negative entry (did you pass logits?)"),
+            (~(np.abs(sums - 1.0) <= PROB_ATOL),
+             f"does not sum to 1 within {PROB_ATOL:g} (apply softmax / normalise first)"),
+        ]
+        for bad, why in problems:
+            if bad.any():
+                i = int(np.argmax(bad))
+                where = name if ndim == 1 else f"{name}[{i}]"
+                raise ValueError(f"{where} {why}; expected a probability distribution over "
+                                 f"the vocabulary, got {np.array2string(rows[i], precision=4)}")
+    return arr / sums.reshape(arr.shape[:-1] + (1,))
+
+
+def _check_same_vocab(p: np.ndarray, q: np.ndarray) -> None:
+    if p.shape != q.shape:
+        raise ValueError(f"target p has shape {p.shape} but draft q has shape {q.shape}; "
+                         "both must be rows over the same vocabulary")
 
 
 def residual_distribution(p, q) -> np.ndarray:
@@ -1499,6 +1832,32 @@ def residual_distribution(p, q) -> np.ndarray:
         return p
     return residual / mass
     # END SOLUTION
+
+
+def _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs,
+                                rng) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The draft tokens, q (k, V) and p (k+1, V) as float64 distributions, or a ValueError (see below)."""
+    q = _as_distributions("draft_probs", draft_probs, ndim=2)
+    p = _as_distributions("target_probs", target_probs, ndim=2)
+    k, vocab_size = q.shape
+    if p.shape != (k + 1, vocab_size):
+        raise ValueError(f"target_probs must have shape (k+1, V) = {(k + 1, vocab_size)} for "
+                         f"draft_probs of shape {q.shape}; got {p.shape}")
+    draft = list(draft_token_ids)
+    if len(draft) != k:
+        raise ValueError(f"got {len(draft)} draft tokens but draft_probs has k = {k} rows")
+    for i, x in enumerate(draft):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+            raise ValueError(f"draft token {i} is {x!r}; expected an int token id")
+        if not 0 <= x < vocab_size:
+            raise ValueError(f"draft token {i} is {x}; expected an id in [0, {vocab_size})")
+        if q[i, x] == 0.0:
+            raise ValueError(f"draft token {i} is {x} but draft_probs[{i}][{x}] == 0: the draft "
+                             "could not have sampled it, so p/q is undefined")
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a numpy Generator (np.random.default_rng(seed)), "
+                         f"got {type(rng).__name__}")
+    return [int(x) for x in draft], q, p
 
 
 def accept_or_resample(draft_token_ids, draft_probs, target_probs,
@@ -1569,6 +1928,23 @@ def acceptance_rate(p, q) -> float:
     return float(np.minimum(p, q).sum())
 
 
+def _check_alpha_k(alpha: float, k: int) -> None:
+    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real) \
+            or not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha is the acceptance rate, a probability in [0, 1]; got {alpha!r}")
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
+        raise ValueError(f"k is the number of draft tokens per step, an int >= 1; got {k!r}")
+
+
+def _check_cost(name: str, value: float, allow_zero: bool) -> None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) \
+        and np.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} is a cost relative to one target decode step, a finite number "
+                         f"{bound}; got {value!r}")
+
+
 def expected_tokens_per_step(alpha: float, k: int) -> float:
     """Expected tokens one draft+verify step emits: (1 - alpha**(k+1)) / (1 - alpha).
 
@@ -1616,7 +1992,7 @@ def predicted_speedup(alpha: float, k: int, c: float, verify_cost: float) -> flo
     return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
 
 
-# --- draft -> verify on the paged model (Exercise 7) -------------------------------------
+# --- draft -> verify on the paged model (Exercise 7) --------------------------------------
 
 
 @dataclasses.dataclass
@@ -1704,7 +2080,7 @@ def speculative_generate(
     - the output stops at the first stop token (kept) or at max_tokens, like the engine.
     """
     prompt = list(prompt_token_ids)
-    _check_request(Request("speculative", prompt, sampling), target.config)
+    check_request(Request("speculative", prompt, sampling), target.config)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft vocabulary {draft.config.vocab_size} != target vocabulary {target.config.vocab_size}")
     k = check_int("k", k, minimum=1)
@@ -1745,6 +2121,19 @@ def speculative_generate(
     return SpeculativeOutput(out[: first_stop + 1], len(accepted_per_pass), num_drafted,
                              sum(accepted_per_pass), accepted_per_pass)
     # END SOLUTION
+
+
+def estimate_alpha(out: SpeculativeOutput, k: int) -> float:
+    """Per-token acceptance probability alpha from a run's accept counts.
+
+    Not `out.acceptance_rate` (accepted / drafted): drafts after the first rejection of a round
+    are thrown away unjudged, so that ratio is (E - 1)/k, not alpha. Under the i.i.d. model behind
+    `expected_tokens_per_step`, each round is a run of accepts ended by one rejection (or by
+    reaching k), and the maximum-likelihood alpha is accepts / (accepts + rejections).
+    """
+    rejections = sum(1 for a in out.accepted_per_pass if a < k)
+    judged = out.num_accepted + rejections
+    return out.num_accepted / judged if judged else 0.0
 
 
 # =====================================================================================
@@ -1826,6 +2215,98 @@ def kv_bytes_per_token(model: ModelSpec) -> int:
     return 2 * model.num_layers * model.num_kv_heads * model.head_dim * element
 
 
+# --- presets: real models and GPUs, and the KV cache's dtype ------------------------------
+
+
+# Presets. Shapes from each model's Hugging Face config.json (num_hidden_layers,
+# num_attention_heads, num_key_value_heads, hidden_size / num_attention_heads = head_dim,
+# max_position_embeddings); parameter counts are the safetensors totals the model pages
+# show, which equal the count the config implies (test_model_presets_match_their_configs
+# recomputes them from vocab, hidden and intermediate sizes).
+MODELS: dict[str, ModelSpec] = {
+    # huggingface.co/meta-llama/Llama-2-7b-hf config.json: 32 layers, 32 heads, 32 KV heads,
+    # hidden 4096 (head_dim 128), 4096 positions; 6,738,415,616 parameters.
+    "llama-2-7b": ModelSpec("llama-2-7b", 6_738_415_616, 32, 32, 128,
+                            num_attention_heads=32, max_position_embeddings=4096),
+    # huggingface.co/meta-llama/Llama-2-13b-hf config.json: 40 layers, 40 heads, 40 KV heads,
+    # hidden 5120 (head_dim 128), 4096 positions; 13,015,864,320 parameters.
+    "llama-2-13b": ModelSpec("llama-2-13b", 13_015_864_320, 40, 40, 128,
+                             num_attention_heads=40, max_position_embeddings=4096),
+    # huggingface.co/meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads, 8 KV heads
+    # (GQA), hidden 8192 (head_dim 128), 4096 positions; 68,976,648,192 parameters.
+    "llama-2-70b": ModelSpec("llama-2-70b", 68_976_648_192, 80, 8, 128,
+                             num_attention_heads=64, max_position_embeddings=4096),
+    # huggingface.co/meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads, 8 KV heads
+    # (GQA), hidden 4096 (head_dim 128), 8192 positions; 8,030,261,248 parameters.
+    "llama-3-8b": ModelSpec("llama-3-8b", 8_030_261_248, 32, 8, 128,
+                            num_attention_heads=32, max_position_embeddings=8192),
+    # huggingface.co/mistralai/Mistral-7B-v0.1 config.json: 32 layers, 32 heads, 8 KV heads
+    # (GQA), hidden 4096 (head_dim 128), 32768 positions, sliding_window 4096 (ignored here:
+    # the planner charges the full context, an upper bound); 7,241,732,096 parameters.
+    "mistral-7b": ModelSpec("mistral-7b", 7_241_732_096, 32, 8, 128,
+                            num_attention_heads=32, max_position_embeddings=32768),
+}
+
+
+# Presets, SXM parts where there is a choice. memory_bytes = nvidia-smi's memory.total
+# (MiB) for the device (as collected in modal-labs/modal-client PR #2797 for A100/H100/L4,
+# and nvidia-smi output for H200): e.g. the "80GB" A100 is 81920 MiB = 80 GiB = 85.9 GB.
+# Bandwidth and FLOP/s from NVIDIA's datasheets; NVIDIA quotes Hopper and Ada BF16 "with
+# sparsity", so the dense figure is half of it.
+GPUS: dict[str, GPUSpec] = {
+    # A100 datasheet (SXM4 40GB): 40 GB HBM2, 1,555 GB/s, BF16 312 TFLOPS (624 sparse).
+    # nvidia-smi: 40960 MiB.
+    "a100-40gb": GPUSpec("a100-40gb", 40_960 * MiB, 1_555e9, 312e12),
+    # A100 datasheet (SXM4 80GB): 80 GB HBM2e, 2,039 GB/s, BF16 312 TFLOPS (624 sparse).
+    # nvidia-smi: 81920 MiB.
+    "a100-80gb": GPUSpec("a100-80gb", 81_920 * MiB, 2_039e9, 312e12),
+    # H100 datasheet (SXM5): 80 GB HBM3, 3.35 TB/s, BF16 1,979 TFLOPS with sparsity -> 989
+    # dense. nvidia-smi ("NVIDIA H100 80GB HBM3"): 81559 MiB.
+    "h100-80gb": GPUSpec("h100-80gb", 81_559 * MiB, 3.35e12, 989e12),
+    # H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, BF16 1,979 TFLOPS with sparsity -> 989
+    # dense. nvidia-smi ("NVIDIA H200"): 143771 MiB.
+    "h200": GPUSpec("h200", 143_771 * MiB, 4.8e12, 989e12),
+    # L4 datasheet: 24 GB GDDR6, 300 GB/s, BF16 242 TFLOPS with sparsity -> 121 dense.
+    # nvidia-smi: 23034 MiB.
+    "l4": GPUSpec("l4", 23_034 * MiB, 300e9, 121e12),
+}
+
+
+def _preset(value, presets: dict, what: str):
+    """`value` itself if it is a spec, else the preset of that name; an unknown name lists the known ones."""
+    if not isinstance(value, str):
+        return value
+    if value not in presets:
+        raise ValueError(f"unknown {what} {value!r}; known {what}s: {', '.join(presets)}")
+    return presets[value]
+
+
+def get_model(model: ModelSpec | str) -> ModelSpec:
+    return _preset(model, MODELS, "model")
+
+
+def get_gpu(gpu: GPUSpec | str) -> GPUSpec:
+    return _preset(gpu, GPUS, "GPU")
+
+
+# vLLM's `kv_cache_dtype`: "auto" stores K/V in the model's dtype; fp8 (on GPUs) and int8 store
+# 1 byte per element. The few bytes of scales per block are left out, as vLLM's sizing does for
+# fp8 with per-tensor scales.
+PLAN_KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "int8": 1}
+
+
+def with_kv_cache_dtype(model: ModelSpec | str, kv_cache_dtype: str) -> ModelSpec:
+    """`model` with its KV-cache elements stored as `kv_cache_dtype`: "fp8" or "int8" (1 byte),
+    or "auto" (the spec unchanged: its `kv_dtype_bytes`, by default the model's own dtype)."""
+    if not (isinstance(kv_cache_dtype, str) and kv_cache_dtype in PLAN_KV_CACHE_DTYPES):
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, PLAN_KV_CACHE_DTYPES))}, "
+                         f"got {kv_cache_dtype!r}")
+    model = get_model(model)
+    if kv_cache_dtype == "auto":
+        return model
+    return dataclasses.replace(model, kv_dtype_bytes=PLAN_KV_CACHE_DTYPES[kv_cache_dtype])
+
+
 @dataclasses.dataclass(frozen=True)
 class LengthStats:
     """Mean request lengths a paper reports for a trace, and where."""
@@ -1841,9 +2322,10 @@ class LengthStats:
 # legends) and §6.1: "the ShareGPT dataset has 8.4x longer input prompts and 5.8x longer
 # outputs than the Alpaca dataset" (161.31 / 19.31 = 8.4, 337.99 / 58.45 = 5.8).
 SHAREGPT = LengthStats("ShareGPT", 161.31, 337.99, "Kwon et al. SOSP'23, Fig. 11a")
+ALPACA = LengthStats("Alpaca", 19.31, 58.45, "Kwon et al. SOSP'23, Fig. 11b")
 
 
-# --- the plan ----------------------------------------------------------------------------
+# --- the plan -----------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1882,6 +2364,29 @@ class DeploymentPlan:
 
 # The default traffic: the PagedAttention paper's ShareGPT means.
 _DEFAULT_PROMPT_LEN, _DEFAULT_OUTPUT_LEN = SHAREGPT.mean_prompt_len, SHAREGPT.mean_output_len
+
+
+def _check_plan_inputs(model: ModelSpec, max_model_len: int, block_size: int,
+                       gpu_memory_utilization: float, activation_bytes: int,
+                       tensor_parallel_size: int, mean_prompt_len: float,
+                       mean_output_len: float) -> None:
+    """plan_deployment's argument checks: a ValueError that names the bad argument."""
+    for name, value in (("max_model_len", max_model_len), ("block_size", block_size),
+                        ("tensor_parallel_size", tensor_parallel_size)):
+        check_int(name, value, minimum=1)
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    if activation_bytes < 0:
+        raise ValueError(f"activation_bytes must be >= 0, got {activation_bytes!r}")
+    if model.num_kv_heads % tensor_parallel_size:
+        raise ValueError(f"tensor_parallel_size {tensor_parallel_size} must divide {model.name}'s "
+                         f"{model.num_kv_heads} KV heads: each GPU holds whole KV heads")
+    if not (mean_prompt_len > 0 and mean_output_len > 0):
+        raise ValueError(f"mean_prompt_len and mean_output_len must be > 0, "
+                         f"got {mean_prompt_len!r} and {mean_output_len!r}")
+    if mean_prompt_len + mean_output_len > max_model_len:
+        raise ValueError(f"mean prompt + output ({mean_prompt_len + mean_output_len:g} tokens) "
+                         f"exceeds max_model_len {max_model_len}: the mean request would not fit")
 
 
 def plan_deployment(
@@ -1993,2181 +2498,12 @@ def plan_deployment(
 
 
 # =====================================================================================
-# 6. Argument checks: provided code, so that the exercises start from checked arguments
+# 6. The exercises, and the command line
 # =====================================================================================
 #
-# Every bad input is a ValueError (or TypeError) that names the argument and says what was
-# wrong, raised before anything changes. Python and NumPy ints are ints; bools, floats and
-# strings are not.
-
-
-class NotAnIntError(TypeError, ValueError):
-    """A bool, float or string where an int is meant. Both a TypeError and a ValueError, so
-    that `except ValueError` (the lab's "bad input") catches it too."""
-
-
-def check_int(name: str, value: object, minimum: int | None = None) -> int:
-    """`value` as a Python int. Python and NumPy integers are accepted; a bool, a float (even
-    2.0) or a string is a NotAnIntError naming `name`; below `minimum` is a ValueError."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise NotAnIntError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def check_token_ids(name: str, token_ids: object) -> list[int]:
-    """A sequence of token ids as a list of Python ints (see `check_int`); a string is refused,
-    not read as characters."""
-    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, (Sequence, np.ndarray)):
-        raise NotAnIntError(f"{name} must be a list of token ids (ints), got {type(token_ids).__name__}")
-    return [check_int(f"{name}[{i}]", t, minimum=0) for i, t in enumerate(token_ids)]
-
-
-def _checked_gpt2_weights(config: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Strip a `transformer.` prefix, drop GPT-2's mask buffers, check every name and shape."""
-    expected = gpt2_weight_shapes(config)
-    found: dict[str, np.ndarray] = {}
-    lm_head = None
-    for name, value in weights.items():
-        key = name.removeprefix("transformer.")
-        if key == "lm_head.weight":
-            lm_head = np.asarray(value)
-            continue
-        if key.endswith((".attn.bias", ".attn.masked_bias")) and key.startswith("h."):
-            continue  # causal-mask buffers, not parameters
-        if key not in expected:
-            raise ValueError(f"unknown weight {name!r}: not a GPT-2 tensor for this config")
-        value = np.asarray(value)
-        if value.shape != expected[key]:
-            raise ValueError(f"weight {name!r} has shape {value.shape}, expected {expected[key]}")
-        found[key] = np.ascontiguousarray(value, dtype=np.float32)
-    missing = sorted(set(expected) - set(found))
-    if missing:
-        raise ValueError(f"missing weight(s) {missing[:4]}{' ...' if len(missing) > 4 else ''}")
-    if lm_head is not None and not np.array_equal(lm_head, found["wte.weight"]):
-        raise ValueError("lm_head.weight differs from wte.weight: GPT-2's LM head is tied to the embeddings")
-    return found
-
-
-def _check_tokens(config: ModelConfig, token_ids: np.ndarray, positions_end: int) -> None:
-    """Token ids inside the vocabulary, positions (up to `positions_end`) inside n_positions."""
-    if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= config.vocab_size):
-        raise ValueError(f"token ids must be in 0..{config.vocab_size - 1}")
-    if positions_end > config.n_positions:
-        raise ValueError(f"position {positions_end - 1} is beyond n_positions={config.n_positions}")
-
-
-def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale=None, v_scale=None):
-    """Validate the kernel's inputs; return (block_tables, context_lens) as int64 arrays.
-
-    Also checks that every table entry a sequence really uses names a block of the cache: a
-    -1 there would otherwise silently read the LAST block (NumPy's negative indexing). Unsigned
-    integers are accepted and converted once checked: `-x` of an unsigned x wraps around, so the
-    kernel's `-(-lens // block_size)` would be garbage on them.
-    """
-    if not (isinstance(q, np.ndarray) and q.ndim == 3 and q.dtype == np.float32):
-        raise ValueError(f"q must be a float32 array (batch, n_head, head_dim), got "
-                         f"{getattr(q, 'dtype', type(q).__name__)} {np.shape(q)}")
-    batch, n_head, head_dim = q.shape
-    quantized = k_scale is not None or v_scale is not None
-    element = np.int8 if quantized else np.float32
-    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not (isinstance(cache, np.ndarray) and cache.ndim == 4 and cache.dtype == element
-                and cache.shape[0] >= 1 and cache.shape[1] >= 1
-                and cache.shape[2:] == (n_head, head_dim)):
-            raise ValueError(f"{name} must be {np.dtype(element).name} (num_blocks, block_size, {n_head}, "
-                             f"{head_dim}) to match q{' and the scales' if quantized else ''}, got "
-                             f"{getattr(cache, 'dtype', '?')} {np.shape(cache)}")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} must have one shape")
-    if quantized:
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if not (isinstance(scale, np.ndarray) and scale.dtype == np.float32
-                    and scale.shape == k_cache.shape[:3]):
-                raise ValueError(f"{name} must be float32 {k_cache.shape[:3]} (one scale per slot and "
-                                 f"head of the int8 cache), got {getattr(scale, 'dtype', '?')} {np.shape(scale)}")
-    block_tables = np.asarray(block_tables)
-    context_lens = np.asarray(context_lens)
-    if not (block_tables.ndim == 2 and block_tables.shape[0] == batch
-            and np.issubdtype(block_tables.dtype, np.integer)):
-        raise ValueError(f"block_tables must be an integer array ({batch}, max_blocks), got "
-                         f"{block_tables.dtype} {block_tables.shape}")
-    if not (context_lens.shape == (batch,) and np.issubdtype(context_lens.dtype, np.integer)):
-        raise ValueError(f"context_lens must be an integer array ({batch},), got "
-                         f"{context_lens.dtype} {context_lens.shape}")
-    num_blocks, block_size = k_cache.shape[:2]
-    capacity = block_tables.shape[1] * block_size
-    # Compared in their own dtype (exact for unsigned too), then converted: 1..capacity fits int64.
-    if batch and (context_lens.min() < 1 or context_lens.max() > capacity):
-        raise ValueError(f"context_lens must be in 1..{capacity} (max_blocks {block_tables.shape[1]} "
-                         f"x block_size {block_size}), got {context_lens.tolist()}")
-    context_lens = context_lens.astype(np.int64)
-    used = np.arange(block_tables.shape[1]) < -(-context_lens[:, None] // block_size)
-    if np.any(used & ((block_tables < 0) | (block_tables >= num_blocks))):
-        raise ValueError(f"a block table entry in use is not a block id in 0..{num_blocks - 1}")
-    # Entries in use are now known to be < num_blocks; padding may wrap, and is never read.
-    return block_tables.astype(np.int64), context_lens
-
-
-def _check_logits_indices(logits_indices, num_rows: int) -> np.ndarray | None:
-    """None, or the rows to keep as an int64 array of indices in 0..num_rows-1."""
-    if logits_indices is None:
-        return None
-    rows = np.asarray(logits_indices)
-    if not (rows.ndim == 1 and (np.issubdtype(rows.dtype, np.integer) or rows.size == 0)):
-        raise ValueError(f"logits_indices must be a 1-D sequence of ints, got {rows.dtype} {rows.shape}")
-    if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
-        raise ValueError(f"logits_indices must be rows in 0..{num_rows - 1} of this batch, got {rows.tolist()}")
-    return rows.astype(np.int64)
-
-
-def _check_request(request: Request, config: ModelConfig) -> None:
-    """A ValueError naming the request and what is wrong with it; nothing else is touched.
-    Every field is checked here, so that nothing can fail later inside a step."""
-    def bad(why: str) -> ValueError:
-        return ValueError(f"request {request.request_id!r}: {why}")
-
-    def ids_in_vocab(name: str, ids: object) -> list[int]:
-        try:
-            ids = check_token_ids(name, ids)
-        except TypeError as e:
-            raise bad(str(e)) from None
-        except ValueError:  # a negative id
-            ids = [-1]
-        if any(not 0 <= t < config.vocab_size for t in ids):
-            raise bad(f"{name} has a token id outside the vocabulary 0..{config.vocab_size - 1}")
-        return ids
-
-    s = request.sampling
-    if not isinstance(request.request_id, str):
-        raise bad(f"request_id must be a str, got {type(request.request_id).__name__}")
-    if not isinstance(s, SamplingParams):
-        raise bad(f"sampling must be a SamplingParams, got {type(s).__name__}")
-    prompt = ids_in_vocab("prompt_token_ids", request.prompt_token_ids)
-    if not prompt:
-        raise bad("the prompt is empty; expected at least one token id")
-    if isinstance(s.max_tokens, bool) or not isinstance(s.max_tokens, (int, np.integer)) or s.max_tokens < 1:
-        raise bad(f"max_tokens must be an int >= 1, got {s.max_tokens!r}")
-    if len(prompt) + s.max_tokens > config.n_positions:
-        raise bad(f"prompt ({len(prompt)} tokens) + max_tokens ({s.max_tokens}) exceeds the model's "
-                  f"n_positions = {config.n_positions}")
-    t = s.temperature
-    if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Real) or not 0 <= t < math.inf:
-        raise bad(f"temperature must be a finite number >= 0, got {t!r}")
-    if s.seed is not None and (isinstance(s.seed, (bool, np.bool_)) or not isinstance(s.seed, (int, np.integer))
-                               or s.seed < 0):
-        raise bad(f"seed must be None or an int >= 0, got {s.seed!r}")
-    if not isinstance(s.stop_token_ids, (tuple, list)):
-        raise bad(f"stop_token_ids must be a tuple or list of token ids, got {type(s.stop_token_ids).__name__}")
-    ids_in_vocab("stop_token_ids", s.stop_token_ids)
-    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
-        raise bad(f"cache_salt must be None or a str, got {type(request.cache_salt).__name__}")
-
-
-def _check_workload(workload: Sequence[tuple[float, int, int]]) -> None:
-    """A ValueError naming the first bad request of a simulated workload."""
-    if len(workload) == 0:
-        raise ValueError("the workload is empty; expected (arrival_time, prompt_len, output_len) per request")
-    for i, entry in enumerate(workload):
-        if len(entry) != 3:
-            raise ValueError(f"workload[{i}] = {entry!r}; expected (arrival_time, prompt_len, output_len)")
-        arrival, prompt_len, output_len = entry
-        if isinstance(arrival, (bool, np.bool_)) or not isinstance(arrival, numbers.Real) \
-                or not 0 <= arrival < math.inf:
-            raise ValueError(f"workload[{i}]: arrival_time must be a finite number >= 0, got {arrival!r}")
-        check_int(f"workload[{i}] prompt_len", prompt_len, minimum=1)
-        check_int(f"workload[{i}] output_len", output_len, minimum=1)
-
-
-def _as_distributions(name: str, probs, ndim: int) -> np.ndarray:
-    """`probs` as float64 rows that sum to exactly 1, or a ValueError naming the first bad row."""
-    arr = np.asarray(probs, dtype=np.float64)
-    if arr.ndim != ndim:
-        expected = "a 1-D row (V,)" if ndim == 1 else "a 2-D array of rows (n, V)"
-        raise ValueError(f"{name} must be {expected} of probabilities, got shape {arr.shape}")
-    if arr.shape[-1] == 0:
-        raise ValueError(f"{name} has an empty vocabulary axis, shape {arr.shape}")
-    rows = arr.reshape(-1, arr.shape[-1])
-    sums = rows.sum(axis=1)
-    # One cheap test on the common path; the diagnosis below runs only for bad input. NaN fails
-    # every comparison, so `not (... <= ...)` also catches it.
-    if rows.size and not (rows.min() >= 0.0 and np.abs(sums - 1.0).max() <= PROB_ATOL):
-        problems = [
-            (~np.isfinite(rows).all(axis=1), "contains NaN or inf"),
-            ((rows < 0).any(axis=1), "has a negative entry (did you pass logits?)"),
-            (~(np.abs(sums - 1.0) <= PROB_ATOL),
-             f"does not sum to 1 within {PROB_ATOL:g} (apply softmax / normalise first)"),
-        ]
-        for bad, why in problems:
-            if bad.any():
-                i = int(np.argmax(bad))
-                where = name if ndim == 1 else f"{name}[{i}]"
-                raise ValueError(f"{where} {why}; expected a probability distribution over "
-                                 f"the vocabulary, got {np.array2string(rows[i], precision=4)}")
-    return arr / sums.reshape(arr.shape[:-1] + (1,))
-
-
-def _check_same_vocab(p: np.ndarray, q: np.ndarray) -> None:
-    if p.shape != q.shape:
-        raise ValueError(f"target p has shape {p.shape} but draft q has shape {q.shape}; "
-                         "both must be rows over the same vocabulary")
-
-
-def _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs,
-                                rng) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """The draft tokens, q (k, V) and p (k+1, V) as float64 distributions, or a ValueError (see below)."""
-    q = _as_distributions("draft_probs", draft_probs, ndim=2)
-    p = _as_distributions("target_probs", target_probs, ndim=2)
-    k, vocab_size = q.shape
-    if p.shape != (k + 1, vocab_size):
-        raise ValueError(f"target_probs must have shape (k+1, V) = {(k + 1, vocab_size)} for "
-                         f"draft_probs of shape {q.shape}; got {p.shape}")
-    draft = list(draft_token_ids)
-    if len(draft) != k:
-        raise ValueError(f"got {len(draft)} draft tokens but draft_probs has k = {k} rows")
-    for i, x in enumerate(draft):
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
-            raise ValueError(f"draft token {i} is {x!r}; expected an int token id")
-        if not 0 <= x < vocab_size:
-            raise ValueError(f"draft token {i} is {x}; expected an id in [0, {vocab_size})")
-        if q[i, x] == 0.0:
-            raise ValueError(f"draft token {i} is {x} but draft_probs[{i}][{x}] == 0: the draft "
-                             "could not have sampled it, so p/q is undefined")
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError(f"rng must be a numpy Generator (np.random.default_rng(seed)), "
-                         f"got {type(rng).__name__}")
-    return [int(x) for x in draft], q, p
-
-
-def _check_alpha_k(alpha: float, k: int) -> None:
-    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real) \
-            or not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha is the acceptance rate, a probability in [0, 1]; got {alpha!r}")
-    if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
-        raise ValueError(f"k is the number of draft tokens per step, an int >= 1; got {k!r}")
-
-
-def _check_cost(name: str, value: float, allow_zero: bool) -> None:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) \
-        and np.isfinite(value) and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} is a cost relative to one target decode step, a finite number "
-                         f"{bound}; got {value!r}")
-
-
-def _check_plan_inputs(model: ModelSpec, max_model_len: int, block_size: int,
-                       gpu_memory_utilization: float, activation_bytes: int,
-                       tensor_parallel_size: int, mean_prompt_len: float,
-                       mean_output_len: float) -> None:
-    """plan_deployment's argument checks: a ValueError that names the bad argument."""
-    for name, value in (("max_model_len", max_model_len), ("block_size", block_size),
-                        ("tensor_parallel_size", tensor_parallel_size)):
-        check_int(name, value, minimum=1)
-    if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
-    if activation_bytes < 0:
-        raise ValueError(f"activation_bytes must be >= 0, got {activation_bytes!r}")
-    if model.num_kv_heads % tensor_parallel_size:
-        raise ValueError(f"tensor_parallel_size {tensor_parallel_size} must divide {model.name}'s "
-                         f"{model.num_kv_heads} KV heads: each GPU holds whole KV heads")
-    if not (mean_prompt_len > 0 and mean_output_len > 0):
-        raise ValueError(f"mean_prompt_len and mean_output_len must be > 0, "
-                         f"got {mean_prompt_len!r} and {mean_output_len!r}")
-    if mean_prompt_len + mean_output_len > max_model_len:
-        raise ValueError(f"mean prompt + output ({mean_prompt_len + mean_output_len:g} tokens) "
-                         f"exceeds max_model_len {max_model_len}: the mean request would not fit")
-
-
-# =====================================================================================
-# 7. Beside the path: int8 K/V arithmetic, the static baseline, the simulator, presets, traffic
-# =====================================================================================
-#
-# Beside the reading path: the tools the design reviews and the server use to put numbers on
-# sections 1-5.
-
-
-# --- the KV-cache, in float32 or int8 ------------------------------------------------------
-#
-# Decode reads every cached K/V byte once per step, so the cache's element size is both how
-# many tokens fit and how long a step takes. An int8 cache stores each K (and V) vector of one
-# token and one head as 127 levels of a float32 scale: 1 byte per element plus 4 bytes per
-# head_dim elements, about 3.8x smaller than float32 at head_dim 64 (vLLM's fp8 KV cache and
-# KIVI-style int8 caches are the same lever; per-token scales because a new token's K/V is
-# quantised when it is written, before any later token exists).
-
-
-KV_CACHE_DTYPES = ("float32", "int8")
-
-
-def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per vector: x (..., D) float32 -> (values int8 (..., D), scale float32 (...)).
-
-    scale = max|x| / 127 over the last axis, values = round(x / scale), so values * scale is x
-    to within scale / 2 = max|x| / 254 per element. An all-zero vector gets scale 0 (and
-    dequantises to exact zeros). Non-finite input is refused: one inf would make its scale inf.
-    """
-    x = np.asarray(x)
-    if x.dtype != np.float32 or x.ndim < 1:
-        raise ValueError(f"quantize_int8 takes a float32 array (..., D), got {x.dtype} {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError("quantize_int8: x holds NaN or inf; a scale cannot represent it")
-    scale = np.abs(x).max(axis=-1) * np.float32(1.0 / 127.0)
-    # Divide by 1 where the scale is 0: those vectors are all zeros and stay zeros.
-    safe = np.where(scale > 0, scale, np.float32(1.0))
-    values = np.rint(x / safe[..., None]).astype(np.int8)  # |x / scale| <= 127: no overflow
-    return values, scale
-
-
-def dequantize_int8(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """The float32 vectors `values * scale[..., None]` (the inverse of `quantize_int8`)."""
-    # One pass: int8 * float32 is computed and stored as float32, no float32 copy of `values`.
-    return np.multiply(values, scale[..., None], dtype=np.float32)
-
-
-def _dequantize_blocks_read(k_cache, v_cache, k_scale, v_scale, block_tables, context_lens):
-    """The int8 cache's blocks this batch reads, dequantised into a small float32 cache.
-
-    Returns (k, v, tables): k, v (num_read, block_size, H, D) float32 hold the distinct blocks
-    in use (a block shared by several sequences once), and `tables` renumbers the block tables
-    into them (padding entries become 0). Only those blocks are touched: a decode step's cost
-    grows with the contexts in the batch, not with the size of the pool.
-    """
-    block_size = k_cache.shape[1]
-    used = np.arange(block_tables.shape[1]) < -(-context_lens[:, None] // block_size)
-    ids, renumbered = np.unique(block_tables[used], return_inverse=True)
-    tables = np.zeros_like(block_tables)
-    tables[used] = renumbered
-    return dequantize_int8(k_cache[ids], k_scale[ids]), dequantize_int8(v_cache[ids], v_scale[ids]), tables
-
-
-# --- the static-batching baseline, and serving metrics -----------------------------------
-
-
-class StaticBatchScheduler(Scheduler):
-    """The baseline: a batch of up to `batch_size` requests runs until ALL of them finished;
-    only then does the next batch start. A finished sequence frees its blocks, but its slot
-    stays empty until the whole batch is done (head-of-line blocking).
-
-    Like the static servers it stands for, it reserves each request's worst case
-    (prompt + max_tokens) at admission, so it never preempts; prompts run whole, unchunked.
-    """
-
-    def __init__(self, allocator: BlockAllocator, batch_size: int):
-        super().__init__(allocator, max_num_seqs=batch_size, max_num_batched_tokens=sys.maxsize,
-                         enable_chunked_prefill=False)
-
-    def schedule(self) -> SchedulerOutput:
-        plan = SchedulerOutput()
-        if not self.running:
-            self._start_batch(plan)
-            return plan
-        for seq in self.running:
-            num_new = seq.num_tokens - seq.num_computed_tokens
-            if not self._allocate_slots(seq, num_new, plan):
-                raise RuntimeError("a static batch ran out of the blocks it reserved")
-            plan.add(seq, num_new)
-        return plan
-
-    def _start_batch(self, plan: SchedulerOutput) -> None:
-        free, reserved = self.allocator.num_free_blocks, 0
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            worst = blocks_needed(len(seq.prompt_token_ids) + seq.sampling.max_tokens, self.allocator.block_size)
-            if reserved + worst > free:
-                break
-            num_new = self._try_admit(seq, self.max_num_batched_tokens)
-            reserved += worst
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            plan.add(seq, num_new)
-
-
-def _make_scheduler(scheduling: str, allocator: BlockAllocator, max_num_seqs: int, max_num_batched_tokens: int,
-                    enable_chunked_prefill: bool) -> Scheduler:
-    if scheduling == "continuous":
-        return Scheduler(allocator, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
-    if scheduling == "static":
-        return StaticBatchScheduler(allocator, batch_size=max_num_seqs)
-    raise ValueError(f"scheduling must be 'continuous' or 'static', got {scheduling!r}")
-
-
-def summarize_serving(outputs: Sequence[RequestOutput], duration: float, num_preemptions: int = 0,
-                      prefix_cache_hit_rate: float = 0.0) -> dict[str, float]:
-    """The numbers of a serving benchmark, named as vLLM's benchmark prints them: mean, p50
-    and p99 of TTFT, TPOT, ITL and E2E latency (in the unit of the metrics: seconds, or steps
-    for the simulator's step clock), output-token throughput per unit of `duration`, and the
-    counts. Rejected requests count as requests, not in the latencies."""
-    served = [o for o in outputs if o.metrics is not None and o.output_token_ids]
-    samples = {
-        "ttft": [o.metrics.ttft for o in served],
-        "tpot": [o.metrics.tpot for o in served if len(o.output_token_ids) > 1],
-        "itl": [gap for o in served for gap in o.metrics.itl],
-        "e2e": [o.metrics.e2e_latency for o in served],
-    }
-    num_out = sum(len(o.output_token_ids) for o in outputs)
-    summary = {"num_requests": len(outputs), "num_rejected": len(outputs) - len(served),
-               "num_output_tokens": num_out, "duration": duration,
-               "output_throughput": num_out / duration if duration > 0 else math.nan,
-               "num_preemptions": num_preemptions, "prefix_cache_hit_rate": prefix_cache_hit_rate}
-    for name, values in samples.items():
-        values = np.asarray(values, dtype=np.float64)
-        for stat, f in (("mean", np.mean), ("p50", np.median), ("p99", lambda x: np.percentile(x, 99))):
-            summary[f"{stat}_{name}"] = float(f(values)) if values.size else math.nan
-    return summary
-
-
-# --- the model-free step simulator: the same schedulers, a cost per step -----------------
-
-
-@dataclasses.dataclass(frozen=True)
-class StepCostModel:
-    """Seconds per engine step, as a roofline: a step is bound by memory traffic or by compute,
-    whichever is slower. The defaults are Llama-2-7B in fp16 on one A100-80GB:
-
-    - weight_read_time: every step reads all weights once, whatever the batch
-      (14 GB at ~2 TB/s = 7 ms). This fixed cost is what batching amortises.
-    - kv_read_time_per_token: attention reads each sequence's whole context
-      (0.5 MiB of K/V per token for Llama-2-7B, over ~2 TB/s).
-    - compute_time_per_token: 2 * 7e9 FLOPs per processed token at ~50% of 312 TFLOP/s.
-
-    A decode step (one token per sequence) is memory-bound; a step with a long prefill is
-    compute-bound: that is why TTFT follows prefill and TPOT follows the decode batch.
-    """
-
-    weight_read_time: float = 7e-3
-    kv_read_time_per_token: float = 2.6e-7
-    compute_time_per_token: float = 9e-5
-
-    def step_time(self, num_tokens: int, num_context_tokens: int) -> float:
-        memory = self.weight_read_time + self.kv_read_time_per_token * num_context_tokens
-        return max(memory, self.compute_time_per_token * num_tokens)
-
-
-@dataclasses.dataclass
-class ServingSimulation:
-    """What simulate_serving measured. `timeline[t]` is step t's row of slots: a request index
-    per busy slot, -1 for a slot idle while requests wait (wasted), -2 idle with nothing waiting.
-    `outputs` carry metrics in simulated seconds, `outputs_in_steps` the same in steps."""
-
-    scheduling: str
-    num_slots: int
-    num_steps: int
-    duration: float
-    num_output_tokens: int
-    wasted_slot_steps: int
-    num_preemptions: int
-    outputs: list[RequestOutput]
-    outputs_in_steps: list[RequestOutput]
-    timeline: list[list[int]]
-    output_lens: list[int]
-
-    @property
-    def throughput(self) -> float:
-        """Output tokens per simulated second."""
-        return self.num_output_tokens / self.duration
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self.num_output_tokens / self.num_steps
-
-    def summary(self, in_steps: bool = False) -> dict[str, float]:
-        if in_steps:
-            return summarize_serving(self.outputs_in_steps, self.num_steps, self.num_preemptions)
-        return summarize_serving(self.outputs, self.duration, self.num_preemptions)
-
-
-def simulate_serving(workload: Sequence[tuple[float, int, int]], scheduling: str = "continuous", *,
-                     max_num_seqs: int = 16, max_num_batched_tokens: int = 512, num_blocks: int | None = None,
-                     block_size: int = 16, enable_chunked_prefill: bool = True,
-                     cost: StepCostModel = StepCostModel(), record_timeline: bool = True) -> ServingSimulation:
-    """Run a workload through the real Scheduler (or StaticBatchScheduler with batch_size =
-    max_num_seqs) on a real BlockAllocator, with no model: each step costs
-    `cost.step_time(scheduled tokens, context tokens read)` seconds of simulated time.
-
-    workload: (arrival_time in seconds, prompt_len, output_len) per request; each request
-    produces exactly output_len tokens. `num_blocks=None` gives every slot room for the
-    longest request (no memory pressure). A slot-step is wasted when a slot is idle while an
-    arrived request waits: the cost of head-of-line blocking (or of a full cache). A request
-    that can never fit is reported rejected, as the engine does. `record_timeline=False`
-    skips the slots x steps timeline (for long runs).
-    """
-    _check_workload(workload)
-    if num_blocks is None:
-        num_blocks = max_num_seqs * max(blocks_needed(p + o, block_size) for _, p, o in workload)
-    scheduler = _make_scheduler(scheduling, BlockAllocator(num_blocks, block_size), max_num_seqs,
-                                max_num_batched_tokens, enable_chunked_prefill)
-    arrivals = collections.deque(sorted(range(len(workload)), key=lambda i: workload[i][0]))
-    seqs: list[SequenceState | None] = [None] * len(workload)
-    step_clock: dict[str, list[int]] = {}  # request id -> [arrival step, token steps...]
-    slot_of: dict[str, int] = {}
-    clock, timeline, wasted, num_steps = 0.0, [], 0, 0
-    while arrivals or scheduler.has_unfinished():
-        if not scheduler.has_unfinished() and workload[arrivals[0]][0] > clock:
-            clock = workload[arrivals[0]][0]  # idle: jump to the next arrival
-        while arrivals and workload[arrivals[0]][0] <= clock:
-            i = arrivals.popleft()
-            arrival, prompt_len, output_len = workload[i]
-            seqs[i] = scheduler.add_request(Request(str(i), [0] * prompt_len, SamplingParams(max_tokens=output_len),
-                                                    arrival))
-            step_clock[str(i)] = [num_steps]
-        if not scheduler.has_unfinished():
-            continue  # every arrival so far was rejected
-        plan = scheduler.plan_step()
-        context = sum(s.num_computed_tokens + plan.num_scheduled_tokens[s.request_id] for s in plan.scheduled)
-        clock += cost.step_time(plan.total_num_scheduled_tokens, context)
-        row = _occupy_slots(slot_of, scheduler.running, max_num_seqs, waiting=len(scheduler.waiting))
-        num_steps += 1
-        if record_timeline:
-            timeline.append(row)
-        wasted += min(row.count(-1), len(scheduler.waiting))
-        sampled = {s.request_id: 0 for s in plan.scheduled if plan.completes(s)}
-        scheduler.finish_step(plan, sampled, clock)
-        for rid in sampled:
-            step_clock[rid].append(num_steps)
-    outputs = [s.to_output() for s in seqs]
-    in_steps = []
-    for s in seqs:
-        arrival_step, *token_steps = step_clock[s.request_id]
-        metrics = RequestMetrics.from_times(arrival_step, token_steps, token_steps[-1] if token_steps else arrival_step)
-        in_steps.append(dataclasses.replace(s.to_output(), metrics=metrics))
-    return ServingSimulation(scheduling, max_num_seqs, num_steps, clock,
-                             sum(len(o.output_token_ids) for o in outputs), wasted, scheduler.num_preemptions,
-                             outputs, in_steps, timeline, [o for _, _, o in workload])
-
-
-def _occupy_slots(slot_of: dict[str, int], running: list[SequenceState], num_slots: int, waiting: int) -> list[int]:
-    """Give each running sequence a stable slot (the lowest free one when it enters) and
-    return this step's row of the timeline."""
-    ids = {s.request_id for s in running}
-    for rid in [r for r in slot_of if r not in ids]:
-        del slot_of[rid]  # finished or preempted: the slot is free
-    for rid in (s.request_id for s in running):
-        if rid not in slot_of:
-            slot_of[rid] = min(set(range(num_slots)) - set(slot_of.values()))
-    row = [-1 if waiting else -2] * num_slots
-    for rid, slot in slot_of.items():
-        row[slot] = int(rid)
-    return row
-
-
-# --- presets: real models and GPUs, and the KV cache's dtype -----------------------------
-
-
-# Presets. Shapes from each model's Hugging Face config.json (num_hidden_layers,
-# num_attention_heads, num_key_value_heads, hidden_size / num_attention_heads = head_dim,
-# max_position_embeddings); parameter counts are the safetensors totals the model pages
-# show, which equal the count the config implies (test_model_presets_match_their_configs
-# recomputes them from vocab, hidden and intermediate sizes).
-MODELS: dict[str, ModelSpec] = {
-    # huggingface.co/meta-llama/Llama-2-7b-hf config.json: 32 layers, 32 heads, 32 KV heads,
-    # hidden 4096 (head_dim 128), 4096 positions; 6,738,415,616 parameters.
-    "llama-2-7b": ModelSpec("llama-2-7b", 6_738_415_616, 32, 32, 128,
-                            num_attention_heads=32, max_position_embeddings=4096),
-    # huggingface.co/meta-llama/Llama-2-13b-hf config.json: 40 layers, 40 heads, 40 KV heads,
-    # hidden 5120 (head_dim 128), 4096 positions; 13,015,864,320 parameters.
-    "llama-2-13b": ModelSpec("llama-2-13b", 13_015_864_320, 40, 40, 128,
-                             num_attention_heads=40, max_position_embeddings=4096),
-    # huggingface.co/meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads, 8 KV heads
-    # (GQA), hidden 8192 (head_dim 128), 4096 positions; 68,976,648,192 parameters.
-    "llama-2-70b": ModelSpec("llama-2-70b", 68_976_648_192, 80, 8, 128,
-                             num_attention_heads=64, max_position_embeddings=4096),
-    # huggingface.co/meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads, 8 KV heads
-    # (GQA), hidden 4096 (head_dim 128), 8192 positions; 8,030,261,248 parameters.
-    "llama-3-8b": ModelSpec("llama-3-8b", 8_030_261_248, 32, 8, 128,
-                            num_attention_heads=32, max_position_embeddings=8192),
-    # huggingface.co/mistralai/Mistral-7B-v0.1 config.json: 32 layers, 32 heads, 8 KV heads
-    # (GQA), hidden 4096 (head_dim 128), 32768 positions, sliding_window 4096 (ignored here:
-    # the planner charges the full context, an upper bound); 7,241,732,096 parameters.
-    "mistral-7b": ModelSpec("mistral-7b", 7_241_732_096, 32, 8, 128,
-                            num_attention_heads=32, max_position_embeddings=32768),
-}
-
-
-# Presets, SXM parts where there is a choice. memory_bytes = nvidia-smi's memory.total
-# (MiB) for the device (as collected in modal-labs/modal-client PR #2797 for A100/H100/L4,
-# and nvidia-smi output for H200): e.g. the "80GB" A100 is 81920 MiB = 80 GiB = 85.9 GB.
-# Bandwidth and FLOP/s from NVIDIA's datasheets; NVIDIA quotes Hopper and Ada BF16 "with
-# sparsity", so the dense figure is half of it.
-GPUS: dict[str, GPUSpec] = {
-    # A100 datasheet (SXM4 40GB): 40 GB HBM2, 1,555 GB/s, BF16 312 TFLOPS (624 sparse).
-    # nvidia-smi: 40960 MiB.
-    "a100-40gb": GPUSpec("a100-40gb", 40_960 * MiB, 1_555e9, 312e12),
-    # A100 datasheet (SXM4 80GB): 80 GB HBM2e, 2,039 GB/s, BF16 312 TFLOPS (624 sparse).
-    # nvidia-smi: 81920 MiB.
-    "a100-80gb": GPUSpec("a100-80gb", 81_920 * MiB, 2_039e9, 312e12),
-    # H100 datasheet (SXM5): 80 GB HBM3, 3.35 TB/s, BF16 1,979 TFLOPS with sparsity -> 989
-    # dense. nvidia-smi ("NVIDIA H100 80GB HBM3"): 81559 MiB.
-    "h100-80gb": GPUSpec("h100-80gb", 81_559 * MiB, 3.35e12, 989e12),
-    # H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, BF16 1,979 TFLOPS with sparsity -> 989
-    # dense. nvidia-smi ("NVIDIA H200"): 143771 MiB.
-    "h200": GPUSpec("h200", 143_771 * MiB, 4.8e12, 989e12),
-    # L4 datasheet: 24 GB GDDR6, 300 GB/s, BF16 242 TFLOPS with sparsity -> 121 dense.
-    # nvidia-smi: 23034 MiB.
-    "l4": GPUSpec("l4", 23_034 * MiB, 300e9, 121e12),
-}
-
-
-def _preset(value, presets: dict, what: str):
-    """`value` itself if it is a spec, else the preset of that name; an unknown name lists the known ones."""
-    if not isinstance(value, str):
-        return value
-    if value not in presets:
-        raise ValueError(f"unknown {what} {value!r}; known {what}s: {', '.join(presets)}")
-    return presets[value]
-
-
-def get_model(model: ModelSpec | str) -> ModelSpec:
-    return _preset(model, MODELS, "model")
-
-
-def get_gpu(gpu: GPUSpec | str) -> GPUSpec:
-    return _preset(gpu, GPUS, "GPU")
-
-
-# vLLM's `kv_cache_dtype`: "auto" stores K/V in the model's dtype; fp8 (on GPUs) and int8 store
-# 1 byte per element. The few bytes of scales per block are left out, as vLLM's sizing does for
-# fp8 with per-tensor scales.
-PLAN_KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "int8": 1}
-
-
-def with_kv_cache_dtype(model: ModelSpec | str, kv_cache_dtype: str) -> ModelSpec:
-    """`model` with its KV-cache elements stored as `kv_cache_dtype`: "fp8" or "int8" (1 byte),
-    or "auto" (the spec unchanged: its `kv_dtype_bytes`, by default the model's own dtype)."""
-    if not (isinstance(kv_cache_dtype, str) and kv_cache_dtype in PLAN_KV_CACHE_DTYPES):
-        raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, PLAN_KV_CACHE_DTYPES))}, "
-                         f"got {kv_cache_dtype!r}")
-    model = get_model(model)
-    if kv_cache_dtype == "auto":
-        return model
-    return dataclasses.replace(model, kv_dtype_bytes=PLAN_KV_CACHE_DTYPES[kv_cache_dtype])
-
-
-# --- traffic: request lengths, and the KV a max_len slab wastes --------------------------
-
-
-ALPACA = LengthStats("Alpaca", 19.31, 58.45, "Kwon et al. SOSP'23, Fig. 11b")
-
-
-# The same paper, Fig. 2: existing systems keep 20.4%-38.2% of KV memory holding token
-# states (Orca Max / Pow2 / Oracle); vLLM 96.3%.
-
-
-# ASSUMPTION, not from the paper: lengths are lognormal with this shape (right-skewed with
-# a long tail, like Fig. 11's histograms), its location set so the mean matches the paper.
-LENGTH_SIGMA = 1.0
-
-
-def sample_request_lengths(stats: LengthStats, num_requests: int, seed: int = 0,
-                           max_model_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(prompt_lens, output_lens), int64 arrays of `num_requests` lengths >= 1, drawn
-    independently from lognormals (sigma LENGTH_SIGMA) whose means are the reported ones.
-    Deterministic for a seed. With `max_model_len`, a request longer than it is truncated
-    (prompt first kept, output cut) as the paper truncates ShareGPT to the model's context."""
-    check_int("num_requests", num_requests, minimum=1)
-    rng = np.random.default_rng(seed)
-
-    def draw(mean: float) -> np.ndarray:
-        mu = math.log(mean) - LENGTH_SIGMA**2 / 2  # E[lognormal] = exp(mu + sigma^2 / 2)
-        return np.maximum(1, np.rint(rng.lognormal(mu, LENGTH_SIGMA, num_requests))).astype(np.int64)
-
-    prompts, outputs = draw(stats.mean_prompt_len), draw(stats.mean_output_len)
-    if max_model_len is not None:
-        check_int("max_model_len", max_model_len, minimum=1)
-        if max_model_len < 2:
-            raise ValueError(f"max_model_len must leave room for a prompt and an output token, got {max_model_len}")
-        prompts = np.minimum(prompts, max_model_len - 1)
-        outputs = np.minimum(outputs, max_model_len - prompts)
-    return prompts, outputs
-
-
-class KVUtilization(NamedTuple):
-    """Fraction of reserved KV memory that holds real tokens, under each allocation policy."""
-
-    slab: float
-    paged: float
-
-
-def kv_memory_utilization(lengths, max_model_len: int, block_size: int) -> KVUtilization:
-    """Tokens held / token slots reserved, for sequences of `lengths` tokens each:
-    (a) `slab`: the naive allocator reserves a contiguous `max_model_len` slab per request up
-    front; (b) `paged`: PagedAttention reserves `blocks_needed(length, block_size)` whole
-    blocks, so each sequence wastes fewer than `block_size` slots, all in its last block.
-    Every length must be in 1..max_model_len (a slab cannot hold more)."""
-    check_int("max_model_len", max_model_len, minimum=1)
-    check_int("block_size", block_size, minimum=1)
-    lengths = np.asarray(lengths)
-    if lengths.ndim != 1 or lengths.size == 0 or not np.issubdtype(lengths.dtype, np.integer):
-        raise ValueError(f"lengths must be a non-empty 1-D sequence of ints, got {lengths!r}")
-    if lengths.min() < 1 or lengths.max() > max_model_len:
-        raise ValueError(f"every length must be in 1..max_model_len={max_model_len}, "
-                         f"got {lengths.min()}..{lengths.max()}")
-    held = int(lengths.sum())
-    paged_slots = int((-(-lengths // block_size)).sum()) * block_size  # ceil: whole blocks
-    return KVUtilization(slab=held / (lengths.size * max_model_len), paged=held / paged_slots)
-
-
-# =====================================================================================
-# 8. Serving over HTTP: the engine behind an OpenAI-compatible endpoint, and a load generator
-# =====================================================================================
-#
-# `generate()` answers "how many tokens per second can this engine make?". A deployment is
-# asked a different question: requests arrive when they like, each one waits for its first
-# token (TTFT) and then for every next one (TPOT/ITL), and past some arrival rate the queue
-# grows without bound. The server below puts the engine on a socket with the wire format of
-# OpenAI and vLLM (`/v1/completions`, server-sent events, `/metrics` under vLLM's metric
-# names); the load generator after it offers Poisson traffic at several rates and measures the
-# latencies with vLLM's benchmark definitions. It speaks only the public API, so the same
-# command measures a vLLM deployment on a GPU.
-#
-# One thread owns the engine. The asyncio loop parses HTTP and hands each request over; a
-# single worker thread adds it, steps the engine and returns the step's outputs; the loop
-# routes every new token to the request's own queue, whose handler writes it to the socket.
-
-
-MAX_BODY_BYTES = 1 << 20  # a completion body is a prompt and a few fields; a larger one is refused unread
-
-
-MAX_HEADER_BYTES = 16 << 10
-
-
-READ_TIMEOUT_S = 10.0  # to receive a request's head and body; a silent client is dropped
-
-
-SHUTDOWN_TIMEOUT_S = 10.0
-
-
-# vLLM's TTFT histogram uses buckets of this shape (ms to tens of seconds); these are the lab's own.
-TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-_REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            500: "Internal Server Error", 503: "Service Unavailable"}
-
-
-class _HTTPError(Exception):
-    """A request that ends in an error response: HTTP status and OpenAI's error body."""
-
-    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.kind = status, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": str(self), "type": self.kind, "param": None, "code": self.status}}
-
-
-class _ClientGone(Exception):
-    """The client closed its connection: abort its request."""
-
-
-_CLIENT_GONE = object()  # put in a request's queue when its client disconnects
-
-
-# --- the wire format: prompts, fields, chunks --------------------------------------------
-
-
-def token_text(token_id: int) -> str:
-    """The lab's byte tokenizer: token id = byte value, so a token's text is that byte decoded
-    (a lone byte >= 128 is not UTF-8 on its own and shows as U+FFFD; `token_ids` carry the truth)."""
-    return bytes([token_id]).decode("utf-8", errors="replace") if 0 <= token_id < 256 else ""
-
-
-def _prompt_token_ids(prompt: object, vocab_size: int) -> list[int]:
-    """A prompt as token ids: a list of ints as given, or a string encoded byte by byte (UTF-8)."""
-    if isinstance(prompt, str):
-        token_ids = list(prompt.encode("utf-8"))
-        outside = [t for t in token_ids if t >= vocab_size]
-        if outside:
-            raise _HTTPError(f"prompt: byte {outside[0]} of the UTF-8 text has no token in this model's "
-                             f"vocabulary of {vocab_size} (token id = byte value)")
-    elif isinstance(prompt, list) and all(type(t) is int for t in prompt):
-        token_ids = prompt
-    else:
-        raise _HTTPError("prompt must be a string or a list of token ids (ints); one prompt per request")
-    if not token_ids:
-        raise _HTTPError("prompt is empty; expected at least one token")
-    return token_ids
-
-
-def _optional(body: dict, name: str, kinds: tuple, default, what: str):
-    """body[name] if it is present, not null and of one of `kinds` (bool is never an int here)."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-        raise _HTTPError(f"{name} must be {what}, got {json.dumps(value)}")
-    return value
-
-
-def parse_completion_request(body: bytes, config: ModelConfig, request_id: str) -> tuple[Request, bool, bool]:
-    """A `/v1/completions` body as (Request, stream, include_usage); `_HTTPError` (400) naming the
-    field otherwise. Fields: prompt, max_tokens (16), temperature (0: greedy, the lab's default),
-    seed, stop_token_ids, stream, stream_options.include_usage, n (only 1); others are ignored."""
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, an absurd int, absurd nesting
-        raise _HTTPError(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise _HTTPError("the body must be a JSON object")
-    if "prompt" not in payload:
-        raise _HTTPError("prompt is required")
-    prompt = _prompt_token_ids(payload["prompt"], config.vocab_size)
-    max_tokens = _optional(payload, "max_tokens", (int,), 16, "an int >= 1")
-    temperature = _optional(payload, "temperature", (int, float), 0.0, "a number >= 0")
-    seed = _optional(payload, "seed", (int,), None, "an int >= 0")
-    stop = _optional(payload, "stop_token_ids", (list,), [], "a list of token ids")
-    stream = _optional(payload, "stream", (bool,), False, "true or false")
-    options = _optional(payload, "stream_options", (dict,), {}, "an object")
-    include_usage = _optional(options, "include_usage", (bool,), False, "true or false")
-    _optional(payload, "ignore_eos", (bool,), False, "true or false")  # vLLM's; the toy model has no EOS
-    if _optional(payload, "n", (int,), 1, "1") != 1:
-        raise _HTTPError("n must be 1: this server returns one choice per request")
-    if seed is not None and seed < 0:
-        raise _HTTPError(f"seed must be an int >= 0, got {seed}")
-    if not all(type(t) is int for t in stop):
-        raise _HTTPError(f"stop_token_ids must be a list of token ids (ints), got {json.dumps(stop)}")
-    request = Request(request_id, prompt, SamplingParams(float(temperature), max_tokens, seed, tuple(stop)))
-    try:
-        _check_request(request, config)
-    except ValueError as exc:
-        raise _HTTPError(str(exc)) from None
-    return request, stream, include_usage
-
-
-def _choice(token_ids: list[int], finish_reason: str | None) -> dict:
-    return {"index": 0, "text": "".join(token_text(t) for t in token_ids), "token_ids": token_ids,
-            "logprobs": None, "finish_reason": finish_reason}
-
-
-def _usage(request: Request, num_output_tokens: int) -> dict:
-    n_prompt = len(request.prompt_token_ids)
-    return {"prompt_tokens": n_prompt, "completion_tokens": num_output_tokens,
-            "total_tokens": n_prompt + num_output_tokens}
-
-
-def _http_head(status: int, content_type: str, length: int | None = None) -> bytes:
-    """Response head; `length=None` means a chunked body (a stream). One response per connection."""
-    lines = [f"HTTP/1.1 {status} {_REASONS[status]}", f"Content-Type: {content_type}", "Connection: close"]
-    lines += ["Cache-Control: no-cache", "Transfer-Encoding: chunked"] if length is None else [
-        f"Content-Length: {length}"]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-def _http_chunk(data: bytes) -> bytes:
-    return f"{len(data):x}\r\n".encode("ascii") + data + b"\r\n"
-
-
-def _sse(event: dict | str) -> bytes:
-    """One server-sent event, as one HTTP chunk: `data: {json}` and a blank line."""
-    data = event if isinstance(event, str) else json.dumps(event, separators=(",", ":"))
-    return _http_chunk(f"data: {data}\n\n".encode())
-
-
-async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[str, str, bytes]:
-    """(method, path, body) of one HTTP/1.1 request. A head over MAX_HEADER_BYTES or a body over
-    MAX_BODY_BYTES is a 400 raised before the body is read."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.LimitOverrunError:
-        raise _HTTPError(f"the request head is over {MAX_HEADER_BYTES} bytes") from None
-    request_line, *header_lines = head.decode("latin-1").split("\r\n")
-    parts = request_line.split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise _HTTPError(f"malformed request line {request_line[:80]!r}")
-    headers = {}
-    for line in filter(None, header_lines):
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise _HTTPError(f"malformed header line {line[:80]!r}")
-        headers[name.strip().lower()] = value.strip()
-    if "transfer-encoding" in headers:
-        raise _HTTPError("chunked request bodies are not supported: send Content-Length")
-    length = headers.get("content-length", "0")
-    if not (length.isascii() and length.isdigit() and len(length) <= 12):
-        raise _HTTPError(f"Content-Length must be a number of bytes, got {length!r}")
-    if int(length) > MAX_BODY_BYTES:
-        raise _HTTPError(f"the body is {length} bytes; the limit is {MAX_BODY_BYTES}")
-    if headers.get("expect", "").lower() == "100-continue":  # curl waits for this before a large body
-        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    return parts[0], parts[1].split("?", 1)[0], await reader.readexactly(int(length))
-
-
-async def _watch_disconnect(reader: asyncio.StreamReader) -> None:
-    """Return when the client closes its side (nothing else is expected after the request)."""
-    try:
-        while await reader.read(4096):
-            pass
-    except ConnectionError:
-        pass
-
-
-# --- the engine side: one worker thread owns the engine ----------------------------------
-
-
-class _Histogram:
-    """A Prometheus histogram: cumulative bucket counts, sum and count."""
-
-    def __init__(self, bounds: Sequence[float]):
-        self.bounds, self.counts, self.sum, self.count = tuple(bounds), [0] * len(bounds), 0.0, 0
-
-    def observe(self, value: float) -> None:
-        for i, bound in enumerate(self.bounds):
-            self.counts[i] += value <= bound
-        self.sum += value
-        self.count += 1
-
-
-class _EngineBridge:
-    """Hands requests to the engine and routes its outputs back, request by request.
-
-    Contract: only `self.worker` (one thread) ever calls the engine; everything else here runs
-    on the event loop. `submit` returns the request's queue, which receives a RequestOutput per
-    step that gave it a token and ends with a finished one, or receives one `_HTTPError`
-    (rejected by the engine, engine failure, shutdown). An error in a step fails the requests
-    then in flight (500) and the bridge goes on serving.
-    """
-
-    def __init__(self, engine: LLMEngine):
-        self.engine = engine
-        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")
-        self.streams: dict[str, asyncio.Queue] = {}
-        self.inbox: list[tuple[str, object]] = []  # ("add", Request) or ("abort", request_id), in order
-        self.wakeup = asyncio.Event()
-        self.closing = False
-        # As of the last step (so an idle server reports an idle engine without touching it).
-        self.gauges = {"running": 0, "waiting": 0, "kv_usage": 0.0, "preemptions": 0, "queries": 0, "hits": 0}
-
-    def submit(self, request: Request) -> asyncio.Queue:
-        queue: asyncio.Queue = asyncio.Queue()
-        if self.closing:  # the loop that would feed the queue has stopped
-            queue.put_nowait(_HTTPError("the server is shutting down", 503, "server_error"))
-            return queue
-        self.streams[request.request_id] = queue
-        self._send(("add", request))
-        return queue
-
-    def abort(self, request_id: str) -> None:
-        if self.streams.pop(request_id, None) is not None:
-            self._send(("abort", request_id))
-
-    def _send(self, command: tuple[str, object]) -> None:
-        self.inbox.append(command)
-        self.wakeup.set()
-
-    async def run(self) -> None:
-        """Step while anything is in flight; sleep on `wakeup` when idle."""
-        loop, busy = asyncio.get_running_loop(), False
-        while not self.closing:
-            if not (busy or self.inbox):
-                self.wakeup.clear()
-                await self.wakeup.wait()
-                continue
-            commands, self.inbox = self.inbox, []
-            try:
-                rejected, outputs, busy = await loop.run_in_executor(self.worker, self._step, commands)
-            except Exception as exc:  # the engine failed: fail what is in flight, keep serving
-                busy = await self._fail_all(_HTTPError(f"the engine failed: {type(exc).__name__}: {exc}",
-                                                       500, "server_error"))
-                continue
-            for request_id, message in rejected.items():
-                self._finish(request_id, _HTTPError(message))
-            for out in outputs:
-                if out.finish_reason == "rejected":
-                    message = f"request {out.request_id!r} rejected: {out.finish_detail}"
-                    self._finish(out.request_id, _HTTPError(message))
-                elif out.request_id in self.streams:
-                    self.streams[out.request_id].put_nowait(out)
-                    if out.finished:
-                        del self.streams[out.request_id]
-
-    def _step(self, commands: list[tuple[str, object]]) -> tuple[dict[str, str], list[RequestOutput], bool]:
-        """In the worker: apply the commands, run one step, read the gauges."""
-        rejected = {}
-        for kind, arg in commands:
-            if kind == "add":
-                try:
-                    self.engine.add_request(arg)
-                except ValueError as exc:
-                    rejected[arg.request_id] = str(exc)
-            else:
-                self.engine.abort_request(arg)
-        outputs = self.engine.step() if self.engine.has_unfinished() else []
-        self.gauges = self._read_gauges()
-        return rejected, outputs, self.engine.has_unfinished()
-
-    def _read_gauges(self) -> dict[str, float]:
-        engine, allocator = self.engine, self.engine.allocator
-        return {"running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting),
-                "kv_usage": 1.0 - allocator.num_free_blocks / allocator.num_blocks,
-                "preemptions": engine.num_preemptions, "queries": allocator.stats.queries,
-                "hits": allocator.stats.hits}
-
-    def _finish(self, request_id: str, error: _HTTPError) -> None:
-        queue = self.streams.pop(request_id, None)
-        if queue is not None:
-            queue.put_nowait(error)
-
-    async def _fail_all(self, error: _HTTPError) -> bool:
-        """Send `error` to every request in flight and abort them; whether the engine is still busy."""
-        request_ids = list(self.streams)
-        for request_id in request_ids:
-            self._finish(request_id, error)
-        # A request submitted while the failing step ran is failed too: its add must not follow.
-        failed = set(request_ids)
-        self.inbox = [(kind, arg) for kind, arg in self.inbox if not (kind == "add" and arg.request_id in failed)]
-        return await asyncio.get_running_loop().run_in_executor(self.worker, self._abort_and_flush, request_ids)
-
-    def _abort_and_flush(self, request_ids: list[str]) -> bool:
-        """In the worker: abort, then let one step hand out the aborted outputs."""
-        try:
-            for request_id in request_ids:
-                self.engine.abort_request(request_id)
-            if self.engine.has_unfinished():
-                self.engine.step()
-            self.gauges = self._read_gauges()
-        except Exception:  # noqa: BLE001 - a broken engine stays broken; each new request gets its 500
-            pass
-        return self.engine.has_unfinished()
-
-    async def close(self) -> None:
-        """Stop stepping, then end every request in flight with a 503 and abort it in the engine."""
-        self.closing = True
-        self.wakeup.set()
-        await self._fail_all(_HTTPError("the server is shutting down", 503, "server_error"))
-
-
-# --- the HTTP side: routes and the completion handler ------------------------------------
-
-
-class CompletionServer:
-    """An OpenAI-compatible server for one LLMEngine, on a background thread (see start_server).
-
-    `.url`, `.port`, `.model_name`; `.close()` stops accepting, ends every request in flight
-    (503) and aborts it in the engine, and joins the thread; it is idempotent. A context manager.
-    Not to be closed from inside one of its own handlers.
-    """
-
-    def __init__(self, engine: LLMEngine, host: str = "127.0.0.1", port: int = 0):
-        self.engine, self.host = engine, host
-        config = engine.model.config
-        self.model_name = f"toy-gpt2-{config.n_layer}x{config.n_embd}-v{config.vocab_size}"
-        self.port = port
-        self._ids = itertools.count()
-        self._ttft = _Histogram(TTFT_BUCKETS_S)
-        self._counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
-        self._connections: set[asyncio.Task] = set()
-        self._closed, self._close_lock = False, threading.Lock()
-        self._started, self._startup_error = threading.Event(), None
-        self._thread = threading.Thread(target=self._run, args=(port,), name="lab-server", daemon=True)
-        self._thread.start()
-        if not self._started.wait(SHUTDOWN_TIMEOUT_S):
-            raise RuntimeError("the server thread did not start")
-        if self._startup_error is not None:
-            raise self._startup_error
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def close(self) -> None:
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(SHUTDOWN_TIMEOUT_S * 3)
-
-    def __enter__(self) -> CompletionServer:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-    # --- the server thread ---
-
-    def _run(self, port: int) -> None:
-        loop = asyncio.new_event_loop()
-        try:
-            loop.run_until_complete(self._serve(port))
-        except BaseException as exc:  # noqa: BLE001 - reported to the thread that called start_server
-            self._startup_error = exc
-        finally:
-            self._started.set()
-            loop.close()
-
-    async def _serve(self, port: int) -> None:
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        self._bridge = _EngineBridge(self.engine)
-        server = await asyncio.start_server(self._connection, self.host, port, limit=MAX_HEADER_BYTES)
-        self.port = server.sockets[0].getsockname()[1]
-        engine_task = asyncio.create_task(self._bridge.run())
-        self._started.set()
-        await self._stop.wait()
-        server.close()  # stop accepting
-        await self._bridge.close()  # in-flight handlers get their 503 and finish
-        pending = list(self._connections)
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=SHUTDOWN_TIMEOUT_S)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
-        await engine_task
-        await server.wait_closed()
-        self._bridge.worker.shutdown(wait=True)
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One request per connection: read it, route it, answer, close."""
-        task = asyncio.current_task()
-        self._connections.add(task)
-        try:
-            try:
-                method, path, body = await asyncio.wait_for(_read_request(reader, writer), READ_TIMEOUT_S)
-                await self._route(method, path, body, reader, writer)
-            except _HTTPError as exc:
-                self._respond_json(writer, exc.status, exc.body())
-            await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
-            pass  # the client went away, or said too little too slowly
-        except Exception as exc:  # noqa: BLE001 - a bug answers 500 for this request only
-            error = _HTTPError(f"internal error: {type(exc).__name__}: {exc}", 500, "server_error")
-            self._respond_json(writer, 500, error.body())
-        finally:
-            writer.close()
-            self._connections.discard(task)
-
-    async def _route(self, method: str, path: str, body: bytes, reader, writer) -> None:
-        routes = {"/health": "GET", "/v1/models": "GET", "/metrics": "GET", "/v1/completions": "POST"}
-        if path not in routes:
-            raise _HTTPError(f"no route {path}; try /v1/completions, /v1/models, /health, /metrics",
-                             404, "not_found_error")
-        if method != routes[path]:
-            raise _HTTPError(f"{path} takes {routes[path]}, not {method}", 405)
-        if path == "/health":
-            writer.write(_http_head(200, "text/plain", 0))
-        elif path == "/v1/models":
-            self._respond_json(writer, 200, self._models())
-        elif path == "/metrics":
-            text = self._metrics().encode()
-            writer.write(_http_head(200, "text/plain; version=0.0.4", len(text)) + text)
-        else:
-            await self._complete(body, reader, writer)
-
-    def _respond_json(self, writer: asyncio.StreamWriter, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        writer.write(_http_head(status, "application/json", len(data)) + data)
-
-    def _models(self) -> dict:
-        config = self.engine.model.config
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "lab",
-                                            "max_model_len": config.n_positions,
-                                            "vocab_size": config.vocab_size}]}
-
-    async def _complete(self, body: bytes, reader, writer) -> None:
-        """POST /v1/completions. The status line waits for the engine's first word (a token or a
-        rejection), so a request the engine refuses is still a clean 400; a disconnect aborts."""
-        request, stream, include_usage = parse_completion_request(
-            body, self.engine.model.config, f"cmpl-{next(self._ids)}")
-        received = time.perf_counter()
-        queue = self._bridge.submit(request)
-        watcher = asyncio.create_task(_watch_disconnect(reader))
-        watcher.add_done_callback(lambda _: queue.put_nowait(_CLIENT_GONE))
-        try:
-            respond = self._stream if stream else self._respond_whole
-            await respond(request, queue, writer, received, include_usage)
-        except (_ClientGone, ConnectionError):
-            self._bridge.abort(request.request_id)
-        except BaseException:  # a bug or a cancellation: the request must not run on unattended
-            self._bridge.abort(request.request_id)
-            raise
-        finally:
-            watcher.cancel()
-
-    async def _outputs(self, queue: asyncio.Queue, received: float):
-        """The request's RequestOutputs up to the finished one (first token: into the TTFT histogram)."""
-        first = True
-        while True:
-            item = await queue.get()
-            if item is _CLIENT_GONE:
-                raise _ClientGone
-            if isinstance(item, _HTTPError):
-                raise item
-            if first and item.output_token_ids:
-                self._ttft.observe(time.perf_counter() - received)
-                first = False
-            yield item
-            if item.finished:
-                return
-
-    def _completion(self, request: Request, kind: str) -> dict:
-        return {"id": request.request_id, "object": kind, "created": int(time.time()), "model": self.model_name}
-
-    def _count(self, request: Request, num_output_tokens: int) -> None:
-        self._counters["requests"] += 1
-        self._counters["prompt_tokens"] += len(request.prompt_token_ids)
-        self._counters["generation_tokens"] += num_output_tokens
-
-    async def _respond_whole(self, request: Request, queue, writer, received: float, include_usage: bool) -> None:
-        async for out in self._outputs(queue, received):
-            last = out
-        tokens = last.output_token_ids
-        self._count(request, len(tokens))
-        self._respond_json(writer, 200, self._completion(request, "text_completion") | {
-            "choices": [_choice(tokens, last.finish_reason)], "usage": _usage(request, len(tokens))})
-
-    async def _stream(self, request: Request, queue, writer, received: float, include_usage: bool) -> None:
-        """Server-sent events: one chunk per token, the last with its finish_reason, then [DONE]."""
-        header, sent = self._completion(request, "text_completion"), 0
-        try:
-            async for out in self._outputs(queue, received):
-                new = out.output_token_ids[sent:]
-                finish = [None] * (len(new) - 1) + [out.finish_reason]
-                events = [_sse(header | {"choices": [_choice([t], f)]}) for t, f in zip(new, finish)]
-                writer.write(b"".join(([_http_head(200, "text/event-stream")] if sent == 0 else []) + events))
-                sent += len(new)
-                await writer.drain()
-        except _HTTPError as exc:
-            if sent == 0:
-                raise  # nothing sent yet: a plain error response
-            writer.write(_sse(exc.body()) + _http_chunk(b""))  # ends the stream; not counted a success
-            return
-        self._count(request, sent)
-        if include_usage:
-            writer.write(_sse(header | {"choices": [], "usage": _usage(request, sent)}))
-        writer.write(_sse("[DONE]") + _http_chunk(b""))
-
-    def _metrics(self) -> str:
-        """Prometheus text under vLLM's names (prefix-cache counts are in blocks here, tokens in vLLM)."""
-        gauges, label = self._bridge.gauges, f'model_name="{self.model_name}"'
-        lines = []
-
-        def metric(name: str, kind: str, text: str, value: float) -> None:
-            lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name}{{{label}}} {value}"])
-
-        metric("vllm:num_requests_running", "gauge", "Requests in the running batch.", gauges["running"])
-        metric("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", gauges["waiting"])
-        metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 means 100 percent.", gauges["kv_usage"])
-        metric("vllm:num_preemptions_total", "counter", "Preemptions by the scheduler.", gauges["preemptions"])
-        metric("vllm:prefix_cache_queries_total", "counter", "Prefix-cache lookups (blocks).", gauges["queries"])
-        metric("vllm:prefix_cache_hits_total", "counter", "Prefix-cache hits (blocks).", gauges["hits"])
-        metric("vllm:prompt_tokens_total", "counter", "Prompt tokens of completed requests.",
-               self._counters["prompt_tokens"])
-        metric("vllm:generation_tokens_total", "counter", "Generated tokens of completed requests.",
-               self._counters["generation_tokens"])
-        metric("vllm:request_success_total", "counter", "Completed requests.", self._counters["requests"])
-        name, hist = "vllm:time_to_first_token_seconds", self._ttft
-        lines += [f"# HELP {name} Time to first token, from request received to token sent.",
-                  f"# TYPE {name} histogram"]
-        for bound, count in zip(hist.bounds, hist.counts):
-            lines.append(f'{name}_bucket{{{label},le="{bound}"}} {count}')
-        lines += [f'{name}_bucket{{{label},le="+Inf"}} {hist.count}',
-                  f"{name}_sum{{{label}}} {hist.sum}", f"{name}_count{{{label}}} {hist.count}"]
-        return "\n".join(lines) + "\n"
-
-
-def start_server(engine: LLMEngine, host: str = "127.0.0.1", port: int = 0) -> CompletionServer:
-    """Serve `engine` over HTTP from a background thread (port 0: any free port) and return the
-    handle once it accepts connections. The server owns the engine until `close()`."""
-    return CompletionServer(engine, host, port)
-
-
-# The model `python solution.py serve` runs by default: the lab's GPT-2 with room for ShareGPT-
-# like requests (prompt + output <= 512 tokens).
-SERVE_MODEL = dict(vocab_size=256, n_positions=512, n_embd=64, n_layer=2, n_head=4)
-
-
-def serve(engine: LLMEngine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None) -> None:
-    """`python solution.py serve`: run the server until Ctrl-C (or for `duration` seconds)."""
-    with start_server(engine, host, port) as server:
-        print(f"serving {server.model_name} at {server.url}  (POST /v1/completions, GET /v1/models /health "
-              f"/metrics; Ctrl-C stops)", flush=True)
-        try:
-            threading.Event().wait(duration)
-        except KeyboardInterrupt:
-            print("stopping", flush=True)
-
-
-# --- the load generator: open-loop Poisson traffic, vLLM's latency definitions -------------
-#
-# Open loop: each request is sent at its arrival time whether or not earlier ones finished,
-# as users do. (A closed loop, "send the next when one returns", can never offer more than
-# the server handles, so it cannot show the knee.) Each request's latencies come from the
-# arrival times of its streamed chunks, as in vLLM's benchmark_serving:
-#   TTFT = first chunk - send;  E2E = last chunk - send;
-#   TPOT = (E2E - TTFT) / (output tokens - 1);  ITL = the gaps between consecutive chunks.
-
-
-LOAD_WORKLOADS = {
-    "sharegpt": SHAREGPT,
-    "alpaca": ALPACA,
-    "tiny": LengthStats("tiny", 8.0, 8.0, "a smoke test, not a trace"),
-}
-
-
-# In a text prompt every token is a one-letter word: one token each for the BPE tokenizers of
-# GPT-2 or Llama ("▁q"), two bytes each for the lab's byte tokenizer.
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkloadRequest:
-    """One request of a synthetic workload: its prompt in both forms, and its output length."""
-
-    prompt_token_ids: list[int]
-    prompt_text: str
-    max_tokens: int
-
-
-def make_workload(name: str, num_prompts: int, seed: int = 0, max_model_len: int = 2048,
-                  vocab_size: int = 256) -> list[WorkloadRequest]:
-    """`num_prompts` requests with lengths from `sample_request_lengths(LOAD_WORKLOADS[name])`
-    (prompt + output within `max_model_len`); random token ids below `vocab_size`. Deterministic."""
-    if name not in LOAD_WORKLOADS:
-        raise ValueError(f"workload must be one of {sorted(LOAD_WORKLOADS)}, got {name!r}")
-    prompt_lens, output_lens = sample_request_lengths(LOAD_WORKLOADS[name], num_prompts, seed, max_model_len)
-    rng = np.random.default_rng(seed + 1)
-    requests = []
-    for n_in, n_out in zip(prompt_lens.tolist(), output_lens.tolist()):
-        ids = rng.integers(0, min(vocab_size, 256), n_in).tolist()
-        text = " ".join(_LETTERS[i % len(_LETTERS)] for i in ids)
-        requests.append(WorkloadRequest(ids, text, n_out))
-    return requests
-
-
-def save_workload(requests: Sequence[WorkloadRequest], path: str) -> None:
-    """JSONL that `vllm bench serve --dataset-name custom --custom-output-len -1` replays:
-    one {"prompt": text, "output_tokens": n} per line."""
-    with open(path, "w") as fh:
-        for r in requests:
-            fh.write(json.dumps({"prompt": r.prompt_text, "output_tokens": r.max_tokens}) + "\n")
-
-
-def poisson_arrival_times(rate: float, num_requests: int, seed: int = 0) -> np.ndarray:
-    """Send times (seconds from the start) of a Poisson process of `rate` requests per second:
-    exponential gaps of mean 1/rate, the first request at 0. `rate=inf` sends everything at 0."""
-    if not rate > 0:
-        raise ValueError(f"rate must be > 0 requests per second (inf: all at once), got {rate}")
-    if math.isinf(rate):
-        return np.zeros(num_requests)
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, num_requests)
-    return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
-
-
-@dataclasses.dataclass
-class StreamResult:
-    """What the client saw of one streamed request (perf_counter seconds)."""
-
-    send_time: float
-    chunk_times: list[float] = dataclasses.field(default_factory=list)
-    num_output_tokens: int = 0
-    num_prompt_tokens: int | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and bool(self.chunk_times)
-
-
-def stream_metrics(result: StreamResult) -> RequestMetrics:
-    """vLLM's benchmark definitions (see above) for one successful streamed request."""
-    times = result.chunk_times
-    ttft, e2e = times[0] - result.send_time, times[-1] - result.send_time
-    n = result.num_output_tokens
-    tpot = (e2e - ttft) / (n - 1) if n > 1 else math.nan
-    return RequestMetrics(ttft, tpot, np.diff(times).tolist(), e2e)
-
-
-def _percentiles(values: Sequence[float], prefix: str) -> dict[str, float]:
-    values = np.asarray(values, dtype=np.float64)
-    stats = {"mean": np.mean, "p50": lambda x: np.percentile(x, 50), "p90": lambda x: np.percentile(x, 90),
-             "p99": lambda x: np.percentile(x, 99)}
-    return {f"{stat}_{prefix}": float(f(values)) if values.size else math.nan for stat, f in stats.items()}
-
-
-def summarize_load(results: Sequence[StreamResult], duration: float, slo_ttft: float | None = None,
-                   slo_tpot: float | None = None) -> dict[str, float]:
-    """A benchmark's numbers, vLLM-style: completed / failed counts; request and output-token
-    throughput over `duration` (first send to last chunk); goodput, the requests per second that
-    met every SLO given (TTFT <= slo_ttft and, with 2+ tokens, TPOT <= slo_tpot; seconds);
-    mean, p50, p90, p99 of TTFT, TPOT (requests with 2+ tokens), ITL (all gaps) and E2E."""
-    metrics = [(r, stream_metrics(r)) for r in results if r.ok]
-    good = [r for r, m in metrics if (slo_ttft is None or m.ttft <= slo_ttft)
-            and (slo_tpot is None or r.num_output_tokens < 2 or m.tpot <= slo_tpot)]
-    num_out = sum(r.num_output_tokens for r, _ in metrics)
-    per_second = (lambda x: x / duration) if duration > 0 else (lambda x: math.nan)
-    summary = {"completed": len(metrics), "failed": len(results) - len(metrics), "duration": duration,
-               "output_tokens": num_out, "request_throughput": per_second(len(metrics)),
-               "output_throughput": per_second(num_out), "goodput": per_second(len(good))}
-    summary |= _percentiles([m.ttft for _, m in metrics], "ttft")
-    summary |= _percentiles([m.tpot for r, m in metrics if r.num_output_tokens > 1], "tpot")
-    summary |= _percentiles([gap for _, m in metrics for gap in m.itl], "itl")
-    summary |= _percentiles([m.e2e_latency for _, m in metrics], "e2e")
-    return summary
-
-
-def find_knee(rates: Sequence[float], p99_ttfts: Sequence[float], factor: float = 3.0) -> float | None:
-    """The highest offered rate before p99 TTFT first exceeds `factor` times its lowest value
-    (there the queue starts to grow: past it TTFT is waiting, not work); None if it never does
-    in the rates tried. `rates` ascending."""
-    base = min((t for t in p99_ttfts if t == t), default=math.nan)  # t == t: not NaN
-    for i in range(1, len(rates)):
-        if not p99_ttfts[i] <= factor * base:  # NaN (nothing completed) counts as past the knee
-            return rates[i - 1]
-    return None
-
-
-def _bar(value: float, top: float, width: int) -> str:
-    filled = 0 if not (top > 0 and value > 0) else max(1, round(width * min(value, top) / top))
-    return "#" * filled + " " * (width - filled)
-
-
-def format_load_chart(rates: Sequence[float], summaries: Sequence[dict], width: int = 30) -> str:
-    """p99 TTFT and output throughput against the offered rate, as bars, with the knee marked."""
-    ttfts = [s["p99_ttft"] * 1e3 for s in summaries]
-    tputs = [s["output_throughput"] for s in summaries]
-    knee = find_knee(rates, ttfts)
-    top_ttft = max((t for t in ttfts if t == t), default=0.0)
-    top_tput = max((t for t in tputs if t == t), default=0.0)
-    lines = [f"{'offered':>9} | {'p99 TTFT (ms)':<{width + 9}} | {'output tokens/s':<{width + 8}}"]
-    for rate, ttft, tput in zip(rates, ttfts, tputs):
-        mark = "  <- knee" if rate == knee else ""
-        lines.append(f"{rate:>5g} r/s | {_bar(ttft, top_ttft, width)} {ttft:8.1f} | "
-                     f"{_bar(tput, top_tput, width)} {tput:7.0f}{mark}")
-    lines.append(f"knee: {knee:g} req/s (p99 TTFT more than triples past it)" if knee is not None else
-                 "knee: not reached (p99 TTFT stays within 3x of its lowest): offer higher rates")
-    return "\n".join(lines)
-
-
-def format_load_table(rates: Sequence[float], summaries: Sequence[dict]) -> str:
-    """One row per offered rate: counts, throughput, goodput, and p50/p90/p99 of each latency (ms)."""
-    head = (f"{'rate':>6} {'done':>5} {'fail':>4} {'req/s':>6} {'tok/s':>7} {'good/s':>6} | "
-            + " | ".join(f"{name + ' p50/p90/p99 ms':^23}" for name in ("TTFT", "TPOT", "ITL", "E2E")))
-    lines = [head]
-    for rate, s in zip(rates, summaries):
-        cells = " | ".join(" ".join(f"{s[f'{p}_{m}'] * 1e3:7.1f}" for p in ("p50", "p90", "p99"))
-                           for m in ("ttft", "tpot", "itl", "e2e"))
-        lines.append(f"{rate:>6g} {s['completed']:>5} {s['failed']:>4} {s['request_throughput']:>6.2f} "
-                     f"{s['output_throughput']:>7.0f} {s['goodput']:>6.2f} | {cells}")
-    return "\n".join(lines)
-
-
-# --- the client: one thread per request, stdlib http.client, every read under a timeout ---
-
-
-def _http_get_json(url: str, path: str, timeout: float) -> dict:
-    parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-    try:
-        conn.request("GET", parts.path.rstrip("/") + path)
-        resp = conn.getresponse()
-        body = resp.read(MAX_BODY_BYTES)
-        if resp.status != 200:
-            raise ValueError(f"GET {path}: HTTP {resp.status}: {body[:200]!r}")
-        return json.loads(body)
-    finally:
-        conn.close()
-
-
-def server_model_card(url: str, timeout: float = 10.0) -> dict:
-    """The first model the server lists at /v1/models (its "id", and "max_model_len" where given)."""
-    data = _http_get_json(url, "/v1/models", timeout).get("data") or []
-    if not data:
-        raise ValueError(f"{url}/v1/models lists no model")
-    return data[0]
-
-
-def stream_completion(url: str, payload: dict, timeout: float) -> StreamResult:
-    """POST one streaming completion and time its chunks. Never raises for a failed request:
-    the error is in `.error`. Bounded: at most max_tokens + 16 events, `timeout` seconds in all."""
-    parts = urllib.parse.urlsplit(url)
-    result = StreamResult(send_time=time.perf_counter())
-    deadline = result.send_time + timeout
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-    try:
-        conn.request("POST", parts.path.rstrip("/") + "/v1/completions", json.dumps(payload),
-                     {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            result.error = f"HTTP {resp.status}: {resp.read(4096).decode(errors='replace')}"
-            return result
-        for _ in range(2 * (payload.get("max_tokens") or 16) + 32):  # event lines and blank lines
-            line = resp.readline(MAX_BODY_BYTES)
-            if not line or time.perf_counter() > deadline:
-                break
-            if _read_event(line.strip(), result):
-                return result
-        result.error = result.error or "the stream ended without data: [DONE]"
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        conn.close()
-    return result
-
-
-def _read_event(line: bytes, result: StreamResult) -> bool:
-    """Record one server-sent event line; True at `data: [DONE]`."""
-    if not line.startswith(b"data:"):
-        return False
-    data = line[5:].strip()
-    if data == b"[DONE]":
-        return True
-    event = json.loads(data)
-    if "error" in event:
-        result.error = json.dumps(event["error"])
-    if event.get("choices"):
-        result.chunk_times.append(time.perf_counter())
-        result.num_output_tokens += len(event["choices"][0].get("token_ids") or [None])
-    if event.get("usage"):  # the count the server reports wins (a chunk may hold several tokens)
-        result.num_output_tokens = event["usage"].get("completion_tokens", result.num_output_tokens)
-        result.num_prompt_tokens = event["usage"].get("prompt_tokens")
-    return False
-
-
-def completion_payload(request: WorkloadRequest, model: str, prompt_format: str = "token-ids") -> dict:
-    """The body the load generator sends: greedy, streamed, usage at the end, and `ignore_eos` so
-    that a real model produces exactly `max_tokens` tokens (vLLM's benchmark does the same)."""
-    prompt = request.prompt_token_ids if prompt_format == "token-ids" else request.prompt_text
-    return {"model": model, "prompt": prompt, "max_tokens": request.max_tokens, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
-
-
-def run_load(url: str, payloads: Sequence[dict], rate: float, seed: int = 0,
-             timeout: float = 300.0) -> tuple[list[StreamResult], float]:
-    """Send `payloads` open-loop at Poisson `rate` (req/s), each on its own thread; wait for all
-    (at most `timeout` after the last send). Returns the results in order and the duration from
-    the first send to the last chunk."""
-    arrivals = poisson_arrival_times(rate, len(payloads), seed)
-    results: list[StreamResult | None] = [None] * len(payloads)
-
-    def send(i: int) -> None:
-        results[i] = stream_completion(url, payloads[i], timeout)
-
-    threads, start = [], time.perf_counter()
-    for i, at in enumerate(arrivals):
-        time.sleep(max(0.0, start + at - time.perf_counter()))
-        threads.append(threading.Thread(target=send, args=(i,), daemon=True))
-        threads[-1].start()
-    deadline = time.perf_counter() + timeout + 5.0
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.perf_counter()))
-    # A new list: a thread still running past the deadline writes into `results`, not into this.
-    done = [r or StreamResult(start, error="no answer within the timeout") for r in results]
-    end = max((r.chunk_times[-1] for r in done if r.chunk_times), default=start)
-    return done, end - start
-
-
-def loadtest(url: str, rates: Sequence[float], num_prompts: int, workload: str = "sharegpt", seed: int = 0,
-             prompt_format: str = "token-ids", model: str | None = None, max_model_len: int | None = None,
-             slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
-             save_workload_path: str | None = None, timeout: float = 300.0, log=print) -> list[dict]:
-    """`python solution.py loadtest`: the same workload at each offered rate (ascending); prints
-    a table, the chart and the first error, and returns one summary per rate. Works against any
-    OpenAI-compatible /v1/completions; the model name and max_model_len come from /v1/models."""
-    if prompt_format not in ("token-ids", "text"):
-        raise ValueError(f"prompt_format must be 'token-ids' or 'text', got {prompt_format!r}")
-    card = server_model_card(url)
-    model = model or card["id"]
-    max_model_len = max_model_len or card.get("max_model_len") or 2048
-    requests = make_workload(workload, num_prompts, seed, max_model_len, card.get("vocab_size", 256))
-    if save_workload_path:
-        save_workload(requests, save_workload_path)
-        log(f"wrote {len(requests)} requests to {save_workload_path} (vLLM: --dataset-name custom)")
-    payloads = [completion_payload(r, model, prompt_format) for r in requests]
-    mean_in, mean_out = np.mean([len(r.prompt_token_ids) for r in requests]), np.mean([r.max_tokens for r in requests])
-    log(f"{url} model {model}: {num_prompts} {workload} requests (mean {mean_in:.0f} in / {mean_out:.0f} out "
-        f"tokens, {prompt_format} prompts) per rate")
-    rates = sorted(rates)
-    summaries, first_error = [], None
-    for rate in rates:
-        results, duration = run_load(url, payloads, rate, seed, timeout)
-        summaries.append(summarize_load(results, duration, None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
-                                        None if slo_tpot_ms is None else slo_tpot_ms / 1e3))
-        first_error = first_error or next((r.error for r in results if r.error), None)
-        log(f"  rate {rate:g} req/s: {summaries[-1]['completed']}/{num_prompts} done in {duration:.1f} s")
-    slo = ", ".join(f"{k} <= {v:g} ms" for k, v in (("TTFT", slo_ttft_ms), ("TPOT", slo_tpot_ms)) if v is not None)
-    log(format_load_table(rates, summaries))
-    log(f"goodput: requests per second meeting {slo or 'no SLO (give --slo-ttft-ms / --slo-tpot-ms)'}")
-    log(format_load_chart(rates, summaries))
-    if first_error:
-        log(f"first error: {first_error}")
-    return summaries
-
-
-# =====================================================================================
-# 9. The design-review scenarios: what `python solution.py` prints
-# =====================================================================================
-
-
-# --- defend continuous batching ----------------------------------------------------------
-
-
-def format_timeline(sim: ServingSimulation, width: int = 96) -> str:
-    """The slots x steps picture: one line per slot, one column per `ceil(steps / width)` steps
-    (the most frequent state in those steps). '#' a long request (output > 4x the median),
-    letters the others (a new letter = a new request in the slot), '.' a slot idle while
-    requests wait (wasted), ' ' idle with nothing to do."""
-    per_col = max(1, math.ceil(sim.num_steps / width))
-    long_cut = 4 * float(np.median(sim.output_lens))
-
-    def glyph(cell: int) -> str:
-        if cell < 0:
-            return "." if cell == -1 else " "
-        return "#" if sim.output_lens[cell] > long_cut else "abcdefghijklmnopqrstuvwxyz"[cell % 26]
-
-    lines = [f"{sim.scheduling}: {sim.num_slots} slots x {sim.num_steps} steps, one column = {per_col} step(s)"]
-    for slot in range(sim.num_slots):
-        cols = []
-        for c in range(0, sim.num_steps, per_col):
-            cells = [row[slot] for row in sim.timeline[c : c + per_col]]
-            cols.append(glyph(max(cells, key=cells.count)))
-        lines.append(f"slot {slot:>2} |{''.join(cols)}|")
-    return "\n".join(lines)
-
-
-def format_batching_report(static: ServingSimulation, continuous: ServingSimulation, title: str = "",
-                           timeline_width: int = 96) -> str:
-    """The design-review slide: both timelines, then the numbers side by side."""
-    rows = [("steps", "num_steps", "{:.0f}"), ("simulated time (s)", "duration", "{:.2f}"),
-            ("throughput (tokens/s)", "throughput", "{:.0f}"), ("tokens per step", "tokens_per_step", "{:.2f}"),
-            ("wasted slot-steps", "wasted_slot_steps", "{:.0f}"), ("preemptions", "num_preemptions", "{:.0f}")]
-    lines = [title] if title else []
-    lines += [format_timeline(static, timeline_width), "", format_timeline(continuous, timeline_width), ""]
-    lines.append(f"{'':<28}{'static':>12}{'continuous':>12}")
-    for label, attr, fmt in rows:
-        a, b = getattr(static, attr), getattr(continuous, attr)
-        lines.append(f"{label:<28}{fmt.format(a):>12}{fmt.format(b):>12}")
-    for unit, in_steps, scale, fmt in (("s", False, 1.0, "{:.3f}"), ("steps", True, 1.0, "{:.1f}")):
-        sa, sb = static.summary(in_steps), continuous.summary(in_steps)
-        for key in ("mean_ttft", "p99_ttft", "mean_tpot", "p99_tpot"):
-            label = f"{key} ({unit})"
-            lines.append(f"{label:<28}{fmt.format(sa[key] * scale):>12}{fmt.format(sb[key] * scale):>12}")
-    lines.append(f"continuous / static throughput: {continuous.throughput / static.throughput:.2f}x")
-    return "\n".join(lines)
-
-
-def skewed_workload(num_short: int, long_len: int, short_len: int, prompt_len: int) -> list[tuple[float, int, int]]:
-    """The design review's skewed workload: one long answer first, then many short ones, all queued at t=0."""
-    return [(0.0, prompt_len, long_len)] + [(0.0, prompt_len, short_len)] * num_short
-
-
-def recurring_workload(num_requests: int, long_len: int, short_len: int, prompt_len: int, rate: float,
-                       long_every: int = 8, seed: int = 0) -> list[tuple[float, int, int]]:
-    """A stream: Poisson arrivals at `rate` requests/s (rate 0: all at t=0), every
-    `long_every`-th request a long answer."""
-    gaps = np.random.default_rng(seed).exponential(1 / rate, num_requests) if rate else np.zeros(num_requests)
-    return [(float(t), prompt_len, long_len if i % long_every == 0 else short_len)
-            for i, t in enumerate(np.cumsum(gaps) - gaps[0])]
-
-
-def _static_and_continuous(workload, slots: int) -> tuple[ServingSimulation, ServingSimulation]:
-    return (simulate_serving(workload, "static", max_num_seqs=slots),
-            simulate_serving(workload, "continuous", max_num_seqs=slots))
-
-
-def scenario_batching(slots: int = 16, long_len: int = 2000, short_len: int = 50, num_short: int = 63,
-                      timeline_width: int = 96) -> str:
-    """The design review "defend continuous batching", in the simulator at real sizes (Llama-2-7B
-    on an A100, StepCostModel): the skewed workload, then a stream where long answers recur."""
-    out = []
-
-    def both(workload):
-        return _static_and_continuous(workload, slots)
-
-    skewed = skewed_workload(num_short=num_short, long_len=long_len, short_len=short_len, prompt_len=128)
-    s, c = both(skewed)
-    out.append(format_batching_report(s, c, "== Skewed: 1 request answers 2000 tokens, 63 answer 50 "
-                                            f"(prompts 128, {slots} slots) ==", timeline_width))
-    stream = recurring_workload(256, long_len=long_len, short_len=short_len, prompt_len=128, rate=4.0)
-    s2, c2 = both(stream)
-    out.append(format_batching_report(s2, c2, "\n== Stream: 256 requests arriving at 4/s, one in eight "
-                                              f"answers {long_len} tokens, the rest {short_len} ==", timeline_width))
-
-    out.append(
-        f"\nWhy they differ: with ONE long answer the makespan is that answer in both schedules "
-        f"({s.num_steps} vs {c.num_steps} steps), so throughput moves only {c.throughput / s.throughput:.2f}x; "
-        f"what static batching loses there is latency (mean TTFT {s.summary()['mean_ttft']:.1f} s vs "
-        f"{c.summary()['mean_ttft']:.2f} s) and {s.wasted_slot_steps} slot-steps. When long answers recur, "
-        f"nearly every static batch holds one, so every batch lasts ~{long_len} steps at "
-        f"{s2.tokens_per_step:.1f} tokens/step, while continuous batching refills the slots: "
-        f"{c2.tokens_per_step:.1f} tokens/step, {c2.throughput / s2.throughput:.2f}x the throughput. A step costs "
-        f"about the same either way (the weights are read once per step), so tokens per step is throughput. "
-        f"TTFT is queueing + prefill: continuous batching moves it. TPOT is the decode step: it grows a little "
-        f"with the batch ({s2.summary()['mean_tpot'] * 1e3:.1f} -> {c2.summary()['mean_tpot'] * 1e3:.1f} ms).")
-    return "\n".join(out)
-
-
-# --- should we add speculative decoding? -------------------------------------------------
-
-
-def format_speculation_table(c: float, alphas=(0.5, 0.6, 0.7, 0.8, 0.9),
-                             ks=(1, 2, 3, 4, 5, 6, 8)) -> str:
-    """The design-review table "should we add speculative decoding?" for a draft of cost c.
-
-    Rows alpha, columns k: expected speedup (`speculative_speedup`), then the best k, its speedup
-    and its breakeven draft cost. Followed by why it helps decode but not prefill or large batches.
-    """
-    _check_cost("c", c, allow_zero=True)
-    if not alphas or not ks:
-        raise ValueError("alphas and ks must be non-empty")
-    for alpha in alphas:
-        for k in ks:
-            _check_alpha_k(alpha, k)
-    head = f"{'alpha':>6} |" + "".join(f"{'k=' + str(k):>7}" for k in ks) \
-        + f" | {'best k':>6} {'speedup':>8} {'breakeven c':>12}"
-    lines = [f"Expected speedup of speculative decoding, draft cost c = {c:g} target steps "
-             "(verify pass = 1 decode step)",
-             head, "-" * len(head)]
-    for alpha in alphas:
-        speedups = [speculative_speedup(alpha, k, c) for k in ks]
-        best = int(np.argmax(speedups))
-        lines.append(f"{alpha:>6.2f} |" + "".join(f"{s:>7.2f}" for s in speedups)
-                     + f" | {ks[best]:>6d} {speedups[best]:>8.2f}"
-                     + f" {breakeven_draft_cost(alpha, ks[best]):>12.3f}")
-    lines.append("(< 1 is a slowdown. Breakeven c = the dearest draft that still pays at that k;"
-                 " it is largest, c = alpha, at k = 1)")
-
-    alpha, k = max(alphas), max(ks)
-    tokens = expected_tokens_per_step(alpha, k)
-    compute_bound = predicted_speedup(alpha, k, c, verify_cost=k + 1)
-    lines += [
-        "",
-        "Why it helps decode: a decode step reads every weight (and the KV-cache) to produce",
-        "ONE token per sequence, so it is memory-bandwidth-bound and the arithmetic units mostly",
-        "idle. Scoring k+1 tokens in that pass reads the same bytes and costs about one step, so",
-        f"at alpha = {alpha:g}, k = {k} a target pass yields {tokens:.2f} tokens instead of 1, "
-        "for the price of k draft steps.",
-        "Why not prefill: the prompt's tokens are all known and already go through one parallel,",
-        "compute-bound pass; there are no sequential steps to save and no idle FLOPs to spend.",
-        "When a pass is compute-bound, k+1 tokens cost ~k+1 steps and the speedup",
-        f"E/(k*c + k+1) = {compute_bound:.2f} < 1 here: speculation can only lose.",
-        "Why less at large batch: B sequences per step already use the idle compute; a verify",
-        "pass of B*(k+1) tokens turns compute-bound, verify_cost grows toward k+1 and",
-        "`predicted_speedup` toward (then below) 1; rejected drafts waste FLOPs the batch needs.",
-        "Sources: Leviathan et al. 2023, Fast Inference from Transformers via Speculative",
-        "Decoding; Chen et al. 2023, Accelerating Large Language Model Decoding with",
-        "Speculative Sampling.",
-    ]
-    return "\n".join(lines)
-
-
-def make_early_exit_target(config: ModelConfig, num_draft_layers: int, refinement_scale: float,
-                           seed: int = 0) -> ToyTransformer:
-    """A target whose layers from `num_draft_layers` on are small refinements of the residual stream.
-
-    GPT-2 init, then `attn.c_proj` and `mlp.c_proj` weights of layers >= num_draft_layers are
-    multiplied by `refinement_scale` (0 < scale <= 1; 1 is the plain init). The early layers and
-    the head are untouched, so `make_self_draft(target, num_draft_layers)` shares them exactly.
-    """
-    if not 1 <= num_draft_layers <= config.n_layer:
-        raise ValueError(f"num_draft_layers must be in 1..{config.n_layer}, got {num_draft_layers}")
-    if not 0.0 < refinement_scale <= 1.0:
-        raise ValueError(f"refinement_scale must be in (0, 1], got {refinement_scale}")
-    weights = init_gpt2_weights(config, seed)
-    for i in range(num_draft_layers, config.n_layer):
-        for name in (f"h.{i}.attn.c_proj.weight", f"h.{i}.mlp.c_proj.weight"):
-            weights[name] *= np.float32(refinement_scale)  # in place: stays float32
-    return ToyTransformer(config, weights)
-
-
-def paged_greedy_generate(model: ToyTransformer, prompt_token_ids: Sequence[int], max_tokens: int) -> list[int]:
-    """The baseline: plain greedy decoding on the paged cache, one forward pass per output token."""
-    seq = PagedSequence(model)
-    seq.extend(list(prompt_token_ids))
-    token = int(np.argmax(seq.run()[-1]))  # prefill the whole prompt
-    out = [token]
-    while len(out) < max_tokens:
-        seq.extend([token])
-        token = int(np.argmax(seq.run()[-1]))
-        out.append(token)
-    return out
-
-
-def estimate_alpha(out: SpeculativeOutput, k: int) -> float:
-    """Per-token acceptance probability alpha from a run's accept counts.
-
-    Not `out.acceptance_rate` (accepted / drafted): drafts after the first rejection of a round
-    are thrown away unjudged, so that ratio is (E - 1)/k, not alpha. Under the i.i.d. model behind
-    `expected_tokens_per_step`, each round is a run of accepts ended by one rejection (or by
-    reaching k), and the maximum-likelihood alpha is accepts / (accepts + rejections).
-    """
-    rejections = sum(1 for a in out.accepted_per_pass if a < k)
-    judged = out.num_accepted + rejections
-    return out.num_accepted / judged if judged else 0.0
-
-
-# The toy pair `python solution.py speculate` runs: a 4-layer target whose later layers refine
-# (scale 0.2: alpha ~0.7, the middle of the table) and its 1-layer self-draft; ~0.3 s.
-_SPEC_DEMO_CONFIG = ModelConfig(vocab_size=256, n_positions=256, n_embd=64, n_layer=4, n_head=4)
-
-
-def _measured_speculation(k: int = 4, num_tokens: int = 100) -> str:
-    """Run `speculative_generate` (Exercises 6 and 7) on the toy models, sampled at T = 1, and set
-    the measured alpha and tokens per target pass beside the formulas' predictions: alpha =
-    sum(min(p, q)) averaged over the positions of the output (p, q from forward_dense)."""
-    target = make_early_exit_target(_SPEC_DEMO_CONFIG, 1, 0.2)
-    draft = make_self_draft(target, 1)
-    prompt = list(range(1, 9))
-    out = speculative_generate(target, draft, prompt, SamplingParams(max_tokens=num_tokens, temperature=1.0,
-                                                                     seed=0), k=k)
-    text = prompt + out.token_ids
-    p = token_probs(target.forward_dense(text)[len(prompt) - 1:-1], 1.0)
-    q = token_probs(draft.forward_dense(text)[len(prompt) - 1:-1], 1.0)
-    predicted = float(np.minimum(p, q).sum(axis=1).mean())  # acceptance_rate, row by row
-    measured = estimate_alpha(out, k)
-    # The proof, as arithmetic on these very rows: one accept/resample emits exactly p.
-    exact = max(float(np.abs(speculative_output_distribution(pi, qi) - pi).max()) for pi, qi in zip(p, q))
-    return "\n".join([
-        f"Measured: your speculative_generate on the toy models, sampled at T = 1, k = {k}: a "
-        f"{_SPEC_DEMO_CONFIG.n_layer}-layer target (later layers x 0.2) and its 1-layer self-draft",
-        f"  {len(out.token_ids)} tokens in {out.num_target_passes} target passes",
-        f"  alpha: measured {measured:.3f} (accepts / judged drafts), formula {predicted:.3f} "
-        f"(sum(min(p, q)) averaged over the output's positions)",
-        f"  tokens per target pass: measured {len(out.token_ids) / max(out.num_target_passes, 1):.2f}, "
-        f"formula E(alpha, k) = {expected_tokens_per_step(predicted, k):.2f}",
-        f"  the output keeps the target's distribution: over these {len(p)} positions, "
-        f"max |P(emitted) - p| = {exact:.1e} (speculative_output_distribution, exact arithmetic)",
-    ])
-
-
-def scenario_speculate(alpha: float | None = None, k: int | None = None, c: float = 0.05) -> str:
-    """Decide whether to add speculative decoding: the speedup table for a draft of cost c, a
-    measured run of the lab's own speculative decoding on the toy models (or which stub it still
-    needs), and the verdict for one (alpha, k) when given."""
-    text = format_speculation_table(c)
-    verdict = ""
-    if alpha is not None:
-        ks = [k] if k is not None else list(range(1, 9))
-        best = max(ks, key=lambda kk: speculative_speedup(alpha, kk, c))
-        speedup = speculative_speedup(alpha, best, c)
-        verdict = (f"\n\nYour draft: alpha {alpha:g}, c {c:g}, k {best}: expected "
-                   f"{expected_tokens_per_step(alpha, best):.2f} tokens per target pass, speedup {speedup:.2f}x "
-                   f"({'worth adding' if speedup > 1 else 'not worth it'}); breakeven draft cost at this alpha and k: "
-                   f"c = {breakeven_draft_cost(alpha, best):.3f}.")
-    try:
-        measured = _measured_speculation()
-    except NotImplementedError as exc:  # the formulas above are provided; the run needs the exercises
-        measured = f"Measured: not yet: {exc} is still a stub (write it to see your speculative decoding run here)"
-    return f"{text}\n\n{measured}{verdict}"
-
-
-# --- size a deployment -------------------------------------------------------------------
-
-
-# The curriculum's sizing scenario: "a 13B model, 80 GB GPU, 8k context".
-SEED_SIZING = {"model": "llama-2-13b", "gpu": "a100-80gb", "max_model_len": 8192}  # every default below
-
-
-def format_plan(plan: DeploymentPlan, usd_per_gpu_hour: float | None = None) -> str:
-    """A design-review printout of `plan`: the memory split, the concurrency and the QPS, and
-    the evidence for which consumer sets the concurrency ceiling (re-planned variants: zero
-    weights, half the context, the mean request's length, an 8-KV-head GQA twin). With a GPU
-    price, the cost per million output tokens: the tp GPUs' price per hour over the output
-    tokens the group makes in an hour."""
-    m, g, tp = plan.model, plan.gpu, plan.tensor_parallel_size
-    per_seq = blocks_needed(plan.max_model_len, plan.block_size)
-    kv_element = m.dtype_bytes if m.kv_dtype_bytes is None else m.kv_dtype_bytes
-
-    def variant(**changes) -> DeploymentPlan:
-        args = dict(model=m, gpu=g, max_model_len=plan.max_model_len, block_size=plan.block_size,
-                    gpu_memory_utilization=plan.gpu_memory_utilization,
-                    activation_bytes=plan.activation_bytes, tensor_parallel_size=tp,
-                    mean_prompt_len=plan.mean_prompt_len, mean_output_len=plan.mean_output_len)
-        args.update(changes)
-        return plan_deployment(**args)
-
-    def pct(part: float) -> str:
-        return f"{100 * part / plan.memory_budget_bytes:.0f}%"
-
-    gpus = f"{tp} x {g.name}" if tp > 1 else g.name
-    lines = [
-        f"Sizing {m.name} on {gpus}, max_model_len {plan.max_model_len}, block_size "
-        f"{plan.block_size}, gpu_memory_utilization {plan.gpu_memory_utilization:g}",
-        f"  per GPU: memory {g.memory_bytes / GB:.2f} GB ({g.memory_bytes // MiB} MiB, nvidia-smi) "
-        f"-> budget {plan.memory_budget_bytes / GB:.2f} GB",
-        f"  weights      {plan.weight_bytes_per_gpu / GB:7.2f} GB  ({pct(plan.weight_bytes_per_gpu)} of budget)",
-        f"  activations  {plan.activation_bytes / GB:7.2f} GB  (reserve; vLLM measures the peak "
-        f"with a profiling run at start-up)",
-        f"  KV pool      {plan.kv_pool_bytes / GB:7.2f} GB  ({pct(plan.kv_pool_bytes)}): "
-        f"{plan.num_kv_blocks} blocks x {plan.block_bytes_per_gpu / 2**20:g} MiB "
-        f"= {plan.num_cache_tokens} tokens",
-        f"  KV per token {kv_bytes_per_token(m) / 2**10:g} KiB = 2 (K,V) x {m.num_layers} layers x "
-        f"{m.num_kv_heads} KV heads x {m.head_dim} x {kv_element} B"
-        + (" (8-bit KV cache)" if kv_element == 1 else "")
-        + (f", / tp {tp} = {plan.kv_bytes_per_token_per_gpu / 2**10:g} KiB per GPU" if tp > 1 else ""),
-        f"  max concurrent sequences at {plan.max_model_len} tokens: {plan.num_kv_blocks} // "
-        f"{per_seq} blocks = {plan.max_concurrent_seqs}",
-        f"  decode step {plan.decode_step_s * 1e3:.1f} ms ({plan.decode_bound}-bound; context "
-        f"charged {plan.mean_context_len:.0f} tokens), prefill {plan.prefill_s * 1e3:.1f} ms per "
-        f"{plan.mean_prompt_len:g}-token prompt",
-        f"  QPS (Little's law) = {plan.max_concurrent_seqs} / {plan.request_latency_s:.2f} s = "
-        f"{plan.qps:.2f} requests/s, {plan.output_tokens_per_s:.0f} output tokens/s"
-        + (f" per {tp}-GPU group" if tp > 1 else " per GPU"),
-    ]
-    lines += [f"  note: {note}" for note in plan.notes]
-
-    no_weights = variant(model=dataclasses.replace(m, num_params=1))
-    evidence = [f"deleting the weights altogether -> {no_weights.max_concurrent_seqs}"]
-    if plan.max_model_len >= 2 * plan.block_size:
-        half = variant(max_model_len=plan.max_model_len // 2,
-                       mean_prompt_len=min(plan.mean_prompt_len, plan.max_model_len // 4),
-                       mean_output_len=min(plan.mean_output_len, plan.max_model_len // 4))
-        evidence.append(f"half the context ({plan.max_model_len // 2}) -> {half.max_concurrent_seqs}")
-    if m.num_kv_heads > 8 and m.num_kv_heads % 8 == 0 and 8 % tp == 0:
-        gqa = variant(model=dataclasses.replace(m, name=m.name + "-gqa8", num_kv_heads=8))
-        evidence.append(f"a GQA twin with 8 KV heads -> {gqa.max_concurrent_seqs}")
-    if kv_element > 1:
-        int8 = variant(model=with_kv_cache_dtype(m, "int8"))
-        evidence.append(f"an 8-bit KV cache (--kv-cache-dtype int8) -> {int8.max_concurrent_seqs} "
-                        f"({int8.num_kv_blocks} blocks)")
-    mean_len = math.ceil(plan.mean_prompt_len + plan.mean_output_len)
-    typical = variant(max_model_len=mean_len)
-    if plan.ceiling == "kv-blocks":
-        lines.append(
-            f"  The KV blocks, not the weights, set the ceiling: the weights take "
-            f"{plan.weight_bytes_per_gpu / GB:.1f} GB and fit with {plan.kv_pool_bytes / GB:.1f} GB "
-            f"to spare, yet each {plan.max_model_len}-token sequence needs {per_seq} blocks "
-            f"({per_seq * plan.block_bytes_per_gpu / GB:.2f} GB), so only "
-            f"{plan.max_concurrent_seqs} fit.")
-    else:
-        lines.append(
-            f"  The weights set the ceiling here: they take {plan.weight_bytes_per_gpu / GB:.1f} GB "
-            f"and leave the KV pool only {plan.kv_pool_bytes / GB:.1f} GB "
-            f"({plan.max_concurrent_seqs} sequences); quantise the weights or raise tp.")
-    lines.append(f"  Concurrency instead of {plan.max_concurrent_seqs}: " + "; ".join(evidence) + ".")
-    lines.append(
-        f"  Paging allocates blocks as tokens arrive: a mean request ({mean_len} tokens, "
-        f"{blocks_needed(mean_len, plan.block_size)} blocks) leaves room for "
-        f"{typical.max_concurrent_seqs} at once ({typical.qps:.1f} QPS); "
-        f"{plan.max_concurrent_seqs} is the guarantee if every request grows to {plan.max_model_len}.")
-    if usd_per_gpu_hour is not None:
-        def per_million(p: DeploymentPlan) -> float:
-            return usd_per_gpu_hour * tp / (p.output_tokens_per_s * 3600) * 1e6
-        lines.append(
-            f"  Cost at ${usd_per_gpu_hour:.2f} per GPU-hour: ${per_million(plan):.2f} per 1M output tokens at the "
-            f"guaranteed {plan.max_concurrent_seqs} sequences, ${per_million(typical):.2f} at the mean request's "
-            f"{typical.max_concurrent_seqs}: the KV ceiling is also the price.")
-    return "\n".join(lines)
-
-
-def format_waste(max_model_len: int = 2048, block_size: int = 16,
-                 num_requests: int = 10_000, seed: int = 0) -> str:
-    """KV memory utilisation for ShareGPT- and Alpaca-like traffic (sample_request_lengths),
-    each request at its final length, under a max_len slab vs paged blocks."""
-    lines = [f"KV memory holding real tokens, {num_requests} requests per trace, "
-             f"max_model_len {max_model_len}, block_size {block_size}",
-             f"  (lengths: lognormal, sigma {LENGTH_SIGMA:g}, matched to the means Kwon et al. "
-             f"SOSP'23 report; each request at its final length)",
-             f"  {'trace':<9} {'paper means (in/out)':>21} {'sample mean':>12} {'slab':>7} {'paged':>7}"]
-    for stats in (SHAREGPT, ALPACA):
-        prompts, outputs = sample_request_lengths(stats, num_requests, seed, max_model_len)
-        total = prompts + outputs
-        util = kv_memory_utilization(total, max_model_len, block_size)
-        means = f"{stats.mean_prompt_len:g} / {stats.mean_output_len:g}"
-        lines.append(f"  {stats.name:<9} {means:>21} {total.mean():12.1f} "
-                     f"{100 * util.slab:6.1f}% {100 * util.paged:6.1f}%")
-    lines.append("  A slab is sized for the longest request and a request is mostly far shorter; paging "
-                 f"wastes under one block ({block_size} slots) per sequence, which short requests feel most.")
-    lines.append("  The paper measured 20.4%-38.2% for Orca's slab variants and 96.3% for vLLM (its Fig. 2).")
-    return "\n".join(lines)
-
-
-def scenario_size(model: str = SEED_SIZING["model"], gpu: str = SEED_SIZING["gpu"],
-                  max_model_len: int = SEED_SIZING["max_model_len"],
-                  block_size: int = 16, gpu_memory_utilization: float = 0.9, activation_gb: float = 0.0,
-                  tensor_parallel_size: int = 1, prompt_len: float | None = None,
-                  output_len: float | None = None, kv_cache_dtype: str = "auto",
-                  usd_per_gpu_hour: float | None = None) -> str:
-    """Size a vLLM deployment (by default the curriculum's: a 13B model on an 80 GB GPU at 8k context),
-    then the KV waste a paged cache removes."""
-    lengths = {k: v for k, v in (("mean_prompt_len", prompt_len), ("mean_output_len", output_len)) if v is not None}
-    plan = plan_deployment(model, gpu, max_model_len, block_size=block_size,
-                           gpu_memory_utilization=gpu_memory_utilization,
-                           activation_bytes=int(activation_gb * GB), tensor_parallel_size=tensor_parallel_size,
-                           kv_cache_dtype=kv_cache_dtype, **lengths)
-    return format_plan(plan, usd_per_gpu_hour) + "\n\n" + format_waste(block_size=block_size)
-
-
-# --- pick a stack: vLLM vs TensorRT-LLM vs SGLang, as data -------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ServingStack:
-    """What a serving stack runs on and what it is built to be best at. All three do
-    continuous batching, a paged KV cache, prefix caching and speculative decoding; what
-    separates them is hardware reach and design centre."""
-
-    name: str
-    hardware: frozenset
-    design_center: str
-    prefix_reuse: str
-    setup: str
-    source: str
-
-
-STACKS: dict[str, ServingStack] = {
-    "vllm": ServingStack(
-        name="vLLM",
-        # docs.vllm.ai Installation: NVIDIA CUDA, AMD ROCm, Intel XPU, CPU (x86, ARM, Apple
-        # silicon, IBM Z), Google TPU, Intel Gaudi, AWS Neuron; Ascend via the vllm-ascend plugin.
-        hardware=frozenset({"nvidia", "amd", "intel", "tpu", "cpu", "aws-neuron", "ascend"}),
-        design_center="throughput on open-weights models: PagedAttention, continuous batching, "
-                      "the widest model and hardware coverage",
-        prefix_reuse="automatic prefix caching (hash of each full block)",
-        setup="pip install; loads a Hugging Face checkpoint directly",
-        source="Kwon et al. SOSP'23; docs.vllm.ai getting_started/installation"),
-    "tensorrt-llm": ServingStack(
-        name="TensorRT-LLM",
-        # NVIDIA/TensorRT-LLM README: "inference efficiently on NVIDIA GPUs".
-        hardware=frozenset({"nvidia"}),
-        design_center="lowest latency on NVIDIA GPUs: NVIDIA's own kernels and low-precision "
-                      "(FP8/FP4) paths tuned per GPU generation",
-        prefix_reuse="KV cache block reuse",
-        # nvidia.github.io/TensorRT-LLM: the classic path builds a TensorRT engine per model,
-        # GPU and max shapes (trtllm-build); the PyTorch backend (0.17+) loads HF checkpoints,
-        # and the newest releases remove the engine backend.
-        setup="NVIDIA containers; classic path compiles an engine per GPU and max shapes, "
-              "newer releases load HF checkpoints via a PyTorch backend",
-        source="nvidia.github.io/TensorRT-LLM (torch.html, legacy/tensorrt-backend-removal)"),
-    "sglang": ServingStack(
-        name="SGLang",
-        # docs.sglang.io Hardware Platforms: NVIDIA GPUs, AMD GPUs, Ascend NPUs, CPU servers,
-        # TPU, Intel XPU.
-        hardware=frozenset({"nvidia", "amd", "ascend", "cpu", "tpu", "intel"}),
-        design_center="prefix-heavy and structured workloads: RadixAttention keeps shared "
-                      "prefixes' KV in a radix tree across requests; compressed-FSM constrained decoding",
-        prefix_reuse="RadixAttention (radix tree over token prefixes, LRU eviction)",
-        setup="pip install; loads a Hugging Face checkpoint directly",
-        source="Zheng et al., SGLang (NeurIPS 2024); docs.sglang.io"),
-}
-
-
-class StackChoice(NamedTuple):
-    stack: str                # a key of STACKS
-    deciding_constraint: str  # the constraint that settled it, in a sentence
-
-
-def choose_stack(hardware: str = "nvidia", priority: str = "throughput",
-                 prefix_sharing: bool = False, structured_output: bool = False) -> StackChoice:
-    """Pick a stack from STACKS for a workload. Rules, in order:
-    1. hardware filters (TensorRT-LLM runs on NVIDIA only);
-    2. heavy prefix sharing or constrained (JSON/regex) output -> SGLang, if it runs there;
-    3. priority "latency" -> TensorRT-LLM, if the fleet is NVIDIA;
-    4. otherwise vLLM. The deciding constraint is the rule that fired, or the hardware when
-    it ruled out the stack the priority asked for."""
-    if priority not in ("throughput", "latency"):
-        raise ValueError(f"priority must be 'throughput' or 'latency', got {priority!r}")
-    known = set().union(*(s.hardware for s in STACKS.values()))
-    if hardware not in known:
-        raise ValueError(f"unknown hardware {hardware!r}; known: {', '.join(sorted(known))}")
-    runs = {key for key, stack in STACKS.items() if hardware in stack.hardware}
-    if (prefix_sharing or structured_output) and "sglang" in runs:
-        why = ("heavy prefix sharing: RadixAttention reuses the shared prefixes' KV across requests"
-               if prefix_sharing else "constrained output: compressed-FSM decoding for JSON/regex")
-        return StackChoice("sglang", why)
-    if priority == "latency":
-        if "tensorrt-llm" in runs:
-            return StackChoice("tensorrt-llm", "lowest latency on an NVIDIA-only fleet")
-        return StackChoice("vllm", f"hardware: {hardware} rules out TensorRT-LLM (NVIDIA-only)")
-    return StackChoice("vllm", "throughput on open weights, with the broadest model and hardware support")
-
-
-# Example workloads for the design review: (description, choose_stack keyword arguments).
-STACK_WORKLOADS = (
-    ("batch summarisation with an open-weights Llama on A100s, throughput first",
-     {"hardware": "nvidia", "priority": "throughput"}),
-    ("voice assistant on H100s, tight per-token latency SLO, short distinct prompts",
-     {"hardware": "nvidia", "priority": "latency"}),
-    ("agent with a 4k-token shared system prompt and tools, JSON replies, on H100s",
-     {"hardware": "nvidia", "priority": "latency", "prefix_sharing": True, "structured_output": True}),
-    ("chat endpoint on AMD MI300X, latency first",
-     {"hardware": "amd", "priority": "latency"}),
-)
-
-
-def format_stack_choice(workloads=STACK_WORKLOADS) -> str:
-    """The stacks as a table, then each workload with the chosen stack and deciding constraint."""
-    lines = ["Serving stacks (all three do continuous batching - TensorRT-LLM calls it in-flight "
-             "batching -, a paged KV cache, prefix caching and speculative decoding)"]
-    for stack in STACKS.values():
-        lines.append(f"  {stack.name:<13} runs on {', '.join(sorted(stack.hardware))}")
-        lines.append(f"  {'':<13} best at: {stack.design_center}")
-        lines.append(f"  {'':<13} prefix reuse: {stack.prefix_reuse}; setup: {stack.setup}")
-    lines.append("Workloads:")
-    for description, constraints in workloads:
-        choice = choose_stack(**constraints)
-        lines.append(f"  {description}\n    -> {STACKS[choice.stack].name}: {choice.deciding_constraint}")
-    return "\n".join(lines)
-
-
-def _measured_prefix_sharing(num_requests: int = 16, system_len: int = 96, user_len: int = 16) -> str:
-    """What "complex prefix sharing" is worth, on the toy engine: requests that share a system
-    prompt, with prefix caching off and on. One request warms the cache first (a block becomes
-    findable once its K/V is computed, so requests admitted in the same step cannot share yet)."""
-    model = ToyTransformer(ModelConfig(), seed=0)
-    rng = np.random.default_rng(0)
-    system = rng.integers(0, model.config.vocab_size, system_len).tolist()
-    prompts = [system + rng.integers(0, model.config.vocab_size, user_len).tolist() for _ in range(num_requests)]
-    sampling = SamplingParams(max_tokens=8)
-    runs = {}
-    for caching in (False, True):
-        engine = LLMEngine(model, block_size=16, enable_prefix_caching=caching)
-        outs = engine.generate(prompts[:1], sampling) + engine.generate(prompts[1:], sampling)
-        reused = engine.allocator.stats.hits * engine.allocator.block_size
-        runs[caching] = ([o.output_token_ids for o in outs], reused, engine.prefix_cache_hit_rate)
-    (plain, _, _), (cached, reused, hit_rate) = runs[False], runs[True]
-    total = sum(len(p) for p in prompts)
-    return (f"Measured: prefix caching on the toy engine, {num_requests} requests sharing a {system_len}-token system "
-            f"prompt (+{user_len} tokens each):\n  prefill tokens computed {total} -> {total - reused} "
-            f"({reused / total:.0%} served from the cache, block hit rate {hit_rate:.0%}); outputs identical: "
-            f"{plain == cached}")
-
-
-def scenario_stack(hardware: str | None = None, priority: str = "throughput", prefix_sharing: bool = False,
-                   structured_output: bool = False) -> str:
-    """Pick a stack: the example workloads, what prefix sharing saves (measured on the lab's own
-    engine, or which stub it still needs), and the answer for yours when a hardware is given."""
-    text = format_stack_choice()
-    try:
-        text += "\n\n" + _measured_prefix_sharing()
-    except NotImplementedError as exc:  # the table above is provided; the run needs the exercises
-        text += f"\n\nMeasured prefix sharing: not yet: {exc} is still a stub"
-    if hardware is not None:
-        choice = choose_stack(hardware=hardware, priority=priority, prefix_sharing=prefix_sharing,
-                              structured_output=structured_output)
-        text += f"\n\nYour workload: {choice.stack}, decided by: {choice.deciding_constraint}"
-    return text
-
-
-# An example price for the main job's cost line, not a quote: pass --usd-per-gpu-hour for yours.
-EXAMPLE_USD_PER_GPU_HOUR = 2.0
-
-
-def run_all_scenarios() -> tuple[str, list[str]]:
-    """The four design-review scenarios in order, and the stubs any of them hit (in lab.py a
-    scenario whose exercise is not written yet says so and the others still run)."""
-    sections = [
-        ("1. Size a vLLM deployment", lambda: scenario_size(usd_per_gpu_hour=EXAMPLE_USD_PER_GPU_HOUR)),
-        ("2. Defend continuous batching", scenario_batching),
-        ("3. Decide whether to add speculative decoding", scenario_speculate),
-        ("4. Pick a stack", scenario_stack),
-    ]
-    bar = "=" * 100
-    texts, stubs = [], []
-    for title, make in sections:
-        try:
-            body = make()
-        except NotImplementedError as exc:
-            stubs.append(str(exc))
-            body = f"(not yet: {exc} is still a stub)"
-        texts.append(f"{bar}\n{title}\n{bar}\n{body}")
-    return "\n\n".join(texts), stubs
-
-
-# =====================================================================================
-# 10. The command line
-# =====================================================================================
+# `python solution.py ARGS` (and `python lab.py ARGS`) hand this module to `serving.main`: the
+# server, the load generator, the simulator and the design-review scenarios live in serving/,
+# which is handed the module it runs and never imports it by name.
 
 
 EXERCISES = {
@@ -4191,155 +2527,7 @@ def unsolved_exercises(module_name: str | None = None) -> dict[int, list[str]]:
     return stubs
 
 
-def status_report() -> str:
-    """Which exercises this file still stubs (`python lab.py status`)."""
-    stubs = unsolved_exercises()
-    lines = [f"{os.path.basename(sys.modules[__name__].__file__)}: the inference-serving lab"]
-    for number, title in EXERCISES.items():
-        lines.append(f"  Exercise {number}  {title}")
-        lines.append("      to do: " + ", ".join(stubs[number]) if number in stubs else "      done")
-    return "\n".join(lines)
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: `solution.py size: error: ...`, exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _positive(kind, allow_zero: bool = False):
-    """An argparse type: a finite number > 0 (>= 0 with allow_zero); inf and nan are refused."""
-    def parse(text: str):
-        value = kind(text)
-        if not (0 <= value if allow_zero else 0 < value) or not value < math.inf:
-            raise argparse.ArgumentTypeError(f"must be a finite number {'>=' if allow_zero else '>'} 0, got {text}")
-        return value
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def _rates(text: str) -> list[float]:
-    """`--qps 1,2,4` (inf: all at once)."""
-    rates = [float(r) for r in text.split(",")]
-    if not all(r > 0 for r in rates):
-        raise argparse.ArgumentTypeError(f"every rate must be > 0, got {text}")
-    return rates
-
-
-def build_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, description="The design-review scenarios of the inference-serving lab. "
-                                            "With no command: all four scenarios in order.")
-    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
-    size = commands.add_parser("size", help="size a deployment: KV blocks, concurrency, QPS, KV waste")
-    # choices: an unknown name is a usage error that lists the known ones, before any exercise runs.
-    size.add_argument("--model", default=SEED_SIZING["model"], choices=list(MODELS))
-    size.add_argument("--gpu", default=SEED_SIZING["gpu"], choices=list(GPUS))
-    size.add_argument("--max-model-len", type=_positive(int), default=SEED_SIZING["max_model_len"])
-    size.add_argument("--block-size", type=_positive(int), default=16)
-    size.add_argument("--gpu-memory-utilization", type=_positive(float), default=0.9)
-    size.add_argument("--activation-gb", type=_positive(float, allow_zero=True), default=0.0,
-                      help="per-GPU activation reserve, GB")
-    size.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel GPUs")
-    size.add_argument("--prompt-len", type=_positive(float), help="mean prompt tokens (default: ShareGPT)")
-    size.add_argument("--output-len", type=_positive(float), help="mean output tokens (default: ShareGPT)")
-    size.add_argument("--kv-cache-dtype", choices=list(PLAN_KV_CACHE_DTYPES), default="auto",
-                      help="KV-cache element type: auto (the model's), fp8 or int8 (1 byte)")
-    size.add_argument("--usd-per-gpu-hour", type=_positive(float), help="GPU price: prints the cost per 1M tokens")
-    batching = commands.add_parser("batching", help="static vs continuous batching: a skewed workload, then a stream")
-    batching.add_argument("--slots", type=_positive(int), default=16)
-    batching.add_argument("--long", type=_positive(int), default=2000, help="tokens of the long answer")
-    batching.add_argument("--short", type=_positive(int), default=50, help="tokens of each short answer")
-    batching.add_argument("--num-short", type=_positive(int), default=63)
-    speculate = commands.add_parser("speculate", help="expected speedup of speculative decoding")
-    speculate.add_argument("--alpha", type=float, help="acceptance rate of your draft, 0..1")
-    speculate.add_argument("--k", type=_positive(int), help="draft tokens per step (default: the best)")
-    speculate.add_argument("--c", type=_positive(float, allow_zero=True), default=0.05,
-                           help="draft step cost / target step cost")
-    stack = commands.add_parser("stack", help="vLLM vs TensorRT-LLM vs SGLang")
-    stack.add_argument("--hardware", help="the fleet, e.g. nvidia, amd")
-    stack.add_argument("--priority", choices=("throughput", "latency"), default="throughput")
-    stack.add_argument("--prefix-sharing", action="store_true", help="heavy shared prefixes")
-    stack.add_argument("--structured-output", action="store_true", help="JSON / regex constrained output")
-    # Listed for --help only: main() hands `bench ...` to tools/bench.py before parsing.
-    commands.add_parser("bench", help="measure on this machine, side by side (tools/bench.py; bench --help)")
-    commands.add_parser("status", help="which exercises are done")
-    serve = commands.add_parser("serve", help="serve a toy model over HTTP, OpenAI-compatible, until Ctrl-C")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000, help="0: any free port")
-    serve.add_argument("--duration", type=_positive(float), help="stop after this many seconds")
-    for name, value in SERVE_MODEL.items():
-        serve.add_argument(f"--{name.replace('_', '-')}", type=_positive(int), default=value, help="model")
-    serve.add_argument("--seed", type=int, default=0, help="of the model's random weights")
-    serve.add_argument("--block-size", type=_positive(int), default=16)
-    serve.add_argument("--num-blocks", type=_positive(int), help="KV blocks (default: max-num-seqs full sequences)")
-    serve.add_argument("--max-num-seqs", type=_positive(int), default=64)
-    serve.add_argument("--max-num-batched-tokens", type=_positive(int), default=512)
-    serve.add_argument("--no-chunked-prefill", action="store_true")
-    serve.add_argument("--enable-prefix-caching", action="store_true")
-    load = commands.add_parser("loadtest", help="open-loop load test of any OpenAI-compatible server")
-    load.add_argument("--url", required=True, help="e.g. http://127.0.0.1:8000")
-    load.add_argument("--qps", type=_rates, default=[1.0, 2.0, 4.0], help="offered req/s: 1,2,4 (inf: all at once)")
-    load.add_argument("--num-prompts", type=_positive(int), default=50, help="requests per rate")
-    load.add_argument("--workload", choices=list(LOAD_WORKLOADS), default="sharegpt")
-    load.add_argument("--seed", type=int, default=0)
-    load.add_argument("--prompt-format", choices=("token-ids", "text"), default="token-ids",
-                      help="text for servers with a real tokenizer (vLLM)")
-    load.add_argument("--model", help="default: the first model of /v1/models")
-    load.add_argument("--max-model-len", type=_positive(int), help="default: from /v1/models, else 2048")
-    load.add_argument("--slo-ttft-ms", type=_positive(float))
-    load.add_argument("--slo-tpot-ms", type=_positive(float))
-    load.add_argument("--save-workload", metavar="FILE", help="write the requests as JSONL for vllm bench serve")
-    load.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds per request")
-    return parser
-
-
-def run_benchmarks(prog: str, argv: list[str]) -> int:
-    """`python solution.py bench ...` is `python tools/bench.py ... --module solution`: the
-    benchmarks import the module they measure, never the other way round."""
-    bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", "bench.py")
-    return subprocess.call([sys.executable, bench, *argv, "--module", os.path.splitext(prog)[0]])
-
-
-def main(argv: list[str] | None = None) -> int:
-    prog = os.path.basename(sys.modules[__name__].__file__)
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:
-        return run_benchmarks(prog, argv[1:])
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    try:
-        if args.command is None:
-            text, stubs = run_all_scenarios()
-            print(text)
-            if stubs:  # name the first exercise to write, not the first scenario that needed one
-                raise NotImplementedError(min(stubs, key=lambda stub: int(re.search(r"\d+", stub).group())))
-        elif args.command == "size":
-            print(scenario_size(args.model, args.gpu, args.max_model_len, args.block_size,
-                                args.gpu_memory_utilization, args.activation_gb, args.tp, args.prompt_len,
-                                args.output_len, args.kv_cache_dtype, args.usd_per_gpu_hour))
-        elif args.command == "batching":
-            print(scenario_batching(args.slots, args.long, args.short, args.num_short))
-        elif args.command == "speculate":
-            print(scenario_speculate(args.alpha, args.k, args.c))
-        elif args.command == "stack":
-            print(scenario_stack(args.hardware, args.priority, args.prefix_sharing, args.structured_output))
-        elif args.command == "serve":
-            model = ToyTransformer(ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}), seed=args.seed)
-            serve(LLMEngine(model, args.num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
-                            enable_prefix_caching=args.enable_prefix_caching,
-                            enable_chunked_prefill=not args.no_chunked_prefill), args.host, args.port, args.duration)
-        elif args.command == "loadtest":
-            loadtest(args.url, args.qps, args.num_prompts, args.workload, args.seed, args.prompt_format, args.model,
-                     args.max_model_len, args.slo_ttft_ms, args.slo_tpot_ms, args.save_workload, args.timeout)
-        else:
-            print(status_report())
-    except ValueError as exc:
-        parser.exit(2, f"{prog} {args.command or ''}: error: {exc}\n".replace("  ", " "))
-    except NotImplementedError as exc:
-        parser.exit(1, f"{prog}: {exc} is still a stub: write it (see `python {prog} status`)\n")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import serving
+
+    raise SystemExit(serving.main(sys.modules[__name__]))

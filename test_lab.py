@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import functools
 import http.client
-import importlib
-import importlib.util
-import inspect
 import json
 import math
 import os
@@ -29,7 +26,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
+import serving
 from conftest import lab
+from serving import benchmark_serving, datasets, scenarios, sizing, stacks
 
 # =====================================================================================
 # Shared references and helpers: the models the tests run, and the plain references
@@ -2072,7 +2071,7 @@ def test_summarize_serving_statistics_on_hand_made_metrics():
 ])
 def test_simulator_rejects_a_bad_workload_by_name(workload, says):
     with pytest.raises(ValueError, match=says):
-        lab.simulate_serving(workload)
+        serving.simulate_serving(lab, workload)
 
 
 @pytest.mark.provided
@@ -2086,8 +2085,8 @@ def test_the_scheduler_refuses_an_empty_prompt_instead_of_planning_zero_work_for
 @pytest.mark.exercise5
 def test_simulator_without_a_timeline_measures_the_same():
     workload = [(0.1 * i, 8, 4 + i % 5) for i in range(20)]
-    full = lab.simulate_serving(workload, max_num_seqs=4)
-    lean = lab.simulate_serving(workload, max_num_seqs=4, record_timeline=False)
+    full = serving.simulate_serving(lab, workload, max_num_seqs=4)
+    lean = serving.simulate_serving(lab, workload, max_num_seqs=4, record_timeline=False)
     assert lean.timeline == [] and len(full.timeline) == full.num_steps
     assert (lean.num_steps, lean.duration, lean.wasted_slot_steps) == (full.num_steps, full.duration,
                                                                        full.wasted_slot_steps)
@@ -2095,7 +2094,7 @@ def test_simulator_without_a_timeline_measures_the_same():
 
 @pytest.mark.exercise5
 def test_simulator_reports_a_request_that_can_never_fit_as_rejected():
-    sim = lab.simulate_serving([(0.0, 8, 8), (0.0, 200, 8), (1.0, 8, 8)], num_blocks=4, block_size=8)
+    sim = serving.simulate_serving(lab, [(0.0, 8, 8), (0.0, 200, 8), (1.0, 8, 8)], num_blocks=4, block_size=8)
     reasons = [o.finish_reason for o in sim.outputs]
     assert reasons[1] == "rejected" and reasons[0] == reasons[2] == "length", (
         f"finish reasons {reasons}: like the engine, the simulator must reject a request larger than the "
@@ -2105,8 +2104,8 @@ def test_simulator_reports_a_request_that_can_never_fit_as_rejected():
 @pytest.mark.exercise5
 def test_simulator_counts_steps_and_wasted_slot_steps_of_a_hand_traced_workload():
     workload = [(0.0, 4, 1), (0.0, 4, 3), (0.0, 4, 1)]
-    static = lab.simulate_serving(workload, "static", max_num_seqs=2)
-    continuous = lab.simulate_serving(workload, "continuous", max_num_seqs=2)
+    static = serving.simulate_serving(lab, workload, "static", max_num_seqs=2)
+    continuous = serving.simulate_serving(lab, workload, "continuous", max_num_seqs=2)
     # static: {0,1} prefill (0 done) | 1 | 1 (done) | {2} -- slot of 0 idle for 2 steps while 2 waits
     assert (static.num_steps, static.wasted_slot_steps) == (4, 2)
     # continuous: {0,1} (0 done) | 1 + 2's prefill (2 done) | 1 (done)
@@ -2118,13 +2117,13 @@ def test_simulator_counts_steps_and_wasted_slot_steps_of_a_hand_traced_workload(
 @pytest.mark.exercise5
 def test_simulator_shows_head_of_line_blocking_on_the_skewed_workload():
     workload = [(0.0, 16, 400)] + [(0.0, 16, 10)] * 31
-    static = lab.simulate_serving(workload, "static", max_num_seqs=8)
-    continuous = lab.simulate_serving(workload, "continuous", max_num_seqs=8)
+    static = serving.simulate_serving(lab, workload, "static", max_num_seqs=8)
+    continuous = serving.simulate_serving(lab, workload, "continuous", max_num_seqs=8)
     assert static.wasted_slot_steps > 50 * continuous.wasted_slot_steps + 1000
     assert continuous.summary()["mean_ttft"] < static.summary()["mean_ttft"] / 5
-    picture = lab.format_timeline(static, width=40)
+    picture = scenarios.format_timeline(static, width=40)
     assert "#" in picture and "." in picture, "the static timeline shows the long request and idle slots"
-    report = lab.format_batching_report(static, continuous)
+    report = scenarios.format_batching_report(static, continuous)
     assert "wasted slot-steps" in report and "throughput" in report
 
 
@@ -2578,7 +2577,7 @@ def test_predicted_speedup_rejects_non_positive_verify_cost(verify_cost):
 
 @pytest.mark.provided
 def test_speculation_table_shows_speedups_breakeven_and_reasons():
-    text = lab.format_speculation_table(0.05, alphas=(0.6, 0.8), ks=(1, 4))
+    text = scenarios.format_speculation_table(lab, 0.05, alphas=(0.6, 0.8), ks=(1, 4))
     assert f"{lab.speculative_speedup(0.8, 4, 0.05):.2f}" in text
     assert f"{lab.breakeven_draft_cost(0.8, 4):.3f}" in text
     for needle in ("prefill", "batch", "bandwidth", "Leviathan", "Chen"):
@@ -2746,7 +2745,7 @@ def test_estimate_alpha_counts_only_judged_drafts():
 def test_early_exit_target_shrinks_only_later_residual_projections():
     config = lab.ModelConfig(**MODEL_CONFIGS["early_exit"])
     plain = lab.ToyTransformer(config, lab.init_gpt2_weights(config, 0))
-    target = lab.make_early_exit_target(config, 1, 0.25)
+    target = scenarios.make_early_exit_target(lab, config, 1, 0.25)
     for name, w in target.weights.items():
         assert w.dtype == np.float32, f"{name} became {w.dtype}: the model path must stay float32"
         later = name.startswith(("h.1.", "h.2.")) and name.endswith("c_proj.weight")
@@ -2759,7 +2758,7 @@ def test_paged_greedy_generate_matches_dense_greedy():
     config = lab.ModelConfig(**MODEL_CONFIGS["short"])
     model = lab.ToyTransformer(config)
     prompt = [3, 1, 4, 1, 5]
-    out = lab.paged_greedy_generate(model, prompt, 6)
+    out = scenarios.paged_greedy_generate(lab, model, prompt, 6)
     tokens = list(prompt)
     for _ in range(6):  # the reference: re-run the whole sequence densely, no cache
         tokens.append(int(np.argmax(model.forward_dense(tokens)[-1])))
@@ -3052,7 +3051,7 @@ def test_plan_blocks_are_the_floor_and_tensor_parallelism_at_least_doubles_them(
 
 @pytest.mark.exercise8
 def test_format_plan_shows_the_kv_blocks_set_the_ceiling():
-    text = lab.format_plan(lab.plan_deployment(**lab.SEED_SIZING))
+    text = sizing.format_plan(lab, lab.plan_deployment(**sizing.SEED_SIZING))
     assert "The KV blocks, not the weights, set the ceiling" in text
     assert "3912" in text and "// 512 blocks = 7" in text
     assert "deleting the weights altogether -> 11" in text, "zero-byte weights only lift 7 to 11 sequences"
@@ -3061,8 +3060,8 @@ def test_format_plan_shows_the_kv_blocks_set_the_ceiling():
 
 @pytest.mark.exercise8
 def test_format_plan_prices_a_million_output_tokens_from_the_plans_throughput():
-    plan = lab.plan_deployment(**lab.SEED_SIZING)
-    text = lab.format_plan(plan, usd_per_gpu_hour=2.0)
+    plan = lab.plan_deployment(**sizing.SEED_SIZING)
+    text = sizing.format_plan(lab, plan, usd_per_gpu_hour=2.0)
     per_million = 2.0 / (plan.output_tokens_per_s * 3600) * 1e6   # one GPU's hour over its tokens
     assert f"${per_million:.2f} per 1M output tokens" in text, (
         f"expected ${per_million:.2f} per 1M output tokens (price per hour / output tokens per hour):\n{text}")
@@ -3071,10 +3070,10 @@ def test_format_plan_prices_a_million_output_tokens_from_the_plans_throughput():
 @pytest.mark.exercise8
 def test_format_plan_prints_the_block_size_in_mib_of_two_to_the_twenty_bytes():
     # 16 tokens x 819,200 B = 13,107,200 B = 12.5 x 2**20 (13.1 million: MB would be the other unit)
-    text = lab.format_plan(lab.plan_deployment(**lab.SEED_SIZING))
+    text = sizing.format_plan(lab, lab.plan_deployment(**sizing.SEED_SIZING))
     assert "3912 blocks x 12.5 MiB" in text, (
         "the plan prints its KV blocks as '3912 blocks x 12.5 MiB': a MiB is 2**20 bytes, like nvidia-smi's")
-    text2 = lab.format_plan(lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2))
+    text2 = sizing.format_plan(lab, lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2))
     assert "29205 blocks x 1 MiB" in text2, "with tp=2 a llama-3-8b block is 1,048,576 B per GPU = 1 MiB"
 
 
@@ -3083,7 +3082,7 @@ def test_format_plan_prints_the_block_size_in_mib_of_two_to_the_twenty_bytes():
 @pytest.mark.provided
 def test_kv_utilization_small_example_by_hand():
     # lengths 1, 16, 17 with blocks of 16: paged reserves 16 + 16 + 32 = 64 slots, slabs 3 x 32 = 96
-    util = lab.kv_memory_utilization([1, 16, 17], max_model_len=32, block_size=16)
+    util = sizing.kv_memory_utilization(lab, [1, 16, 17], max_model_len=32, block_size=16)
     assert util.paged == pytest.approx(34 / 64)
     assert util.slab == pytest.approx(34 / 96)
 
@@ -3092,7 +3091,7 @@ def test_kv_utilization_small_example_by_hand():
 @settings(max_examples=50)
 @given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=40), block_size=st.sampled_from([1, 4, 16, 32]))
 def test_paged_waste_is_under_one_block_per_sequence(lengths, block_size):
-    util = lab.kv_memory_utilization(lengths, max_model_len=300, block_size=block_size)
+    util = sizing.kv_memory_utilization(lab, lengths, max_model_len=300, block_size=block_size)
     held, n = sum(lengths), len(lengths)
     assert held / (held + n * (block_size - 1)) <= util.paged + 1e-12, "paging wastes < block_size slots per sequence"
     assert util.paged <= 1.0
@@ -3101,28 +3100,28 @@ def test_paged_waste_is_under_one_block_per_sequence(lengths, block_size):
 
 @pytest.mark.provided
 def test_sampled_lengths_match_the_paper_means_and_are_deterministic():
-    prompts, outputs = lab.sample_request_lengths(lab.SHAREGPT, 20_000, seed=0)
+    prompts, outputs = datasets.sample_request_lengths(lab, lab.SHAREGPT, 20_000, seed=0)
     assert prompts.mean() == pytest.approx(161.31, rel=0.05) and outputs.mean() == pytest.approx(337.99, rel=0.05)
-    again = lab.sample_request_lengths(lab.SHAREGPT, 20_000, seed=0)
+    again = datasets.sample_request_lengths(lab, lab.SHAREGPT, 20_000, seed=0)
     assert np.array_equal(prompts, again[0]) and np.array_equal(outputs, again[1])
-    p, o = lab.sample_request_lengths(lab.ALPACA, 1000, seed=1, max_model_len=64)
+    p, o = datasets.sample_request_lengths(lab, lab.ALPACA, 1000, seed=1, max_model_len=64)
     assert p.min() >= 1 and o.min() >= 1 and (p + o).max() <= 64
 
 
 @pytest.mark.provided
 def test_paged_above_95_percent_and_slab_far_lower_on_sharegpt():
-    prompts, outputs = lab.sample_request_lengths(lab.SHAREGPT, 10_000, seed=0, max_model_len=2048)
-    util = lab.kv_memory_utilization(prompts + outputs, max_model_len=2048, block_size=16)
+    prompts, outputs = datasets.sample_request_lengths(lab, lab.SHAREGPT, 10_000, seed=0, max_model_len=2048)
+    util = sizing.kv_memory_utilization(lab, prompts + outputs, max_model_len=2048, block_size=16)
     assert util.paged > 0.95, f"paged blocks should hold > 95% real tokens, got {util.paged:.3f}"
     assert util.slab < 0.35, f"a 2048-token slab per request should waste most of itself, got {util.slab:.3f}"
-    assert "ShareGPT" in lab.format_waste() and "Alpaca" in lab.format_waste()
+    assert "ShareGPT" in sizing.format_waste(lab) and "Alpaca" in sizing.format_waste(lab)
 
 
 @pytest.mark.provided
 @pytest.mark.parametrize("lengths", [[], [0, 5], [5, 3000], [1.5, 2.0]])
 def test_kv_utilization_rejects_lengths_outside_one_to_max(lengths):
     with pytest.raises(ValueError):
-        lab.kv_memory_utilization(lengths, max_model_len=2048, block_size=16)
+        sizing.kv_memory_utilization(lab, lengths, max_model_len=2048, block_size=16)
 
 
 # --- the stack choice (provided) -----------------------------------------------
@@ -3136,7 +3135,7 @@ def test_kv_utilization_rejects_lengths_outside_one_to_max(lengths):
     ({"hardware": "tpu", "priority": "throughput"}, "vllm", "throughput"),
 ])
 def test_choose_stack_clear_cut_workloads(constraints, stack, deciding):
-    choice = lab.choose_stack(**constraints)
+    choice = stacks.choose_stack(**constraints)
     assert choice.stack == stack, f"{constraints}: expected {stack}, got {choice.stack}"
     assert deciding in choice.deciding_constraint
     name, reason = choice  # also a (stack, deciding_constraint) pair
@@ -3145,25 +3144,25 @@ def test_choose_stack_clear_cut_workloads(constraints, stack, deciding):
 
 @pytest.mark.provided
 def test_tensorrt_llm_is_never_chosen_off_nvidia():
-    hardware = set().union(*(s.hardware for s in lab.STACKS.values())) - {"nvidia"}
+    hardware = set().union(*(s.hardware for s in stacks.STACKS.values())) - {"nvidia"}
     for hw in hardware:
         for priority in ("throughput", "latency"):
             for prefix in (False, True):
-                choice = lab.choose_stack(hardware=hw, priority=priority, prefix_sharing=prefix)
-                assert choice.stack != "tensorrt-llm" and hw in lab.STACKS[choice.stack].hardware
+                choice = stacks.choose_stack(hardware=hw, priority=priority, prefix_sharing=prefix)
+                assert choice.stack != "tensorrt-llm" and hw in stacks.STACKS[choice.stack].hardware
 
 
 @pytest.mark.provided
 def test_choose_stack_rejects_unknown_constraints():
     with pytest.raises(ValueError, match="priority"):
-        lab.choose_stack(priority="cheapest")
+        stacks.choose_stack(priority="cheapest")
     with pytest.raises(ValueError, match="nvidia"):
-        lab.choose_stack(hardware="abacus")
+        stacks.choose_stack(hardware="abacus")
 
 
 @pytest.mark.provided
 def test_format_stack_choice_names_each_stack_and_deciding_constraint():
-    text = lab.format_stack_choice()
+    text = stacks.format_stack_choice()
     for name in ("vLLM", "TensorRT-LLM", "SGLang"):
         assert f"-> {name}:" in text, f"the example workloads should include one that picks {name}"
 
@@ -3355,7 +3354,7 @@ def server(engine_model):
     # num_blocks given: the default would call blocks_needed, and the provided tests below must
     # pass before Exercise 1 is written (8 sequences of n_positions = 128 tokens in blocks of 4).
     engine = lab.LLMEngine(engine_model, num_blocks=256, block_size=4, max_num_seqs=8, max_num_batched_tokens=64)
-    with lab.start_server(engine) as running:
+    with serving.start_server(engine) as running:
         yield running
 
 
@@ -3538,7 +3537,7 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_return(e
         return out
 
     engine.step = slow_recorded_step
-    with lab.start_server(engine) as srv:
+    with serving.start_server(engine) as srv:
         body = json.dumps({"prompt": [5] * 20, "max_tokens": 100, "stream": True}).encode()
         with socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -3564,19 +3563,19 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_return(e
 
 
 def hand_made(send, chunks, tokens=None, error=None):
-    return lab.StreamResult(send, list(chunks), len(chunks) if tokens is None else tokens, None, error)
+    return benchmark_serving.StreamResult(send, list(chunks), len(chunks) if tokens is None else tokens, None, error)
 
 
 @pytest.mark.provided
 def test_stream_metrics_follow_vllms_benchmark_definitions():
-    m = lab.stream_metrics(hand_made(10.0, [10.5, 10.7, 11.0, 11.6]))
+    m = benchmark_serving.stream_metrics(lab, hand_made(10.0, [10.5, 10.7, 11.0, 11.6]))
     assert m.ttft == pytest.approx(0.5), "TTFT = first chunk - send"
     assert m.e2e_latency == pytest.approx(1.6), "E2E = last chunk - send"
     assert m.tpot == pytest.approx(1.1 / 3), "TPOT = (E2E - TTFT) / (output tokens - 1)"
     assert m.itl == pytest.approx([0.2, 0.3, 0.6]), "ITL = the gaps between consecutive chunks"
-    several = lab.stream_metrics(hand_made(10.0, [10.5, 10.7, 11.0, 11.6], tokens=7))
+    several = benchmark_serving.stream_metrics(lab, hand_made(10.0, [10.5, 10.7, 11.0, 11.6], tokens=7))
     assert several.tpot == pytest.approx(1.1 / 6), "TPOT divides by tokens, not chunks (a chunk may hold several)"
-    assert math.isnan(lab.stream_metrics(hand_made(0.0, [0.3])).tpot), "one token has no TPOT"
+    assert math.isnan(benchmark_serving.stream_metrics(lab, hand_made(0.0, [0.3])).tpot), "one token has no TPOT"
 
 
 @pytest.mark.provided
@@ -3584,7 +3583,7 @@ def test_summarize_load_percentiles_throughput_and_goodput():
     ttfts = [0.1, 0.2, 0.3, 0.4, 2.0]
     results = [hand_made(0.0, [t, t + 0.05 * (i + 1), t + 0.1 * (i + 1)], tokens=3) for i, t in enumerate(ttfts)]
     results.append(hand_made(0.0, [], error="HTTP 500"))
-    s = lab.summarize_load(results, duration=2.0, slo_ttft=0.35, slo_tpot=0.1)
+    s = benchmark_serving.summarize_load(lab, results, duration=2.0, slo_ttft=0.35, slo_tpot=0.1)
     assert (s["completed"], s["failed"], s["output_tokens"]) == (5, 1, 15), "a failed request counts only as failed"
     for p in (50, 90, 99):
         assert s[f"p{p}_ttft"] == pytest.approx(np.percentile(ttfts, p))
@@ -3594,40 +3593,42 @@ def test_summarize_load_percentiles_throughput_and_goodput():
     assert s["request_throughput"] == pytest.approx(2.5) and s["output_throughput"] == pytest.approx(7.5)
     # Good: TTFT <= 0.35 s and TPOT <= 0.1 s -> requests 0 and 1 (request 2 misses TPOT, 3 and 4 TTFT).
     assert s["goodput"] == pytest.approx(2 / 2.0), "goodput: requests per second that met EVERY SLO"
-    assert lab.summarize_load(results, 2.0)["goodput"] == s["request_throughput"], "no SLO: every request is good"
+    no_slo = benchmark_serving.summarize_load(lab, results, 2.0)
+    assert no_slo["goodput"] == s["request_throughput"], "no SLO: every request is good"
 
 
 @pytest.mark.provided
 def test_poisson_arrivals_have_the_offered_rate_and_exponential_gaps():
-    times = lab.poisson_arrival_times(50.0, 4000, seed=3)
+    times = datasets.poisson_arrival_times(50.0, 4000, seed=3)
     gaps = np.diff(times)
     assert times[0] == 0 and np.all(gaps >= 0)
     assert gaps.mean() == pytest.approx(1 / 50, rel=0.06), "the mean gap is 1 / rate"
     assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.08), "exponential gaps: std = mean (open loop)"
-    assert np.array_equal(times, lab.poisson_arrival_times(50.0, 4000, seed=3))
-    assert not lab.poisson_arrival_times(math.inf, 5).any(), "rate inf sends everything at once"
+    assert np.array_equal(times, datasets.poisson_arrival_times(50.0, 4000, seed=3))
+    assert not datasets.poisson_arrival_times(math.inf, 5).any(), "rate inf sends everything at once"
 
 
 @pytest.mark.provided
 def test_find_knee_is_the_last_rate_before_p99_ttft_explodes():
     rates = [1, 2, 4, 8, 16]
-    assert lab.find_knee(rates, [0.05, 0.04, 0.06, 0.5, 3.0]) == 4
-    assert lab.find_knee(rates, [0.05, 0.05, 0.05, 0.06, 0.1]) is None
-    assert lab.find_knee(rates, [0.05, 0.05, math.nan, 0.06, 0.1]) == 2, "a rate where nothing completed is past it"
-    chart = lab.format_load_chart(rates[:4], [{"p99_ttft": t, "output_throughput": 100.0 * r}
+    assert benchmark_serving.find_knee(rates, [0.05, 0.04, 0.06, 0.5, 3.0]) == 4
+    assert benchmark_serving.find_knee(rates, [0.05, 0.05, 0.05, 0.06, 0.1]) is None
+    assert benchmark_serving.find_knee(rates, [0.05, 0.05, math.nan, 0.06, 0.1]) == 2, (
+        "a rate where nothing completed is past it")
+    chart = benchmark_serving.format_load_chart(rates[:4], [{"p99_ttft": t, "output_throughput": 100.0 * r}
                                               for r, t in zip(rates, [0.05, 0.04, 0.06, 0.5])])
     assert "<- knee" in chart.splitlines()[3] and "knee: 4 req/s" in chart
 
 
 @pytest.mark.provided
 def test_workload_is_deterministic_and_saved_as_vllm_custom_jsonl(tmp_path):
-    requests = lab.make_workload("sharegpt", 30, seed=1, max_model_len=128, vocab_size=64)
-    assert requests == lab.make_workload("sharegpt", 30, seed=1, max_model_len=128, vocab_size=64)
+    requests = datasets.make_workload(lab, "sharegpt", 30, seed=1, max_model_len=128, vocab_size=64)
+    assert requests == datasets.make_workload(lab, "sharegpt", 30, seed=1, max_model_len=128, vocab_size=64)
     for r in requests:
         assert 1 <= len(r.prompt_token_ids) and len(r.prompt_token_ids) + r.max_tokens <= 128
         assert max(r.prompt_token_ids) < 64 and len(r.prompt_text.split()) == len(r.prompt_token_ids)
     path = tmp_path / "workload.jsonl"
-    lab.save_workload(requests, str(path))
+    datasets.save_workload(requests, str(path))
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert rows == [{"prompt": r.prompt_text, "output_tokens": r.max_tokens} for r in requests], (
         "vLLM's custom dataset: one JSON object per line, a text prompt and output_tokens")
@@ -3638,7 +3639,7 @@ def test_loadtest_cli_against_the_lab_server_reports_every_request(tmp_path):
     # Vocabulary 256, so that text prompts (one-letter words) are in it too.
     model = lab.ToyTransformer(lab.ModelConfig(**MODEL_CONFIGS["bytes"]))
     engine = lab.LLMEngine(model, num_blocks=256, block_size=4, max_num_seqs=8)
-    with lab.start_server(engine) as srv:
+    with serving.start_server(engine) as srv:
         proc = run_cli("loadtest", "--url", srv.url, "--qps", "40,inf", "--num-prompts", "6", "--workload", "tiny",
                        "--prompt-format", "text", "--slo-ttft-ms", "5000", "--save-workload", str(tmp_path / "w.jsonl"))
         reraise_stub(proc.stdout)
@@ -3647,104 +3648,7 @@ def test_loadtest_cli_against_the_lab_server_reports_every_request(tmp_path):
         assert "p99 TTFT" in proc.stdout and "knee" in proc.stdout and "first error" not in proc.stdout
         assert len((tmp_path / "w.jsonl").read_text().splitlines()) == 6
         lines = []
-        [summary] = lab.loadtest(srv.url, [math.inf], 4, "tiny", prompt_format="token-ids", log=lines.append)
+        [summary] = benchmark_serving.loadtest(lab, srv.url, [math.inf], 4, "tiny", prompt_format="token-ids",
+                                               log=lines.append)
         reraise_stub("\n".join(lines))
         assert summary["completed"] == 4 and summary["output_tokens"] > 0
-
-
-# =====================================================================================
-# The workflow: lab and solution expose the same contract
-# =====================================================================================
-
-
-def public_api(module) -> dict[str, str]:
-    """Public names defined in the module, with the signatures of functions, classes and methods."""
-    api = {}
-    for name, obj in vars(module).items():
-        if name.startswith("_") or getattr(obj, "__module__", module.__name__) != module.__name__:
-            continue
-        if inspect.isfunction(obj) or inspect.isclass(obj):
-            try:
-                api[name] = str(inspect.signature(obj))
-            except ValueError:  # classes whose signature is a builtin's, e.g. exceptions
-                api[name] = "builtin"
-        if inspect.isclass(obj):
-            for member, value in vars(obj).items():
-                if member.startswith("_") and member != "__init__":
-                    continue
-                if inspect.isfunction(value):
-                    api[f"{name}.{member}"] = str(inspect.signature(value))
-                elif isinstance(value, property):
-                    api[f"{name}.{member}"] = "property"
-        elif not inspect.ismodule(obj) and not callable(obj):
-            api[name] = type(obj).__name__
-    return api
-
-
-@pytest.mark.provided
-def test_lab_and_solution_expose_the_same_public_names_and_signatures():
-    lab_api = public_api(importlib.import_module("lab"))
-    solution_api = public_api(importlib.import_module("solution"))
-    missing = sorted(set(solution_api) - set(lab_api))
-    extra = sorted(set(lab_api) - set(solution_api))
-    differ = sorted(n for n in set(lab_api) & set(solution_api) if lab_api[n] != solution_api[n])
-    assert not (missing or extra or differ), (
-        f"lab.py drifted from solution.py: missing {missing}, extra {extra}, different signatures {differ}; "
-        "regenerate it with `python tools/make_lab.py`"
-    )
-
-
-def load_make_lab():
-    spec = importlib.util.spec_from_file_location("make_lab", Path(__file__).parent / "tools" / "make_lab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.provided
-def test_make_lab_turns_each_solution_region_into_a_stub_and_keeps_the_rest():
-    source = (
-        "class A:\n"
-        "    def f(self, x):\n"
-        '        """Doc stays."""\n'
-        "        # BEGIN SOLUTION: Exercise 3\n"
-        "        return x + 1\n"
-        "        # END SOLUTION\n"
-    )
-    lab_text = load_make_lab().make_lab(source)
-    assert '"""Doc stays."""' in lab_text and "return x + 1" not in lab_text
-    assert '        raise NotImplementedError("Exercise 3: A.f")\n' in lab_text
-
-
-@pytest.mark.provided
-@pytest.mark.parametrize("source", [
-    "def f():\n    # BEGIN SOLUTION: Exercise 1\n    return 1\n",
-    "def f():\n    return 1\n    # END SOLUTION\n",
-    "# BEGIN SOLUTION: Exercise 1\nx = 1\n# END SOLUTION\n",
-], ids=["no-end", "no-begin", "outside-a-function"])
-def test_make_lab_rejects_misplaced_markers(source):
-    with pytest.raises(ValueError):
-        load_make_lab().make_lab(source)
-
-
-@pytest.mark.provided
-def test_the_reading_path_is_sections_1_to_5_at_most_2000_lines_and_the_map_says_where():
-    source = (Path(__file__).parent / "solution.py").read_text()
-    titles = {int(m.group(1)): i + 1 for i, line in enumerate(source.split("\n"))
-              if (m := re.match(r"# (\d+)\. ", line))}
-    assert list(titles) == sorted(titles) and titles[1] < titles[6], "sections must come in their numbered order"
-    assert titles[6] - 2 <= 2000, (
-        f"sections 1-5 of solution.py (the reading path) run to line {titles[6] - 2}: keep them at most 2,000 "
-        "lines; what a student need not read belongs in section 6 or later")
-    assert load_make_lab().refresh_reading_map(source) == source, (
-        "the reading map in solution.py's docstring names stale line ranges: run python tools/make_lab.py")
-
-
-@pytest.mark.provided
-def test_the_benchmarks_import_the_module_they_measure_and_it_never_imports_them():
-    bench = (Path(__file__).parent / "tools" / "bench.py").read_text()
-    solution = (Path(__file__).parent / "solution.py").read_text()
-    assert "import_module(name)" in bench, "tools/bench.py must measure the module it is given (--module)"
-    assert not re.search(r"^(from|import) (tools|bench)\b", solution, re.M), (
-        "solution.py imports the benchmarks: measurement stands beside the model, not inside it")
-    assert not re.search(r"^def bench_", solution, re.M), "benchmark code belongs in tools/bench.py"

@@ -28,13 +28,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
+sys.path.insert(0, str(ROOT))
+from serving import api_server, benchmark_serving, cli, datasets, scenarios, simulator  # noqa: E402
+
 lab = None  # the module under test (solution or lab): `use_module` sets it before any benchmark runs
 
 
 def use_module(name: str) -> None:
     """Measure the module `name` (imported from the repository's root)."""
     global lab
-    sys.path.insert(0, str(ROOT))
     lab = importlib.import_module(name)
 
 
@@ -346,16 +348,16 @@ def bench_batching(slots: int = 16) -> str:
     """`python tools/bench.py batching`: the scenario in the simulator, then measured wall-clock
     on the toy model at sizes scaled by 1/10 to fit its n_positions = 256 (answers of 200 and 5
     tokens instead of 2000 and 50), beside the simulator's prediction for the same workloads."""
-    out = [lab.scenario_batching(slots)]
+    out = [scenarios.scenario_batching(lab, slots)]
     model = lab.ToyTransformer(lab.ModelConfig())
     out.append(f"\n== Toy model ({model.config.n_layer} layers, n_embd {model.config.n_embd}), wall-clock, "
                f"{slots} slots, sizes / 10: answers of 200 and 5 tokens, prompts 13, all queued at t=0; best of 3 ==")
     out.append(f"{'workload':<34}{'static tok/s':>14}{'continuous tok/s':>18}{'measured':>10}{'simulated':>11}")
-    for name, workload in (("skewed (1 long + 63 short)", lab.skewed_workload(63, 200, 5, 13)),
-                           ("one in eight long (128 requests)", lab.recurring_workload(128, 200, 5, 13, rate=0))):
+    for name, workload in (("skewed (1 long + 63 short)", simulator.skewed_workload(63, 200, 5, 13)),
+                           ("one in eight long (128 requests)", simulator.recurring_workload(128, 200, 5, 13, rate=0))):
         best = _best_runs(model, workload, slots)
         (ts, ns), (tc, nc) = best["static"], best["continuous"]
-        sim_s, sim_c = lab._static_and_continuous(workload, slots)
+        sim_s, sim_c = scenarios._static_and_continuous(lab, workload, slots)
         out.append(f"{name:<34}{ns / ts:>14.0f}{nc / tc:>18.0f}{(nc / tc) / (ns / ts):>9.2f}x"
                    f"{sim_c.throughput / sim_s.throughput:>10.2f}x")
     out.append("On a CPU the toy model's step cost grows with the batch (its weights sit in cache; nothing\n"
@@ -458,7 +460,7 @@ def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
     config, m = lab.ModelConfig(**SPEC_BENCH_CONFIG), SPEC_BENCH_DRAFT_LAYERS
     _progress(f"building the target ({config.n_layer} layers, n_embd {config.n_embd}, vocab "
               f"{config.vocab_size}) and its {m}-layer self-draft")
-    target = lab.make_early_exit_target(config, m, SPEC_BENCH_REFINEMENT_SCALE)
+    target = scenarios.make_early_exit_target(lab, config, m, SPEC_BENCH_REFINEMENT_SCALE)
     draft = lab.make_self_draft(target, m)
     weight_bytes = sum(w.nbytes for w in target.weights.values())
     dtypes = "/".join(sorted({str(w.dtype) for w in target.weights.values()}))
@@ -481,7 +483,7 @@ def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
     overhead = _round_overhead_seconds(config.vocab_size, k, 20)
     spec_out: list[lab.SpeculativeOutput] = []
     plain_out: list[list[int]] = []
-    runs = {"plain": lambda: plain_out.append(lab.paged_greedy_generate(target, prompt, num_tokens)),
+    runs = {"plain": lambda: plain_out.append(scenarios.paged_greedy_generate(lab, target, prompt, num_tokens)),
             "spec": lambda: spec_out.append(lab.speculative_generate(target, draft, prompt, greedy, k=k))}
     best = _best_side_by_side(runs | steps, repeats)
     t1 = best["t1"]
@@ -528,7 +530,7 @@ def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
     fast = measured > 1.5 and alpha >= 0.7
     head = f"{'k':>3} {'verify cost':>12} {'paper (v=1)':>12} {'extended':>9}"
     return "\n".join([
-        lab.format_speculation_table(round(c, 3)),
+        scenarios.format_speculation_table(lab, round(c, 3)),
         "",
         f"== Measured point, batch 1: target {config.n_layer} layers x n_embd {config.n_embd}, vocab "
         f"{config.vocab_size} ({weight_bytes / 1e6:.0f} MB of {dtypes}); draft = its first {m} layer(s) + "
@@ -589,13 +591,13 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
     `generate` and (b) through `python solution.py serve` in a child process (its own core, as
     a server has) from this process's load generator, all sent at once (saturation), best of
     `repeats` each; then requests one at a time, for the server's own TTFT overhead (medians)."""
-    model = lab.ToyTransformer(lab.ModelConfig(**lab.SERVE_MODEL))
-    requests = lab.make_workload(workload, num_prompts, 0, model.config.n_positions, model.config.vocab_size)
+    model = lab.ToyTransformer(lab.ModelConfig(**cli.SERVE_MODEL))
+    requests = datasets.make_workload(lab, workload, num_prompts, 0, model.config.n_positions, model.config.vocab_size)
     sampling = [lab.SamplingParams(max_tokens=r.max_tokens) for r in requests]
     num_tokens = sum(r.max_tokens for r in requests)
     alone = [lab.LLMEngine(model).generate([r.prompt_token_ids], [s])[0].metrics
              for r, s in zip(requests[:num_alone], sampling)]
-    payloads = [lab.completion_payload(r, "") for r in requests]
+    payloads = [benchmark_serving.completion_payload(r, "") for r in requests]
     offline, runs = 0.0, []
     proc, url = _serve_in_subprocess()
     try:
@@ -603,13 +605,14 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
             start = time.perf_counter()
             lab.LLMEngine(model).generate([r.prompt_token_ids for r in requests], sampling)
             offline = max(offline, num_tokens / (time.perf_counter() - start))
-            runs.append(lab.summarize_load(*lab.run_load(url, payloads, math.inf)))
+            runs.append(benchmark_serving.summarize_load(lab, *benchmark_serving.run_load(url, payloads, math.inf)))
         served = max(runs, key=lambda s: s["output_throughput"])
-        served_alone = [lab.stream_metrics(lab.stream_completion(url, p, 60.0)) for p in payloads[:num_alone]]
+        served_alone = [benchmark_serving.stream_metrics(lab, benchmark_serving.stream_completion(url, p, 60.0))
+                        for p in payloads[:num_alone]]
     finally:
         proc.terminate()
         try:
-            proc.wait(lab.SHUTDOWN_TIMEOUT_S)
+            proc.wait(api_server.SHUTDOWN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
     ttft_offline = float(np.median([m.ttft for m in alone]))

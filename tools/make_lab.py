@@ -9,8 +9,9 @@ Everything else (signatures, docstrings, provided code) is kept as it is.
     python tools/make_lab.py           # refresh solution.py's reading map, then write lab.py
     python tools/make_lab.py --check   # exit 1 if lab.py or the reading map is out of date
 
-The reading map is the table in solution.py's docstring that gives each section's line range
-(a section runs from its `# ====` bar to the line before the next one); writing refreshes it.
+The reading map is the table in the module docstring that gives each section's line range (a
+section runs from its title line to the line before the next one). Each file's map gives its
+own line numbers: solution.py's are refreshed in place, lab.py's are computed on the lab text.
 """
 
 from __future__ import annotations
@@ -51,17 +52,16 @@ def enclosing_functions(source: str) -> dict[int, str]:
 
 SECTION_TITLE = re.compile(r"^# (\d+)\. ")
 MAP_ROW = re.compile(r"^(\s*(\d+)\. .+?\s)(\d+-\d+)( +)(\S.*)$")
-PATH_LINES = re.compile(r"^(\d+)( lines, a day)")
 
 
 def refresh_reading_map(source: str) -> str:
-    """`source` with the reading map's line ranges (and the reading path's length) recomputed
-    from the section titles (`# N. ...`, the line after each section's opening bar)."""
+    """`source` with the reading map's line ranges recomputed from the section titles
+    (`# N. ...`, the line after each section's opening bar), in `source`'s own numbering."""
     lines = source.split("\n")
     bars = {int(m.group(1)): i for i, line in enumerate(lines) if (m := SECTION_TITLE.match(line))}
     ends = sorted(bars.values())[1:] + [len(lines)]
     ranges = {n: f"{bar}-{end - 1}" for (n, bar), end in zip(sorted(bars.items()), ends)}
-    docstring_end = source.index('"""', 3)
+    docstring_end = source.index('"""', source.index('"""') + 3)
     for i, line in enumerate(lines):
         if sum(len(x) + 1 for x in lines[:i]) > docstring_end:
             break
@@ -69,8 +69,6 @@ def refresh_reading_map(source: str) -> str:
         if row and int(row.group(2)) in ranges:
             width = len(row.group(3)) + len(row.group(4))
             lines[i] = row.group(1) + ranges[int(row.group(2))].ljust(width - 1) + " " + row.group(5)
-        elif 6 in bars:
-            lines[i] = PATH_LINES.sub(lambda m: f"{bars[6] - 1}{m.group(2)}", line)
     return "\n".join(lines)
 
 
@@ -112,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     source = solution.read_text()
     refreshed = refresh_reading_map(source)
     try:
-        lab = make_lab(refreshed)
+        lab = refresh_reading_map(make_lab(refreshed))
     except ValueError as exc:
         print(f"make_lab: {exc}", file=sys.stderr)
         return 1

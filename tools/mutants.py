@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Plant the classic mistakes in scratch copies of solution.py and show that the suite catches each.
 
-Every mutant is one textual edit of solution.py (it must apply exactly once). For each, the tool
-writes the mutated module to a temporary folder, runs the suite against it
-(`LAB_MODULE=<mutant>`), and reports the first test that went red. A mutant that survives is a
-hole in the students' spec.
+Every mutant is one textual edit of solution.py, or of a file of serving/ when a fifth field
+names it (it must apply exactly once). For a solution.py mutant the tool writes the mutated
+module to a temporary folder and runs the students' suite (test_lab.py) against it
+(`LAB_MODULE=<mutant>`); for a serving/ mutant it runs the suite against solution in a scratch
+copy of the project whose file is mutated. It reports the first test that went red; the
+tooling tests (tools/) never count as a catch. A mutant that survives is a hole in the spec.
 
     python tools/mutants.py              # all mutants
     python tools/mutants.py -k slot      # those whose name contains "slot"
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,8 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# (name, exercise marker to run, old text, new text)
-MUTANTS: list[tuple[str, str, str, str]] = [
+# (name, exercise marker to run, old text, new text[, file: default solution.py])
+MUTANTS: list[tuple[str, ...]] = [
     ("blocks_needed rounds down", "exercise1",
      "return (num_tokens + block_size - 1) // block_size", "return num_tokens // block_size + 1"),
     ("free returns a shared block to the pool", "exercise1",
@@ -182,14 +185,15 @@ MUTANTS: list[tuple[str, str, str, str]] = [
      'kv_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes // tp'),
     ("disconnected client not aborted", "exercise5",
      "        except (_ClientGone, ConnectionError):\n            self._bridge.abort(request.request_id)\n",
-     "        except (_ClientGone, ConnectionError):\n            pass\n"),
+     "        except (_ClientGone, ConnectionError):\n            pass\n", "serving/api_server.py"),
     ("load generator: TPOT divided by chunks, not tokens", "provided",
-     "    n = result.num_output_tokens\n", "    n = len(times)\n"),
+     "result.send_time, times, times[-1], result.num_output_tokens)", "result.send_time, times, times[-1], len(times))",
+     "serving/benchmark_serving.py"),
     ("load generator: goodput ignores the TPOT SLO", "provided",
-     "and (slo_tpot is None or r.num_output_tokens < 2 or m.tpot <= slo_tpot)]", "]"),
+     "and (slo_tpot is None or r.num_output_tokens < 2 or m.tpot <= slo_tpot)]", "]", "serving/benchmark_serving.py"),
     ("load generator: evenly spaced arrivals instead of Poisson", "provided",
      "gaps = np.random.default_rng(seed).exponential(1.0 / rate, num_requests)",
-     "gaps = np.full(num_requests, 1.0 / rate)"),
+     "gaps = np.full(num_requests, 1.0 / rate)", "serving/datasets.py"),
     ('an append that needs a copy-on-write block does not count it before taking blocks', 'exercise2',
      'if cow + new_blocks > self.allocator.num_free_blocks:',
      'if new_blocks > self.allocator.num_free_blocks:'),
@@ -225,17 +229,24 @@ MUTANTS: list[tuple[str, str, str, str]] = [
      'prefill_s = 2 * model.num_params * mean_prompt_len / gpu.flops'),
     ('format_plan prints the block size in MB as MiB', 'exercise8',
      '{plan.block_bytes_per_gpu / 2**20:g} MiB',
-     '{plan.block_bytes_per_gpu / 1e6:g} MiB'),
+     '{plan.block_bytes_per_gpu / 1e6:g} MiB', "serving/sizing.py"),
 ]
 
 
-def run(name: str, marker: str, source: str, workdir: Path) -> tuple[bool, str]:
-    module = "mutant_" + "".join(c if c.isalnum() else "_" for c in name)[:40]
-    (workdir / f"{module}.py").write_text(source)
-    env = dict(os.environ, LAB_MODULE=module, PYTHONPATH=f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               HYPOTHESIS_PROFILE="ci")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-m", marker, "-p", "no:cacheprovider"],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
+def run(name: str, marker: str, path: str, source: str, workdir: Path) -> tuple[bool, str]:
+    if path == "solution.py":
+        module = "mutant_" + "".join(c if c.isalnum() else "_" for c in name)[:40]
+        (workdir / f"{module}.py").write_text(source)
+        project, pythonpath = ROOT, f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    else:  # a scratch copy of the project, with this one file mutated
+        module, project, pythonpath = "solution", workdir / "project", os.environ.get("PYTHONPATH", "")
+        if project.exists():
+            shutil.rmtree(project)
+        shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(".git", "__pycache__", ".hypothesis"))
+        (project / path).write_text(source)
+    env = dict(os.environ, LAB_MODULE=module, PYTHONPATH=pythonpath, HYPOTHESIS_PROFILE="ci")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "test_lab.py", "-x", "-q", "-rf", "-m", marker,
+                           "-p", "no:cacheprovider"], cwd=project, env=env, capture_output=True, text=True)
     failed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
     if failed:
         return proc.returncode == 1, failed[0].split("::", 1)[1]
@@ -246,18 +257,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-k", default="", help="only mutants whose name contains this")
     args = parser.parse_args(argv)
-    solution = (ROOT / "solution.py").read_text()
     survivors = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, marker, old, new in MUTANTS:
+        for name, marker, old, new, *where in MUTANTS:
+            path = where[0] if where else "solution.py"
             if args.k not in name:
                 continue
-            if solution.count(old) != 1:
-                print(f"?? {name}: the text to mutate occurs {solution.count(old)} times in solution.py")
+            text = (ROOT / path).read_text()
+            if text.count(old) != 1:
+                print(f"?? {name}: the text to mutate occurs {text.count(old)} times in {path}")
                 survivors += 1
                 continue
             start = time.perf_counter()
-            caught, test = run(name, marker, solution.replace(old, new), Path(tmp))
+            caught, test = run(name, marker, path, text.replace(old, new), Path(tmp))
             survivors += not caught
             verdict = "caught by" if caught else "SURVIVED:"
             print(f"{'ok' if caught else '!!'} {name:<66} {verdict} {test}  ({time.perf_counter() - start:.1f}s)")

@@ -1,0 +1,23 @@
+"""What runs the chapter for a user: the server, the load generator, the simulator, the design
+reviews and the command line. Nothing here imports `solution` or `lab` by name: every entry point
+is handed the module (or an engine of it), so `python lab.py serve` serves the student's own code.
+
+    file                    what it holds                                   vLLM's file for the same job
+    cli.py                  `main(lab, argv)`: every command                vllm/entrypoints/cli/main.py
+    api_server.py           the OpenAI-compatible HTTP server               vllm/entrypoints/openai/api_server.py
+    protocol.py             request parsing, response objects               vllm/entrypoints/openai/protocol.py
+    async_llm.py            one thread owns the engine; outputs routed      vllm/v1/engine/async_llm.py
+    metrics.py              Prometheus text under vLLM's names              vllm/v1/metrics/
+    benchmark_serving.py    open-loop load generator, vLLM's latencies      vllm/benchmarks/serve.py
+    datasets.py             synthetic traffic and load-test workloads       vllm/benchmarks/datasets.py
+    simulator.py            model-free step simulator for design reviews    (none: vLLM benchmarks the engine)
+    scenarios.py            the design reviews `python solution.py` prints  (none)
+    sizing.py               the capacity plan printout, KV waste            (none)
+    stacks.py               vLLM vs TensorRT-LLM vs SGLang, as data         (none)
+"""
+
+from .api_server import start_server
+from .cli import main
+from .simulator import simulate_serving
+
+__all__ = ["main", "start_server", "simulate_serving"]

@@ -1,0 +1,178 @@
+"""The command line (vLLM: `vllm/entrypoints/cli/main.py`): `python solution.py ARGS` and
+`python lab.py ARGS` are `main(<that module>, ARGS)`, so every command runs the module it came from.
+With no command it prints the four design-review scenarios (the main job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import subprocess
+import sys
+from types import ModuleType
+
+from .api_server import serve
+from .benchmark_serving import loadtest
+from .datasets import LOAD_WORKLOADS
+from .scenarios import run_all_scenarios, scenario_batching, scenario_speculate
+from .sizing import SEED_SIZING, scenario_size
+from .stacks import scenario_stack
+
+# The model `python solution.py serve` runs by default: the lab's GPT-2 with room for ShareGPT-
+# like requests (prompt + output <= 512 tokens).
+SERVE_MODEL = dict(vocab_size=256, n_positions=512, n_embd=64, n_layer=2, n_head=4)
+
+
+def status_report(lab: ModuleType) -> str:
+    """Which exercises the module still stubs (`python lab.py status`)."""
+    stubs = lab.unsolved_exercises(lab.__name__)
+    lines = [f"{os.path.basename(lab.__file__)}: the inference-serving lab"]
+    for number, title in lab.EXERCISES.items():
+        lines.append(f"  Exercise {number}  {title}")
+        lines.append("      to do: " + ", ".join(stubs[number]) if number in stubs else "      done")
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `solution.py size: error: ...`, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(kind, allow_zero: bool = False):
+    """An argparse type: a finite number > 0 (>= 0 with allow_zero); inf and nan are refused."""
+    def parse(text: str):
+        value = kind(text)
+        if not (0 <= value if allow_zero else 0 < value) or not value < math.inf:
+            raise argparse.ArgumentTypeError(f"must be a finite number {'>=' if allow_zero else '>'} 0, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _rates(text: str) -> list[float]:
+    """`--qps 1,2,4` (inf: all at once)."""
+    rates = [float(r) for r in text.split(",")]
+    if not all(r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"every rate must be > 0, got {text}")
+    return rates
+
+
+def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="The design-review scenarios of the inference-serving lab. "
+                                            "With no command: all four scenarios in order.")
+    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
+    size = commands.add_parser("size", help="size a deployment: KV blocks, concurrency, QPS, KV waste")
+    # choices: an unknown name is a usage error that lists the known ones, before any exercise runs.
+    size.add_argument("--model", default=SEED_SIZING["model"], choices=list(lab.MODELS))
+    size.add_argument("--gpu", default=SEED_SIZING["gpu"], choices=list(lab.GPUS))
+    size.add_argument("--max-model-len", type=_positive(int), default=SEED_SIZING["max_model_len"])
+    size.add_argument("--block-size", type=_positive(int), default=16)
+    size.add_argument("--gpu-memory-utilization", type=_positive(float), default=0.9)
+    size.add_argument("--activation-gb", type=_positive(float, allow_zero=True), default=0.0,
+                      help="per-GPU activation reserve, GB")
+    size.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel GPUs")
+    size.add_argument("--prompt-len", type=_positive(float), help="mean prompt tokens (default: ShareGPT)")
+    size.add_argument("--output-len", type=_positive(float), help="mean output tokens (default: ShareGPT)")
+    size.add_argument("--kv-cache-dtype", choices=list(lab.PLAN_KV_CACHE_DTYPES), default="auto",
+                      help="KV-cache element type: auto (the model's), fp8 or int8 (1 byte)")
+    size.add_argument("--usd-per-gpu-hour", type=_positive(float), help="GPU price: prints the cost per 1M tokens")
+    batching = commands.add_parser("batching", help="static vs continuous batching: a skewed workload, then a stream")
+    batching.add_argument("--slots", type=_positive(int), default=16)
+    batching.add_argument("--long", type=_positive(int), default=2000, help="tokens of the long answer")
+    batching.add_argument("--short", type=_positive(int), default=50, help="tokens of each short answer")
+    batching.add_argument("--num-short", type=_positive(int), default=63)
+    speculate = commands.add_parser("speculate", help="expected speedup of speculative decoding")
+    speculate.add_argument("--alpha", type=float, help="acceptance rate of your draft, 0..1")
+    speculate.add_argument("--k", type=_positive(int), help="draft tokens per step (default: the best)")
+    speculate.add_argument("--c", type=_positive(float, allow_zero=True), default=0.05,
+                           help="draft step cost / target step cost")
+    stack = commands.add_parser("stack", help="vLLM vs TensorRT-LLM vs SGLang")
+    stack.add_argument("--hardware", help="the fleet, e.g. nvidia, amd")
+    stack.add_argument("--priority", choices=("throughput", "latency"), default="throughput")
+    stack.add_argument("--prefix-sharing", action="store_true", help="heavy shared prefixes")
+    stack.add_argument("--structured-output", action="store_true", help="JSON / regex constrained output")
+    # Listed for --help only: main() hands `bench ...` to tools/bench.py before parsing.
+    commands.add_parser("bench", help="measure on this machine, side by side (tools/bench.py; bench --help)")
+    commands.add_parser("status", help="which exercises are done")
+    serve = commands.add_parser("serve", help="serve a toy model over HTTP, OpenAI-compatible, until Ctrl-C")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0: any free port")
+    serve.add_argument("--duration", type=_positive(float), help="stop after this many seconds")
+    for name, value in SERVE_MODEL.items():
+        serve.add_argument(f"--{name.replace('_', '-')}", type=_positive(int), default=value, help="model")
+    serve.add_argument("--seed", type=int, default=0, help="of the model's random weights")
+    serve.add_argument("--block-size", type=_positive(int), default=16)
+    serve.add_argument("--num-blocks", type=_positive(int), help="KV blocks (default: max-num-seqs full sequences)")
+    serve.add_argument("--max-num-seqs", type=_positive(int), default=64)
+    serve.add_argument("--max-num-batched-tokens", type=_positive(int), default=512)
+    serve.add_argument("--no-chunked-prefill", action="store_true")
+    serve.add_argument("--enable-prefix-caching", action="store_true")
+    load = commands.add_parser("loadtest", help="open-loop load test of any OpenAI-compatible server")
+    load.add_argument("--url", required=True, help="e.g. http://127.0.0.1:8000")
+    load.add_argument("--qps", type=_rates, default=[1.0, 2.0, 4.0], help="offered req/s: 1,2,4 (inf: all at once)")
+    load.add_argument("--num-prompts", type=_positive(int), default=50, help="requests per rate")
+    load.add_argument("--workload", choices=list(LOAD_WORKLOADS), default="sharegpt")
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--prompt-format", choices=("token-ids", "text"), default="token-ids",
+                      help="text for servers with a real tokenizer (vLLM)")
+    load.add_argument("--model", help="default: the first model of /v1/models")
+    load.add_argument("--max-model-len", type=_positive(int), help="default: from /v1/models, else 2048")
+    load.add_argument("--slo-ttft-ms", type=_positive(float))
+    load.add_argument("--slo-tpot-ms", type=_positive(float))
+    load.add_argument("--save-workload", metavar="FILE", help="write the requests as JSONL for vllm bench serve")
+    load.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds per request")
+    return parser
+
+
+def run_benchmarks(prog: str, argv: list[str]) -> int:
+    """`python solution.py bench ...` is `python tools/bench.py ... --module solution`: the
+    benchmarks import the module they measure, never the other way round."""
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "bench.py")
+    return subprocess.call([sys.executable, bench, *argv, "--module", os.path.splitext(prog)[0]])
+
+
+def main(lab: ModuleType, argv: list[str] | None = None) -> int:
+    """The command line for the module `lab`; returns the exit status."""
+    prog = os.path.basename(lab.__file__)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        return run_benchmarks(prog, argv[1:])
+    parser = build_parser(lab, prog)
+    args = parser.parse_args(argv)
+    try:
+        if args.command is None:
+            text, stubs = run_all_scenarios(lab)
+            print(text)
+            if stubs:  # name the first exercise to write, not the first scenario that needed one
+                raise NotImplementedError(min(stubs, key=lambda stub: int(re.search(r"\d+", stub).group())))
+        elif args.command == "size":
+            print(scenario_size(lab, args.model, args.gpu, args.max_model_len, args.block_size,
+                                args.gpu_memory_utilization, args.activation_gb, args.tp, args.prompt_len,
+                                args.output_len, args.kv_cache_dtype, args.usd_per_gpu_hour))
+        elif args.command == "batching":
+            print(scenario_batching(lab, args.slots, args.long, args.short, args.num_short))
+        elif args.command == "speculate":
+            print(scenario_speculate(lab, args.alpha, args.k, args.c))
+        elif args.command == "stack":
+            print(scenario_stack(lab, args.hardware, args.priority, args.prefix_sharing, args.structured_output))
+        elif args.command == "serve":
+            model = lab.ToyTransformer(lab.ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}), seed=args.seed)
+            engine = lab.LLMEngine(model, args.num_blocks, args.block_size, args.max_num_seqs,
+                                   args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
+                                   enable_chunked_prefill=not args.no_chunked_prefill)
+            serve(engine, args.host, args.port, args.duration)
+        elif args.command == "loadtest":
+            loadtest(lab, args.url, args.qps, args.num_prompts, args.workload, args.seed, args.prompt_format,
+                     args.model, args.max_model_len, args.slo_ttft_ms, args.slo_tpot_ms, args.save_workload,
+                     args.timeout)
+        else:
+            print(status_report(lab))
+    except ValueError as exc:
+        parser.exit(2, f"{prog} {args.command or ''}: error: {exc}\n".replace("  ", " "))
+    except NotImplementedError as exc:
+        parser.exit(1, f"{prog}: {exc} is still a stub: write it (see `python {prog} status`)\n")
+    return 0

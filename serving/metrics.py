@@ -1,0 +1,49 @@
+"""Prometheus metrics under vLLM's names (vLLM: `vllm/v1/metrics/`): a histogram, and the text
+exposition of the server's gauges and counters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# vLLM's TTFT histogram uses buckets of this shape (ms to tens of seconds); these are the lab's own.
+TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts, sum and count."""
+
+    def __init__(self, bounds: Sequence[float]):
+        self.bounds, self.counts, self.sum, self.count = tuple(bounds), [0] * len(bounds), 0.0, 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.bounds):
+            self.counts[i] += value <= bound
+        self.sum += value
+        self.count += 1
+
+
+def prometheus_text(model_name: str, gauges: dict[str, float], counters: dict[str, int], ttft: Histogram) -> str:
+    """Prometheus text under vLLM's names (prefix-cache counts are in blocks here, tokens in vLLM)."""
+    label = f'model_name="{model_name}"'
+    lines = []
+
+    def metric(name: str, kind: str, text: str, value: float) -> None:
+        lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name}{{{label}}} {value}"])
+
+    metric("vllm:num_requests_running", "gauge", "Requests in the running batch.", gauges["running"])
+    metric("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", gauges["waiting"])
+    metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 means 100 percent.", gauges["kv_usage"])
+    metric("vllm:num_preemptions_total", "counter", "Preemptions by the scheduler.", gauges["preemptions"])
+    metric("vllm:prefix_cache_queries_total", "counter", "Prefix-cache lookups (blocks).", gauges["queries"])
+    metric("vllm:prefix_cache_hits_total", "counter", "Prefix-cache hits (blocks).", gauges["hits"])
+    metric("vllm:prompt_tokens_total", "counter", "Prompt tokens of completed requests.", counters["prompt_tokens"])
+    metric("vllm:generation_tokens_total", "counter", "Generated tokens of completed requests.",
+           counters["generation_tokens"])
+    metric("vllm:request_success_total", "counter", "Completed requests.", counters["requests"])
+    name = "vllm:time_to_first_token_seconds"
+    lines += [f"# HELP {name} Time to first token, from request received to token sent.", f"# TYPE {name} histogram"]
+    for bound, count in zip(ttft.bounds, ttft.counts):
+        lines.append(f'{name}_bucket{{{label},le="{bound}"}} {count}')
+    lines += [f'{name}_bucket{{{label},le="+Inf"}} {ttft.count}',
+              f"{name}_sum{{{label}}} {ttft.sum}", f"{name}_count{{{label}}} {ttft.count}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,122 @@
+"""Tests of the project's own tooling, not the students' spec: lab.py is what make_lab generates,
+the chapter stays a chapter, and what runs it stands above it. Run with the README's test command."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+
+
+def public_api(module) -> dict[str, str]:
+    """Public names defined in the module, with the signatures of functions, classes and methods."""
+    api = {}
+    for name, obj in vars(module).items():
+        if name.startswith("_") or getattr(obj, "__module__", module.__name__) != module.__name__:
+            continue
+        if inspect.isfunction(obj) or inspect.isclass(obj):
+            try:
+                api[name] = str(inspect.signature(obj))
+            except ValueError:  # classes whose signature is a builtin's, e.g. exceptions
+                api[name] = "builtin"
+        if inspect.isclass(obj):
+            for member, value in vars(obj).items():
+                if member.startswith("_") and member != "__init__":
+                    continue
+                if inspect.isfunction(value):
+                    api[f"{name}.{member}"] = str(inspect.signature(value))
+                elif isinstance(value, property):
+                    api[f"{name}.{member}"] = "property"
+        elif not inspect.ismodule(obj) and not callable(obj):
+            api[name] = type(obj).__name__
+    return api
+
+
+@pytest.mark.provided
+def test_lab_and_solution_expose_the_same_public_names_and_signatures():
+    lab_api = public_api(importlib.import_module("lab"))
+    solution_api = public_api(importlib.import_module("solution"))
+    missing = sorted(set(solution_api) - set(lab_api))
+    extra = sorted(set(lab_api) - set(solution_api))
+    differ = sorted(n for n in set(lab_api) & set(solution_api) if lab_api[n] != solution_api[n])
+    assert not (missing or extra or differ), (
+        f"lab.py drifted from solution.py: missing {missing}, extra {extra}, different signatures {differ}; "
+        "regenerate it with `python tools/make_lab.py`"
+    )
+
+
+def load_make_lab():
+    spec = importlib.util.spec_from_file_location("make_lab", ROOT / "tools" / "make_lab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.provided
+def test_make_lab_turns_each_solution_region_into_a_stub_and_keeps_the_rest():
+    source = (
+        "class A:\n"
+        "    def f(self, x):\n"
+        '        """Doc stays."""\n'
+        "        # BEGIN SOLUTION: Exercise 3\n"
+        "        return x + 1\n"
+        "        # END SOLUTION\n"
+    )
+    lab_text = load_make_lab().make_lab(source)
+    assert '"""Doc stays."""' in lab_text and "return x + 1" not in lab_text
+    assert '        raise NotImplementedError("Exercise 3: A.f")\n' in lab_text
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("source", [
+    "def f():\n    # BEGIN SOLUTION: Exercise 1\n    return 1\n",
+    "def f():\n    return 1\n    # END SOLUTION\n",
+    "# BEGIN SOLUTION: Exercise 1\nx = 1\n# END SOLUTION\n",
+], ids=["no-end", "no-begin", "outside-a-function"])
+def test_make_lab_rejects_misplaced_markers(source):
+    with pytest.raises(ValueError):
+        load_make_lab().make_lab(source)
+
+
+@pytest.mark.provided
+def test_the_chapter_stays_a_chapter_and_each_reading_map_says_where():
+    solution, lab_text = (ROOT / "solution.py").read_text(), (ROOT / "lab.py").read_text()
+    titles = [int(m.group(1)) for line in solution.split("\n") if (m := re.match(r"# (\d+)\. ", line))]
+    assert titles == sorted(titles), f"sections must come in their numbered order, found {titles}"
+    assert solution.count("\n") <= 2600 and lab_text.count("\n") <= 2400, (
+        f"solution.py has {solution.count(chr(10))} lines (at most 2,600) and lab.py {lab_text.count(chr(10))} "
+        "(at most 2,400): what a student need not read belongs in serving/ or tools/")
+    for name, text in (("solution.py", solution), ("lab.py", lab_text)):
+        assert load_make_lab().refresh_reading_map(text) == text, (
+            f"the reading map in {name}'s docstring names stale line ranges: run python tools/make_lab.py")
+
+
+@pytest.mark.provided
+def test_serving_is_handed_the_module_and_the_chapter_imports_serving_only_in_main():
+    for path in sorted((ROOT / "serving").glob("*.py")):
+        found = re.findall(r"^\s*(?:from|import) (solution|lab)\b", path.read_text(), re.M)
+        assert not found, f"serving/{path.name} imports {found[0]} by name: hand it the module instead"
+    solution = (ROOT / "solution.py").read_text()
+    main = solution[solution.index('if __name__ == "__main__":'):]
+    before = solution[: solution.index('if __name__ == "__main__":')]
+    assert not re.search(r"^\s*(from|import) serving\b", before, re.M), (
+        "solution.py imports serving/ outside `__main__`: the chapter stands below what runs it")
+    assert "serving.main(" in main, "`python solution.py` must hand the module to serving.main"
+
+
+@pytest.mark.provided
+def test_the_benchmarks_import_the_module_they_measure_and_it_never_imports_them():
+    bench = (ROOT / "tools" / "bench.py").read_text()
+    solution = (ROOT / "solution.py").read_text()
+    assert "import_module(name)" in bench, "tools/bench.py must measure the module it is given (--module)"
+    assert not re.search(r"^(from|import) (tools|bench)\b", solution, re.M), (
+        "solution.py imports the benchmarks: measurement stands beside the model, not inside it")
+    assert not re.search(r"^def bench_", solution, re.M), "benchmark code belongs in tools/bench.py"
