@@ -285,6 +285,10 @@ def exercise4_speed() -> list[str]:
         return [f"speed: your paged_attention looks like a Python loop over tokens ({ratio:.0f}x slower than "
                 f"contiguous attention): vectorise over the tokens of a block",
                 f"       ({where})"]
-    return [f"speed: your paged_attention takes {ratio:.1f}x the time of contiguous attention; a Python loop "
-            f"over tokens takes ~{loop_ratio:.0f}x",
+    # What it compares: the kernel against one contiguous (gathered-in-advance) K/V, on a small
+    # shape, best of a few runs on a shared machine. Correct vectorised kernels land anywhere from
+    # ~2x to ~10x here (the gather through the table is most of the cost, and timings move by
+    # tens of percent between runs); only the loop's order of magnitude is a verdict.
+    return [f"speed: your paged_attention takes {ratio:.1f}x the time of contiguous attention (noisy: a correct "
+            f"vectorised kernel takes ~2-10x); a Python loop over tokens takes ~{loop_ratio:.0f}x",
             f"       ({where})"]

@@ -8,10 +8,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              40-72        checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          73-480       blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   481-1051     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1052-1761    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1762-2138    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2139-2499    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2500-2533    the list of exercises, and `__main__`
+   3. Continuous batching                      1052-1763    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1764-2140    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2141-2502    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2503-2536    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -1258,8 +1258,9 @@ class Scheduler:
 
     Every step: running sequences first, oldest first, each gets its missing tokens (one for
     a decode, a chunk for a prefill) within the `max_num_batched_tokens` budget; then waiting
-    ones, first come first served, while `max_num_seqs`, the budget and free blocks allow.
-    When a running sequence cannot get a block, the most recently admitted running sequence is
+    ones, first come first served, while `max_num_seqs`, the budget and free blocks allow; a
+    step that preempted anyone admits nobody (memory is short: a newcomer would only be the next
+    victim). When a running sequence cannot get a block, the most recently admitted running sequence is
     preempted by recompute: its blocks are freed and it goes back to the FRONT of the waiting
     queue with every token it produced; readmitted, it recomputes prompt + output.
 
@@ -1361,7 +1362,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step (see the class docstring). Never exceeds `max_num_seqs` running
-        sequences or `max_num_batched_tokens` scheduled tokens."""
+        sequences or `max_num_batched_tokens` scheduled tokens; admits no waiting sequence in
+        a step that preempted one."""
         # BEGIN SOLUTION: Exercise 5
         plan = SchedulerOutput()
         budget = self.max_num_batched_tokens
@@ -2434,7 +2436,8 @@ def plan_deployment(
     Raises ValueError for a non-positive length or block size, a utilisation outside (0, 1],
     a negative activation reserve, tp < 1 or tp not dividing the KV heads, traffic whose mean
     prompt + output exceeds `max_model_len`, weights (plus activations) that do not fit the
-    budget (saying by how many GB), and a cache too small for one `max_model_len` sequence.
+    budget (saying by how many GB), and a cache too small for one `max_model_len` sequence
+    (a message with the word "blocks": how many one sequence needs, how many the pool has).
     `model` and `gpu` may be presets' names. `kv_cache_dtype` "fp8" or "int8" stores the KV
     cache at 1 byte per element (`with_kv_cache_dtype`): `kv_bytes_per_token(model)` is then
     half of fp16's, and the same pool holds twice the blocks.

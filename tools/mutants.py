@@ -200,6 +200,8 @@ MUTANTS: list[tuple[str, ...]] = [
     ('a fork shares its parent\'s list of registered hashes', 'exercise3',
      'child._block_hashes = list(self._block_hashes)',
      'child._block_hashes = self._block_hashes'),
+    ('stale V slots not cleared: 0 weight x NaN value', 'exercise4',
+     '            v[past_end] = 0.0\n', '            pass\n'),
     ('online softmax keeps only the current chunk\'s max', 'exercise4',
      'new_max = np.maximum(run_max[:n], scores.max(axis=-1, keepdims=True))',
      'new_max = scores.max(axis=-1, keepdims=True)'),
