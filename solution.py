@@ -8,10 +8,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              40-72        checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          73-480       blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   481-1051     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1052-1763    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1764-2140    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2141-2502    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2503-2536    the list of exercises, and `__main__`
+   3. Continuous batching                      1052-1765    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1766-2142    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2143-2504    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2505-2538    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -1189,8 +1189,6 @@ class SequenceState:
 
     def __init__(self, request: Request, allocator: BlockAllocator):
         self.request = request
-        self.request_id = request.request_id
-        self.sampling = request.sampling
         self.prompt_token_ids = [int(t) for t in request.prompt_token_ids]
         self.output_token_ids: list[int] = []
         self.block_table = BlockTable(allocator, request.cache_salt)
@@ -1208,6 +1206,14 @@ class SequenceState:
     def __repr__(self) -> str:
         return (f"SequenceState({self.request_id!r}, {self.status.value}, {self.num_computed_tokens} of "
                 f"{self.num_tokens} tokens computed, {len(self.output_token_ids)} generated)")
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.request.sampling
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -1418,20 +1424,16 @@ class Scheduler:
         return finished
 
     def _finish(self, seq: SequenceState, reason: str) -> None:
+        """Retire `seq` from whichever queue holds it; its blocks go back to the pool now (a
+        waiting one may hold some: a prompt whose prefill was cut short by a preemption)."""
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
         seq.block_table.free()
-        self.running.remove(seq)
+        (self.running if seq in self.running else self.waiting).remove(seq)
 
     def abort(self, request_id: str) -> SequenceState | None:
         """Drop a waiting or running request now and free its blocks (its client went away).
         Returns its finished record ("abort"), or None when no unfinished request has this id."""
-        for seq in self.waiting:
-            if seq.request_id == request_id:
-                self.waiting.remove(seq)
-                seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
-                seq.block_table.free()  # a preempted sequence holds none; a chunked one may
-                return seq
-        for seq in self.running:
+        for seq in [*self.waiting, *self.running]:
             if seq.request_id == request_id:
                 self._finish(seq, "abort")
                 return seq
