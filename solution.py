@@ -5,13 +5,13 @@ Reading map (this file's own line numbers): the chapter, read top to bottom, eac
 the ideas it needs; the exercises' own code is an afternoon, the whole file a day.
 
    section                                     lines        what it holds
-   0. Conventions                              40-72        checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          73-480       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   481-1051     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1052-1765    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1766-2142    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2143-2504    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2505-2538    the list of exercises, and `__main__`
+   0. Conventions                              40-82        checked arguments: what the exercises start from
+   1. Paged KV-cache (PagedAttention)          83-490       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   491-1061     a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      1062-1775    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1776-2149    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2150-2511    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2512-2545    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -52,10 +52,20 @@ class NotAnIntError(TypeError, ValueError):
     that `except ValueError` (the lab's "bad input") catches it too."""
 
 
+def is_int(value: object) -> bool:
+    """A Python or NumPy integer, and not a bool (True is not 1 here)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_number(value: object) -> bool:
+    """A Python or NumPy real number, and not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
 def check_int(name: str, value: object, minimum: int | None = None) -> int:
     """`value` as a Python int. Python and NumPy integers are accepted; a bool, a float (even
     2.0) or a string is a NotAnIntError naming `name`; below `minimum` is a ValueError."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise NotAnIntError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
@@ -1851,7 +1861,7 @@ def _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs,
     if len(draft) != k:
         raise ValueError(f"got {len(draft)} draft tokens but draft_probs has k = {k} rows")
     for i, x in enumerate(draft):
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+        if not is_int(x):
             raise ValueError(f"draft token {i} is {x!r}; expected an int token id")
         if not 0 <= x < vocab_size:
             raise ValueError(f"draft token {i} is {x}; expected an id in [0, {vocab_size})")
@@ -1933,17 +1943,14 @@ def acceptance_rate(p, q) -> float:
 
 
 def _check_alpha_k(alpha: float, k: int) -> None:
-    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real) \
-            or not 0.0 <= alpha <= 1.0:
+    if not (is_number(alpha) and 0.0 <= alpha <= 1.0):
         raise ValueError(f"alpha is the acceptance rate, a probability in [0, 1]; got {alpha!r}")
-    if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k < 1:
+    if not (is_int(k) and k >= 1):
         raise ValueError(f"k is the number of draft tokens per step, an int >= 1; got {k!r}")
 
 
 def _check_cost(name: str, value: float, allow_zero: bool) -> None:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) \
-        and np.isfinite(value) and (value >= 0 if allow_zero else value > 0)
-    if not ok:
+    if not (is_number(value) and np.isfinite(value) and (value >= 0 if allow_zero else value > 0)):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} is a cost relative to one target decode step, a finite number "
                          f"{bound}; got {value!r}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import numbers
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -84,8 +83,7 @@ def _check_workload(lab: ModuleType, workload: Sequence[tuple[float, int, int]])
         if len(entry) != 3:
             raise ValueError(f"workload[{i}] = {entry!r}; expected (arrival_time, prompt_len, output_len)")
         arrival, prompt_len, output_len = entry
-        if isinstance(arrival, (bool, np.bool_)) or not isinstance(arrival, numbers.Real) \
-                or not 0 <= arrival < math.inf:
+        if not (lab.is_number(arrival) and 0 <= arrival < math.inf):
             raise ValueError(f"workload[{i}]: arrival_time must be a finite number >= 0, got {arrival!r}")
         lab.check_int(f"workload[{i}] prompt_len", prompt_len, minimum=1)
         lab.check_int(f"workload[{i}] output_len", output_len, minimum=1)
