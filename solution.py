@@ -10,8 +10,8 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    2. The model and the paged attention path   491-1061     a GPT-2 that reads its past through block tables (Ex. 4)
    3. Continuous batching                      1062-1775    requests, the scheduler, the engine (Ex. 5)
    4. Speculative decoding                     1776-2149    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2150-2511    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2512-2545    the list of exercises, and `__main__`
+   5. Capacity planning                        2150-2551    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2552-2585    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -2343,7 +2343,10 @@ ALPACA = LengthStats("Alpaca", 19.31, 58.45, "Kwon et al. SOSP'23, Fig. 11b")
 class DeploymentPlan:
     """One serving configuration, sized per GPU (a tensor-parallel group of
     `tensor_parallel_size` GPUs holds one copy of the model and one KV cache, each split
-    evenly: every GPU holds 1/tp of the weights and 1/tp of the KV heads)."""
+    evenly: every GPU holds 1/tp of the weights and 1/tp of the KV heads).
+
+    Fields: what was asked (model ... mean_output_len) and what `plan_deployment` computed
+    (num_kv_blocks ... prefill_s); everything else is derived from those, as properties."""
 
     model: ModelSpec
     gpu: GPUSpec
@@ -2354,23 +2357,66 @@ class DeploymentPlan:
     tensor_parallel_size: int
     mean_prompt_len: float
     mean_output_len: float
-    kv_bytes_per_token_per_gpu: int   # kv_bytes_per_token(model) / tp
-    block_bytes_per_gpu: int          # block_size * kv_bytes_per_token_per_gpu
-    weight_bytes_per_gpu: float       # num_params * dtype_bytes / tp
-    memory_budget_bytes: float        # gpu_memory_utilization * memory_bytes
     num_kv_blocks: int                # physical KV blocks per GPU (same count on every GPU)
-    kv_pool_bytes: int                # num_kv_blocks * block_bytes_per_gpu
-    num_cache_tokens: int             # num_kv_blocks * block_size
     max_concurrent_seqs: int          # sequences that can all reach max_model_len at once
-    ceiling: str                      # "kv-blocks" or "weights": see plan_deployment
-    mean_context_len: float           # context charged per sequence in a decode step
     decode_step_s: float              # one decode step of max_concurrent_seqs sequences
     decode_bound: str                 # "memory-bandwidth" or "compute"
     prefill_s: float                  # prefill of one mean prompt
-    request_latency_s: float          # mean time a request holds its slot (Little's W)
-    qps: float                        # requests/s per tensor-parallel group (Little's law)
-    output_tokens_per_s: float        # qps * mean_output_len
     notes: tuple[str, ...] = ()
+
+    def replan(self, **changes) -> DeploymentPlan:
+        """`plan_deployment` again with the same inputs except `changes` (what-if variants)."""
+        inputs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)[:9]} | changes
+        return plan_deployment(**inputs)
+
+    @property
+    def kv_bytes_per_token_per_gpu(self) -> int:
+        return kv_bytes_per_token(self.model) // self.tensor_parallel_size
+
+    @property
+    def block_bytes_per_gpu(self) -> int:
+        return self.block_size * self.kv_bytes_per_token_per_gpu
+
+    @property
+    def weight_bytes_per_gpu(self) -> float:
+        return self.model.weight_bytes / self.tensor_parallel_size
+
+    @property
+    def memory_budget_bytes(self) -> float:
+        return self.gpu_memory_utilization * self.gpu.memory_bytes
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        return self.num_kv_blocks * self.block_bytes_per_gpu
+
+    @property
+    def num_cache_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+    @property
+    def ceiling(self) -> str:
+        """"kv-blocks" or "weights": see plan_deployment."""
+        return "kv-blocks" if self.kv_pool_bytes > self.weight_bytes_per_gpu else "weights"
+
+    @property
+    def mean_context_len(self) -> float:
+        """The context charged per sequence in a decode step: the prompt plus half the output."""
+        return self.mean_prompt_len + self.mean_output_len / 2
+
+    @property
+    def request_latency_s(self) -> float:
+        """Mean time a request holds its slot (Little's W): its decode steps, plus the prefills
+        of the max_concurrent_seqs requests that turn over in the meantime."""
+        return self.mean_output_len * self.decode_step_s + self.max_concurrent_seqs * self.prefill_s
+
+    @property
+    def qps(self) -> float:
+        """Requests per second per tensor-parallel group (Little's law: L / W)."""
+        return self.max_concurrent_seqs / self.request_latency_s
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.qps * self.mean_output_len
 
 
 # The default traffic: the PagedAttention paper's ShareGPT means.
@@ -2442,6 +2488,10 @@ def plan_deployment(
     `request_latency_s = mean_output_len * decode_step_s + B * prefill_s`, and Little's law
     gives `qps = B / request_latency_s` per tensor-parallel group.
 
+    You return a `DeploymentPlan` of the inputs and the five numbers you computed
+    (num_kv_blocks, max_concurrent_seqs, decode_step_s, decode_bound, prefill_s) plus any
+    notes; the plan derives the rest (KV pool bytes, cache tokens, ceiling, latency, QPS).
+
     Raises ValueError for a non-positive length or block size, a utilisation outside (0, 1],
     a negative activation reserve, tp < 1 or tp not dividing the KV heads, traffic whose mean
     prompt + output exceeds `max_model_len`, weights (plus activations) that do not fit the
@@ -2477,16 +2527,12 @@ def plan_deployment(
             f"one {max_model_len}-token sequence needs {per_seq_blocks} KV blocks but only "
             f"{num_kv_blocks} fit ({num_kv_blocks * block_size} tokens): lower max_model_len "
             f"or raise tensor_parallel_size")
-    kv_pool = num_kv_blocks * block_bytes
 
     context = mean_prompt_len + mean_output_len / 2
     step_bytes = weight_bytes + max_seqs * context * kv_token
     memory_s = step_bytes / gpu.bandwidth_bytes_per_s
     compute_s = 2 * model.num_params * max_seqs / (tp * gpu.flops)
-    decode_s = max(memory_s, compute_s)
     prefill_s = 2 * model.num_params * mean_prompt_len / (tp * gpu.flops)
-    latency = mean_output_len * decode_s + max_seqs * prefill_s
-    qps = max_seqs / latency
 
     notes = []
     if model.max_position_embeddings and max_model_len > model.max_position_embeddings:
@@ -2496,15 +2542,9 @@ def plan_deployment(
         model=model, gpu=gpu, max_model_len=max_model_len, block_size=block_size,
         gpu_memory_utilization=gpu_memory_utilization, activation_bytes=activation_bytes,
         tensor_parallel_size=tp, mean_prompt_len=mean_prompt_len, mean_output_len=mean_output_len,
-        kv_bytes_per_token_per_gpu=kv_token, block_bytes_per_gpu=block_bytes,
-        weight_bytes_per_gpu=weight_bytes, memory_budget_bytes=budget,
-        num_kv_blocks=num_kv_blocks, kv_pool_bytes=kv_pool,
-        num_cache_tokens=num_kv_blocks * block_size, max_concurrent_seqs=max_seqs,
-        ceiling="kv-blocks" if kv_pool > weight_bytes else "weights",
-        mean_context_len=context, decode_step_s=decode_s,
-        decode_bound="memory-bandwidth" if memory_s >= compute_s else "compute",
-        prefill_s=prefill_s, request_latency_s=latency, qps=qps,
-        output_tokens_per_s=qps * mean_output_len, notes=tuple(notes),
+        num_kv_blocks=num_kv_blocks, max_concurrent_seqs=max_seqs, decode_step_s=max(memory_s, compute_s),
+        decode_bound="memory-bandwidth" if memory_s >= compute_s else "compute", prefill_s=prefill_s,
+        notes=tuple(notes),
     )
     # END SOLUTION
 

@@ -28,14 +28,6 @@ def format_plan(lab: ModuleType, plan, usd_per_gpu_hour: float | None = None) ->
     per_seq = lab.blocks_needed(plan.max_model_len, plan.block_size)
     kv_element = m.dtype_bytes if m.kv_dtype_bytes is None else m.kv_dtype_bytes
 
-    def variant(**changes):
-        args = dict(model=m, gpu=g, max_model_len=plan.max_model_len, block_size=plan.block_size,
-                    gpu_memory_utilization=plan.gpu_memory_utilization,
-                    activation_bytes=plan.activation_bytes, tensor_parallel_size=tp,
-                    mean_prompt_len=plan.mean_prompt_len, mean_output_len=plan.mean_output_len)
-        args.update(changes)
-        return lab.plan_deployment(**args)
-
     def pct(part: float) -> str:
         return f"{100 * part / plan.memory_budget_bytes:.0f}%"
 
@@ -67,22 +59,22 @@ def format_plan(lab: ModuleType, plan, usd_per_gpu_hour: float | None = None) ->
     ]
     lines += [f"  note: {note}" for note in plan.notes]
 
-    no_weights = variant(model=dataclasses.replace(m, num_params=1))
+    no_weights = plan.replan(model=dataclasses.replace(m, num_params=1))
     evidence = [f"deleting the weights altogether -> {no_weights.max_concurrent_seqs}"]
     if plan.max_model_len >= 2 * plan.block_size:
-        half = variant(max_model_len=plan.max_model_len // 2,
+        half = plan.replan(max_model_len=plan.max_model_len // 2,
                        mean_prompt_len=min(plan.mean_prompt_len, plan.max_model_len // 4),
                        mean_output_len=min(plan.mean_output_len, plan.max_model_len // 4))
         evidence.append(f"half the context ({plan.max_model_len // 2}) -> {half.max_concurrent_seqs}")
     if m.num_kv_heads > 8 and m.num_kv_heads % 8 == 0 and 8 % tp == 0:
-        gqa = variant(model=dataclasses.replace(m, name=m.name + "-gqa8", num_kv_heads=8))
+        gqa = plan.replan(model=dataclasses.replace(m, name=m.name + "-gqa8", num_kv_heads=8))
         evidence.append(f"a GQA twin with 8 KV heads -> {gqa.max_concurrent_seqs}")
     if kv_element > 1:
-        int8 = variant(model=lab.with_kv_cache_dtype(m, "int8"))
+        int8 = plan.replan(model=lab.with_kv_cache_dtype(m, "int8"))
         evidence.append(f"an 8-bit KV cache (--kv-cache-dtype int8) -> {int8.max_concurrent_seqs} "
                         f"({int8.num_kv_blocks} blocks)")
     mean_len = math.ceil(plan.mean_prompt_len + plan.mean_output_len)
-    typical = variant(max_model_len=mean_len)
+    typical = plan.replan(max_model_len=mean_len)
     if plan.ceiling == "kv-blocks":
         lines.append(
             f"  The KV blocks, not the weights, set the ceiling: the weights take "
