@@ -10,10 +10,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              42-84        checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          85-374       blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   375-892      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      893-1551     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1552-1869    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1870-2230    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2231-2264    the list of exercises, and `__main__`
+   3. Continuous batching                      893-1516     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1517-1834    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1835-2195    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2196-2229    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -979,37 +979,6 @@ class RequestOutput:
         return self.finish_reason is not None
 
 
-def latency_percentiles(values: Sequence[float], name: str) -> dict[str, float]:
-    """mean, p50, p90 and p99 of `values` as {"mean_<name>": ..., "p50_<name>": ...}; NaN when empty."""
-    values = np.asarray(values, dtype=np.float64)
-    stats = {"mean": np.mean, "p50": np.median, "p90": lambda x: np.percentile(x, 90),
-             "p99": lambda x: np.percentile(x, 99)}
-    return {f"{stat}_{name}": float(f(values)) if values.size else math.nan for stat, f in stats.items()}
-
-
-def summarize_serving(outputs: Sequence[RequestOutput], duration: float, num_preemptions: int = 0,
-                      prefix_cache_hit_rate: float = 0.0) -> dict[str, float]:
-    """The numbers of a serving benchmark, named as vLLM's benchmark prints them: mean, p50,
-    p90 and p99 of TTFT, TPOT, ITL and E2E latency (in the unit of the metrics: seconds, or steps
-    for the simulator's step clock), output-token throughput per unit of `duration`, and the
-    counts. Rejected requests count as requests, not in the latencies."""
-    served = [o for o in outputs if o.metrics is not None and o.output_token_ids]
-    samples = {
-        "ttft": [o.metrics.ttft for o in served],
-        "tpot": [o.metrics.tpot for o in served if len(o.output_token_ids) > 1],
-        "itl": [gap for o in served for gap in o.metrics.itl],
-        "e2e": [o.metrics.e2e_latency for o in served],
-    }
-    num_out = sum(len(o.output_token_ids) for o in outputs)
-    summary = {"num_requests": len(outputs), "num_rejected": len(outputs) - len(served),
-               "num_output_tokens": num_out, "duration": duration,
-               "output_throughput": num_out / duration if duration > 0 else math.nan,
-               "num_preemptions": num_preemptions, "prefix_cache_hit_rate": prefix_cache_hit_rate}
-    for name, values in samples.items():
-        summary |= latency_percentiles(values, name)
-    return summary
-
-
 class SequenceStatus(enum.Enum):
     """Where a sequence is: in the waiting queue, in the running batch, or done."""
 
@@ -1543,10 +1512,6 @@ class LLMEngine:
                 self.abort_request(rid)
             raise
         return [results[r.request_id] for r in requests]
-
-    def summary(self, outputs: Sequence[RequestOutput], duration: float) -> dict[str, float]:
-        """summarize_serving with this engine's preemption count and prefix-cache hit rate."""
-        return summarize_serving(outputs, duration, self.num_preemptions, self.prefix_cache_hit_rate)
 
 
 # =====================================================================================

@@ -28,7 +28,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 import serving
 from conftest import lab
-from serving import benchmark_serving, datasets, scenarios, sizing, stacks
+from serving import benchmark_serving, datasets, metrics, scenarios, sizing, stacks
 
 # =====================================================================================
 # Shared references and helpers: the models the tests run, and the plain references
@@ -2062,7 +2062,7 @@ def test_engine_metrics_follow_the_vllm_benchmark_definitions(engine_model):
         assert len(m.itl) == len(out.output_token_ids) - 1 and all(gap > 0 for gap in m.itl)
         assert m.tpot == pytest.approx((m.e2e_latency - m.ttft) / (len(out.output_token_ids) - 1))
         assert m.ttft + sum(m.itl) == pytest.approx(m.e2e_latency)
-    summary = engine.summary(outputs, duration=1.0)
+    summary = metrics.summarize_serving(outputs, duration=1.0)
     assert summary["num_output_tokens"] == 48 and summary["output_throughput"] == 48
     assert summary["p50_ttft"] <= summary["p99_ttft"]
 
@@ -2072,7 +2072,7 @@ def test_summarize_serving_statistics_on_hand_made_metrics():
     outs = [lab.RequestOutput(str(i), [1], [1] * n, lab.RequestMetrics.from_times(0.0, times, times[-1]), "length")
             for i, (n, times) in enumerate(((3, [1.0, 2.0, 4.0]), (1, [2.0])))]
     assert outs[0].metrics.tpot == 1.5 and outs[0].metrics.itl == [1.0, 2.0]
-    summary = lab.summarize_serving(outs, duration=4.0)
+    summary = metrics.summarize_serving(outs, duration=4.0)
     assert summary["mean_ttft"] == 1.5 and summary["p50_e2e"] == 3.0
     assert summary["mean_tpot"] == 1.5, "a one-token request has no TPOT and is left out of it"
     assert summary["output_throughput"] == 1.0

@@ -27,6 +27,7 @@ from types import ModuleType
 import numpy as np
 
 from .datasets import WorkloadRequest, make_workload, poisson_arrival_times, save_workload
+from .metrics import latency_percentiles
 
 MAX_RESPONSE_BYTES = 1 << 20  # one response line or body; a longer one is not a completion stream
 
@@ -67,10 +68,10 @@ def summarize_load(lab: ModuleType, results: Sequence[StreamResult], duration: f
     summary = {"completed": len(metrics), "failed": len(results) - len(metrics), "duration": duration,
                "output_tokens": num_out, "request_throughput": per_second(len(metrics)),
                "output_throughput": per_second(num_out), "goodput": per_second(len(good))}
-    summary |= lab.latency_percentiles([m.ttft for _, m in metrics], "ttft")
-    summary |= lab.latency_percentiles([m.tpot for r, m in metrics if r.num_output_tokens > 1], "tpot")
-    summary |= lab.latency_percentiles([gap for _, m in metrics for gap in m.itl], "itl")
-    summary |= lab.latency_percentiles([m.e2e_latency for _, m in metrics], "e2e")
+    summary |= latency_percentiles([m.ttft for _, m in metrics], "ttft")
+    summary |= latency_percentiles([m.tpot for r, m in metrics if r.num_output_tokens > 1], "tpot")
+    summary |= latency_percentiles([gap for _, m in metrics for gap in m.itl], "itl")
+    summary |= latency_percentiles([m.e2e_latency for _, m in metrics], "e2e")
     return summary
 
 

@@ -16,6 +16,8 @@ from types import ModuleType
 
 import numpy as np
 
+from .metrics import summarize_serving
+
 
 @dataclasses.dataclass(frozen=True)
 class StepCostModel:
@@ -58,7 +60,6 @@ class ServingSimulation:
     outputs_in_steps: list  # the same, metrics in steps
     timeline: list[list[int]]
     output_lens: list[int]
-    lab: ModuleType = dataclasses.field(repr=False, compare=False)
 
     @property
     def throughput(self) -> float:
@@ -71,8 +72,8 @@ class ServingSimulation:
 
     def summary(self, in_steps: bool = False) -> dict[str, float]:
         if in_steps:
-            return self.lab.summarize_serving(self.outputs_in_steps, self.num_steps, self.num_preemptions)
-        return self.lab.summarize_serving(self.outputs, self.duration, self.num_preemptions)
+            return summarize_serving(self.outputs_in_steps, self.num_steps, self.num_preemptions)
+        return summarize_serving(self.outputs, self.duration, self.num_preemptions)
 
 
 def _check_workload(lab: ModuleType, workload: Sequence[tuple[float, int, int]]) -> None:
@@ -146,7 +147,7 @@ def simulate_serving(lab: ModuleType, workload: Sequence[tuple[float, int, int]]
         in_steps.append(dataclasses.replace(s.to_output(), metrics=metrics))
     return ServingSimulation(scheduling, max_num_seqs, num_steps, clock,
                              sum(len(o.output_token_ids) for o in outputs), wasted, scheduler.num_preemptions,
-                             outputs, in_steps, timeline, [o for _, _, o in workload], lab)
+                             outputs, in_steps, timeline, [o for _, _, o in workload])
 
 
 def _occupy_slots(slot_of: dict[str, int], running: list, num_slots: int, waiting: int) -> list[int]:
