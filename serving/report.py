@@ -24,6 +24,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -226,7 +227,8 @@ def _wrap(s: str, width: int) -> list[str]:
     return lines
 
 
-def _block_cell(x: float, y: float, w: float, h: float, blk: dict, bs: int, copy_of: int | None) -> list[str]:
+def _block_cell(x: float, y: float, w: float, h: float, blk: dict, bs: int, copy_of: int | None,
+                snap: int) -> list[str]:
     """One physical block: bands in its holders' colours, the slot ticks, the id and the state."""
     out = []
     if blk["ref_count"] == 0:
@@ -249,7 +251,7 @@ def _block_cell(x: float, y: float, w: float, h: float, blk: dict, bs: int, copy
         if shared:
             out.append(rect(x + w - 27, y + 3, 24, 15, "#ffffff", rx=3))
             out.append(text(x + w - 15, y + 15, f"\u00d7{blk['ref_count']}", size=12, anchor="middle", weight="bold",
-                            label=f"ref-{blk['id']}"))
+                            label=f"ref-{snap}-{blk['id']}"))
     out.append(rect(x + 3, y + 3, 22, 15, "#ffffff", rx=3))
     out.append(text(x + 14, y + 15, blk["id"], size=12, anchor="middle", weight="bold"))
     if copy_of is not None:
@@ -281,7 +283,7 @@ def figure_kv_pool(lab: ModuleType) -> tuple[str, dict]:
         for blk in snap["blocks"]:
             col, rr = blk["id"] % per_row, blk["id"] // per_row
             body += _block_cell(grid_x + col * (cell_w + 4), y0 + rr * (cell_h + 6), cell_w, cell_h, blk, bs,
-                                copy_of.get(blk["id"]))
+                                copy_of.get(blk["id"]), r)
         for i, (name, seq) in enumerate(snap["seqs"].items()):
             y = y0 + 4 + i * 22
             body.append(text(slab_x, y + 12, name, size=12, weight="bold"))
@@ -887,13 +889,14 @@ def figure_capacity(lab: ModuleType) -> tuple[str, dict]:
 # The page
 # =====================================================================================
 
-FIGURES: list[tuple[str, str, Callable[[ModuleType], tuple[str, dict]]]] = [
-    ("kv-pool", "1. The paged KV pool: sharing, copy-on-write, the prefix cache", figure_kv_pool),
-    ("block-table", "2. One block table: positions to blocks and slots", figure_block_table),
-    ("batching", "3. Static vs continuous batching", figure_batching),
-    ("speculative", "4. Speculative decoding: rounds and speedup", figure_speculative),
-    ("latency-load", "5. Latency against offered load", figure_latency_load),
-    ("capacity", "6. The capacity plan", figure_capacity),
+# (id, title, the function that draws it, the exercises whose code it runs)
+FIGURES: list[tuple[str, str, Callable[[ModuleType], tuple[str, dict]], tuple[int, ...]]] = [
+    ("kv-pool", "1. The paged KV pool: sharing, copy-on-write, the prefix cache", figure_kv_pool, (1, 2, 3, 4, 5)),
+    ("block-table", "2. One block table: positions to blocks and slots", figure_block_table, (1, 2)),
+    ("batching", "3. Static vs continuous batching", figure_batching, (1, 2, 3, 5)),
+    ("speculative", "4. Speculative decoding: rounds and speedup", figure_speculative, (1, 2, 4, 6, 7)),
+    ("latency-load", "5. Latency against offered load", figure_latency_load, (1, 2, 3, 5)),
+    ("capacity", "6. The capacity plan", figure_capacity, (1, 8)),
 ]
 
 CSS = """
@@ -931,33 +934,63 @@ def page(title: str, fragments: Sequence[str], subtitle: str) -> str:
             f"<p>{html.escape(subtitle)}</p></header>" + "\n".join(fragments) + "</body></html>\n")
 
 
-def stub_figure(fig_id: str, title: str, stub: str, prog: str) -> str:
+def error_figure(fig_id: str, title: str, exc: Exception) -> str:
+    """The box that stands in for a figure whose run raised: the module's code has a bug there."""
+    message = f"{type(exc).__name__}: {exc}"
+    body = (f'<div class="stub-box" data-error="{html.escape(message, quote=True)}">Not drawn: the run raised '
+            f"<code>{html.escape(message)}</code>. The tests of its exercises will say more.</div>")
+    return figure(fig_id, title, body, "This figure's run failed; the others are drawn.")
+
+
+def stub_figure(fig_id: str, title: str, stub: str, prog: str, needs: Sequence[int]) -> str:
     """The box that stands in for a figure whose exercise is still a stub."""
     body = (f'<div class="stub-box" data-stub="{html.escape(stub, quote=True)}">Not drawn yet: '
             f"<code>{html.escape(stub)}</code> is still a stub. Write it, then run <code>python "
             f"{html.escape(prog)} report</code> again to see this figure drawn from your code.</div>")
-    return figure(fig_id, title, body, f"This figure runs {stub.split(': ', 1)[-1]} ({stub.split(':')[0]}).")
+    return figure(fig_id, title, body, f"This figure runs the code of Exercises {', '.join(map(str, needs))}.")
 
 
-def build_report(lab: ModuleType) -> tuple[str, list[str]]:
-    """The whole report for the module `lab`: (the HTML page, the stubs that kept figures out)."""
+def _exercise_number(stub: str) -> int:
+    """"Exercise 7: speculative_generate" -> 7 (a message of another form sorts last)."""
+    head = stub.split(":", 1)[0].split()
+    return int(head[-1]) if head and head[-1].isdigit() else 1 << 30
+
+
+class Report(NamedTuple):
+    """A built report: the page, the stubs that kept figures out (once each, in exercise order),
+    and the errors other than stubs that did (figure id: exception)."""
+
+    html: str
+    stubs: list[str]
+    errors: list[str]
+
+
+def build_report(lab: ModuleType) -> Report:
+    """The whole report for the module `lab`. A figure whose run hits a stub becomes a box naming
+    the stub; one whose run raises anything else, a box naming the error; the others still draw."""
     prog = os.path.basename(lab.__file__)
-    fragments, stubs = [], []
-    for fig_id, title, make in FIGURES:
+    fragments, stubs, errors = [], [], []
+    for fig_id, title, make, needs in FIGURES:
         try:
             fragment, _ = make(lab)
         except NotImplementedError as exc:
             stubs.append(str(exc))
-            fragment = stub_figure(fig_id, title, str(exc), prog)
+            fragment = stub_figure(fig_id, title, str(exc), prog, needs)
+        except Exception as exc:  # a bug in the module's code: show it, draw the rest
+            errors.append(f"{fig_id}: {type(exc).__name__}: {exc}")
+            fragment = error_figure(fig_id, title, exc)
         fragments.append(fragment)
+    stubs = sorted(set(stubs), key=_exercise_number)
     subtitle = (f"Every figure was drawn from a run of {prog} ({os.path.abspath(lab.__file__)}) on {_now()}. "
-                + (f"Still stubs: {', '.join(stubs)}." if stubs else "Every figure is drawn from your own code."))
-    return page("The inference-serving lab in pictures", fragments, subtitle), stubs
+                + (f"Not drawn yet, still stubs: {', '.join(stubs)}. " if stubs else "")
+                + (f"Failed: {'; '.join(errors)}." if errors else "")
+                + ("Every figure is drawn." if not stubs and not errors else ""))
+    return Report(page("The inference-serving lab in pictures", fragments, subtitle), stubs, errors)
 
 
-def write_report(lab: ModuleType, path: str) -> list[str]:
-    """Write the report to `path`; returns the stubs that kept figures out (empty when none)."""
-    document, stubs = build_report(lab)
+def write_report(lab: ModuleType, path: str) -> Report:
+    """Build the report for `lab` and write its page to `path`."""
+    report = build_report(lab)
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(document)
-    return stubs
+        fh.write(report.html)
+    return report
