@@ -395,7 +395,7 @@ def figure_block_table(lab: ModuleType) -> tuple[str, dict]:
     last = run["last_block_tokens"]
     body.append(text(0, py + 92, f"{n} tokens need blocks_needed({n}, {bs}) = {run['blocks_needed']} blocks; "
                                  f"the last holds {last} of {bs}", size=14, weight="bold", label="summary"))
-    body.append(text(0, py + 114, f"Position {(len(ids) - 1) * bs} (the {(len(ids) - 1) * bs + 1}th token) opened "
+    body.append(text(0, py + 114, f"Position {(len(ids) - 1) * bs} (token number {(len(ids) - 1) * bs + 1}) opened "
                                   f"block {ids[-1]}; positions {n}..{len(ids) * bs - 1} fit without a new block, "
                                   f"position {len(ids) * bs} will need one.", size=13))
     picture = svg(py + 126, body, "One sequence's block table",
@@ -407,8 +407,8 @@ def figure_block_table(lab: ModuleType) -> tuple[str, dict]:
                         f'fill="{INK}"/></marker>'])
     caption = (f"A BlockTable that appended 6 tokens, then 7, while another table took blocks in between: its "
                f"blocks {ids} are scattered in the pool and it does not matter, because token i lives in "
-               f"block_ids[i // {bs}] at offset i % {bs}. Look at the last block: it holds {last} token(s) and "
-               f"{bs - last} empty slots, the only waste paging allows. The boundary rule is blocks_needed: a new "
+               f"block_ids[i // {bs}] at offset i % {bs}. Look at the last block: it holds {last} of its {bs} "
+               f"slots ({bs - last} empty), the only waste paging allows. The boundary rule is blocks_needed: a new "
                f"block opens when a token lands at a position divisible by {bs}, never when a block has just "
                "been filled (the append off-by-one).")
     return figure("block-table", "2. One block table: positions to blocks and slots", picture, caption), run
@@ -581,8 +581,9 @@ def figure_speculative(lab: ModuleType) -> tuple[str, dict]:
             else:
                 fill, fg = "url(#sp-unjudged)", INK
             body.append(rect(x0 + j * cw, y, cw - 3, rh - 3, fill, stroke=INK, stroke_width=0.5))
-            body.append(text(x0 + j * cw + cw / 2 - 1, y + 14, tok, size=11, anchor="middle", fill=fg,
-                             text_decoration="line-through" if j > r["accepted"] or (j == r["accepted"]) else None))
+            body.append(text(x0 + j * cw + cw / 2 - 1, y + 14, f"\u2717{tok}" if j == r["accepted"] else tok, size=11,
+                             anchor="middle", fill=fg, weight="bold" if j == r["accepted"] else None,
+                             text_decoration="line-through" if j > r["accepted"] else None))
         xe = x0 + k * cw + 8
         body.append(rect(xe, y, cw - 3, rh - 3, ORANGE if r["kind"] == "resampled" else SKY, stroke=INK,
                          stroke_width=0.5))
@@ -632,7 +633,7 @@ def figure_speculative(lab: ModuleType) -> tuple[str, dict]:
             f"{run['num_rejected']} rejected, {run['num_bonus']} bonus tokens; alpha {run['alpha']:.3f}; measured "
             f"speedup {run['measured_speedup']:.2f} at k = {k}, formula {run['predicted']:.2f}.")
     picture = svg(height, body, "Speculative decoding rounds and speedup", desc,
-                  defs=[hatch("sp-unjudged", "#bbbbbb")])
+                  defs=[hatch("sp-unjudged", "#dddddd")])
     caption = (f"speculative_generate on a {SPEC_MODEL['n_layer']}-layer toy target and its "
                f"{SPEC['draft_layers']}-layer self-draft, sampled at T = 1, k = {k}: one row per round (verification "
                "pass), token ids in the cells. Each round emits its accepted drafts plus one token from the target's "
@@ -981,7 +982,7 @@ def build_report(lab: ModuleType) -> Report:
             fragment = error_figure(fig_id, title, exc)
         fragments.append(fragment)
     stubs = sorted(set(stubs), key=_exercise_number)
-    subtitle = (f"Every figure was drawn from a run of {prog} ({os.path.abspath(lab.__file__)}) on {_now()}. "
+    subtitle = (f"Figures drawn from runs of {prog} ({os.path.abspath(lab.__file__)}) on {_now()}. "
                 + (f"Not drawn yet, still stubs: {', '.join(stubs)}. " if stubs else "")
                 + (f"Failed: {'; '.join(errors)}." if errors else "")
                 + ("Every figure is drawn." if not stubs and not errors else ""))
