@@ -449,7 +449,7 @@ def _runs(cells: Sequence[int]) -> list[tuple[int, int, int]]:
 def figure_batching(lab: ModuleType) -> tuple[str, dict]:
     run = run_batching(lab)
     p = run["params"]
-    slots, x0, x1 = p["slots"], 120, 900
+    slots, x0, x1 = p["slots"], 150, 910
     max_steps = max(run[s]["num_steps"] for s in ("static", "continuous"))
     sx = _xscale(0, max_steps, x0, x1)
     slot_h, panel_h = 17, p["slots"] * 17 + 58
@@ -567,7 +567,7 @@ def figure_speculative(lab: ModuleType) -> tuple[str, dict]:
     cw, rh, x0, y0 = 44, 21, 78, 44
     body, _ = legend(0, 16, [(GREEN, "draft accepted"), (VERMILLION, "draft rejected"),
                              ("url(#sp-unjudged)", "drafted after a rejection: discarded unjudged"),
-                             (ORANGE, "resampled from the residual"), (SKY, "bonus token (all k accepted)")])
+                             (ORANGE, "resampled from the residual"), (SKY, "bonus token (every draft accepted)")])
     body.append(text(x0, y0 - 6, f"drafted (k = {k})", size=12, fill="#444444"))
     body.append(text(x0 + k * cw + 8, y0 - 6, "+1", size=12, fill="#444444"))
     for i, r in enumerate(rounds):
@@ -916,9 +916,11 @@ table.numbers th { background: #f3f3f3; }
 table.numbers tr.knee td { font-weight: bold; background: #fff3d6; }
 .stub-box { border: 2px dashed #D55E00; background: #fff8f3; padding: 18px 22px; font-size: 16px; }
 code { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size: 0.95em; }
+@page { size: A4 landscape; margin: 10mm; }
 @media print {
   body { max-width: none; padding: 0; font-size: 11pt; }
-  figure { break-inside: avoid; page-break-inside: avoid; }
+  figure { break-inside: avoid; page-break-inside: avoid; margin-top: 12px; }
+  figure svg { max-height: 115mm; }  /* the viewBox keeps the proportions: a tall figure shrinks */
 }
 """
 
