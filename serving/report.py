@@ -543,6 +543,16 @@ def run_speculative(lab: ModuleType) -> dict:
     with _recording_verifications(lab, recorded):
         out = lab.speculative_generate(target, draft, SPEC["prompt"], sampling, k=SPEC["k"])
     k = SPEC["k"]
+    if len(recorded) != len(out.accepted_per_pass):
+        # This speculative_generate verifies without calling lab.accept_or_resample: derive each
+        # round from its accept count, the emitted tokens and the documented draft count
+        # min(k, tokens still wanted - 1); a rejected or discarded draft's id is then unknown (-1).
+        recorded, done = [], 0
+        for accepted in out.accepted_per_pass:
+            emitted = out.token_ids[done : done + accepted + 1]
+            n = min(k, SPEC["max_tokens"] - done - 1)
+            recorded.append((emitted[:accepted] + [-1] * (n - accepted), emitted))
+            done += accepted + 1
     rounds = []
     for (drafts, emitted), accepted in zip(recorded, out.accepted_per_pass):
         bonus = accepted == len(drafts)
@@ -581,8 +591,9 @@ def figure_speculative(lab: ModuleType) -> tuple[str, dict]:
             else:
                 fill, fg = "url(#sp-unjudged)", INK
             body.append(rect(x0 + j * cw, y, cw - 3, rh - 3, fill, stroke=INK, stroke_width=0.5))
-            body.append(text(x0 + j * cw + cw / 2 - 1, y + 14, f"\u2717{tok}" if j == r["accepted"] else tok, size=11,
-                             anchor="middle", fill=fg, weight="bold" if j == r["accepted"] else None,
+            shown = tok if tok >= 0 else "?"
+            body.append(text(x0 + j * cw + cw / 2 - 1, y + 14, f"\u2717{shown}" if j == r["accepted"] else shown,
+                             size=11, anchor="middle", fill=fg, weight="bold" if j == r["accepted"] else None,
                              text_decoration="line-through" if j > r["accepted"] else None))
         xe = x0 + k * cw + 8
         body.append(rect(xe, y, cw - 3, rh - 3, ORANGE if r["kind"] == "resampled" else SKY, stroke=INK,
