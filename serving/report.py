@@ -694,7 +694,7 @@ def latency_figure(rates: Sequence[float], summaries: Sequence[dict], source: st
     plot_rates = [r if r < math.inf else hi * 1.25 for r in rates]  # "all at once" drawn past the last rate
     body = []
     panels = (("TTFT", "ttft", 60, 580, True), ("TPOT", "tpot", 680, 1200, False))
-    py0, py1 = 46, 286
+    py0, py1 = 58, 296
     for name, key, x0, x1, log in panels:
         values = [s[f"{p}_{key}"] * 1e3 for s in summaries for p in ("p50", "p99")
                   if s[f"{p}_{key}"] == s[f"{p}_{key}"]]
@@ -722,9 +722,8 @@ def latency_figure(rates: Sequence[float], summaries: Sequence[dict], source: st
         body.append(text((x0 + x1) / 2, py1 + 36, "offered load (requests/s)", size=12, anchor="middle"))
         if knee is not None:
             kx = sx(plot_rates[rates.index(knee)])
-            body.append(line(kx, py0, kx, py1, stroke=INK, width=1.5, stroke_dasharray="6 4"))
-            body.append(rect(kx + 4, py0 + 2, 94, 18, "#ffffff"))
-            body.append(text(kx + 8, py0 + 15, f"knee: {knee:g} req/s", size=12, weight="bold",
+            body.append(line(kx, py0 - 16, kx, py1, stroke=INK, width=1.5, stroke_dasharray="6 4"))
+            body.append(text(kx + 5, py0 - 6, f"knee: {knee:g} req/s", size=12, weight="bold",
                              label=f"knee-{key}"))
         for p, color, dash in (("p50", BLUE, None), ("p99", VERMILLION, "7 4")):
             pts = [(sx(pr), sy(s[f"{p}_{key}"] * 1e3)) for pr, s in zip(plot_rates, summaries)
@@ -735,7 +734,7 @@ def latency_figure(rates: Sequence[float], summaries: Sequence[dict], source: st
                     body.append(el("circle", cx=f"{x:.1f}", cy=f"{y:.1f}", r=4.5, fill=color))
                 else:
                     body.append(rect(x - 4.5, y - 4.5, 9, 9, color))
-        leg, _ = legend(x0 + 10, py0 + 40, [(BLUE, "p50"), (VERMILLION, "p99")], gap=10)
+        leg, _ = legend(x1 - 110, 24, [(BLUE, "p50"), (VERMILLION, "p99 (dashed)")], gap=10)
         body += leg
     svg_height = py1 + 48
     desc = "; ".join(f"{r:g} req/s: TTFT p50 {_fmt_ms(s['p50_ttft'])} ms p99 {_fmt_ms(s['p99_ttft'])} ms, "
