@@ -3895,6 +3895,28 @@ def test_report_cli_writes_one_self_contained_page_naming_the_stubs_it_needs(tmp
     assert bool(stubbed) == any(fig["stub"] for fig in page.figures.values())
 
 
+@pytest.mark.provided
+def test_report_draws_the_other_figures_when_one_hits_a_stub_and_names_an_error(monkeypatch):
+    def drawn_fine(module):
+        return report.figure("fine", "Fine", report.svg(10, [], "a title", "a description"), "A caption."), {}
+
+    def stubbed(module):
+        raise NotImplementedError("Exercise 2: BlockTable.fork")
+
+    def broken(module):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(report, "FIGURES", [("stubbed", "S", stubbed, (2,)), ("fine", "Fine", drawn_fine, ()),
+                                            ("broken", "B", broken, (1,))])
+    built = report.build_report(lab)
+    figures = ReportPage(built.html).figures
+    assert list(figures) == ["stubbed", "fine", "broken"], "every figure keeps its place"
+    assert figures["stubbed"]["stub"] == "Exercise 2: BlockTable.fork", "a stub's figure is a box naming the stub"
+    assert built.stubs == ["Exercise 2: BlockTable.fork"]
+    assert figures["fine"]["svgs"] == 1 and figures["fine"]["svg_desc"] == "a description"
+    assert built.errors == ["broken: IndexError: list index out of range"], "a failure that is not a stub is named"
+
+
 @pytest.mark.exercise5
 def test_loadtest_html_draws_latency_against_load_from_a_real_run(tmp_path):
     model = lab.ToyTransformer(lab.ModelConfig(**MODEL_CONFIGS["bytes"]))
