@@ -700,18 +700,18 @@ def latency_figure(rates: Sequence[float], summaries: Sequence[dict], source: st
                   if s[f"{p}_{key}"] == s[f"{p}_{key}"]]
         sx = _xscale(0, max(plot_rates) * 1.05, x0, x1)
         body.append(text(x0, 24, f"{name} (ms){', log scale' if log else ''}", size=14, weight="bold"))
-        if log:
-            lo = 10 ** math.floor(math.log10(max(min(values, default=1.0), 1e-3)))
-            top = 10 ** math.ceil(math.log10(max(max(values, default=10.0), lo * 10)))
-            to_y = _xscale(math.log10(lo), math.log10(top), py1, py0)
+        if log:  # decades from the one below the smallest value to the one above the largest
+            positive = [v for v in values if v > 0] or [1.0]
+            e_lo = math.floor(math.log10(max(min(positive), 1e-3)))
+            e_hi = max(math.ceil(math.log10(max(positive))), e_lo + 1)
+            to_y = _xscale(e_lo, e_hi, py1, py0)
 
-            def sy(v, to_y=to_y):
+            def sy(v: float, to_y=to_y) -> float:
                 return to_y(math.log10(v))
-            ticks = [10 ** e for e in range(int(math.log10(lo)), int(math.log10(top)) + 1)]
+            ticks = [10.0 ** e for e in range(e_lo, e_hi + 1)]
         else:
             ticks = _nice_ticks(max(values, default=1.0), 4)
-            to_y = _xscale(0, ticks[-1], py1, py0)
-            sy = to_y  # noqa: E731
+            sy = _xscale(0, ticks[-1], py1, py0)
         for t in ticks:
             body.append(line(x0, sy(t), x1, sy(t), stroke="#e0e0e0"))
             body.append(text(x0 - 6, sy(t) + 4, f"{t:g}", size=11, anchor="end"))
