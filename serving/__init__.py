@@ -14,6 +14,7 @@ is handed the module (or an engine of it), so `python lab.py serve` serves the s
     scenarios.py            the design reviews `python solution.py` prints  (none)
     sizing.py               the capacity plan printout, KV waste            (none)
     stacks.py               vLLM vs TensorRT-LLM vs SGLang, as data         (none)
+    report.py               one HTML page of figures drawn from real runs   (none)
 """
 
 from .api_server import start_server

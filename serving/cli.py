@@ -14,8 +14,9 @@ import sys
 from types import ModuleType
 
 from .api_server import serve
-from .benchmark_serving import loadtest
+from .benchmark_serving import loadtest, server_model_card
 from .datasets import LOAD_WORKLOADS
+from .report import load_report_html, write_report
 from .scenarios import run_all_scenarios, scenario_batching, scenario_speculate
 from .sizing import SEED_SIZING, scenario_size
 from .stacks import scenario_stack
@@ -125,6 +126,9 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     load.add_argument("--slo-tpot-ms", type=_positive(float))
     load.add_argument("--save-workload", metavar="FILE", help="write the requests as JSONL for vllm bench serve")
     load.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds per request")
+    load.add_argument("--html", metavar="FILE", help="also draw latency against load as a self-contained HTML page")
+    report = commands.add_parser("report", help="one HTML file of pictures drawn from runs of this module's code")
+    report.add_argument("--out", default="report.html", help="the file to write (default: report.html here)")
     return parser
 
 
@@ -166,9 +170,25 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
                                    enable_chunked_prefill=not args.no_chunked_prefill)
             serve(engine, args.host, args.port, args.duration)
         elif args.command == "loadtest":
-            loadtest(lab, args.url, args.qps, args.num_prompts, args.workload, args.seed, args.prompt_format,
-                     args.model, args.max_model_len, args.slo_ttft_ms, args.slo_tpot_ms, args.save_workload,
-                     args.timeout)
+            summaries = loadtest(lab, args.url, args.qps, args.num_prompts, args.workload, args.seed,
+                                 args.prompt_format, args.model, args.max_model_len, args.slo_ttft_ms,
+                                 args.slo_tpot_ms, args.save_workload, args.timeout)
+            if args.html:
+                model = args.model or server_model_card(args.url)["id"]
+                with open(args.html, "w", encoding="utf-8") as fh:
+                    fh.write(load_report_html(sorted(args.qps), summaries, args.url, model, args.num_prompts,
+                                              args.workload))
+                print(f"wrote {os.path.abspath(args.html)}")
+        elif args.command == "report":
+            # Exit 0 with the file written even when stubs keep figures out, naming them (as the main
+            # job names the first exercise to write): the other figures are worth looking at.
+            report = write_report(lab, args.out)
+            print(os.path.abspath(args.out))
+            if report.stubs:
+                print(f"some figures are not drawn yet, still stubs: {', '.join(report.stubs)} "
+                      f"(see `python {prog} status`)")
+            if report.errors:  # not a stub: the module's code failed, and that is an error
+                parser.exit(1, f"{prog} report: figures failed: {'; '.join(report.errors)}\n")
         else:
             print(status_report(lab))
     except ValueError as exc:

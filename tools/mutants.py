@@ -232,6 +232,14 @@ MUTANTS: list[tuple[str, ...]] = [
     ('format_plan prints the block size in MB as MiB', 'exercise8',
      '{plan.block_bytes_per_gpu / 2**20:g} MiB',
      '{plan.block_bytes_per_gpu / 1e6:g} MiB', "serving/sizing.py"),
+    ('the report\'s paged utilisation divides by the whole pool, not the blocks in use', 'exercise5',
+     '"paged_utilization": len(filled) / (in_use * bs) if in_use else 0.0',
+     '"paged_utilization": len(filled) / (allocator.num_blocks * bs) if in_use else 0.0', "serving/report.py"),
+    ('the report calls a round that accepted all its (fewer than k) drafts a rejection', 'exercise7',
+     'bonus = accepted == len(drafts)', 'bonus = accepted == k', "serving/report.py"),
+    ('the report plans every context length with the fp16 cache', 'exercise8',
+     'out["seqs"][dtype] = [lab.plan_deployment(p["model"], p["gpu"], n, kv_cache_dtype=dtype).max_concurrent_seqs',
+     'out["seqs"][dtype] = [lab.plan_deployment(p["model"], p["gpu"], n).max_concurrent_seqs', "serving/report.py"),
 ]
 
 
