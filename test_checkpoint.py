@@ -556,3 +556,12 @@ def test_nothing_here_imports_the_lab_modules_by_name():
         for module in ("solution", "lab"):
             imports = f"import {module}" in source or f"from {module} " in source
             assert not imports, f"serving/{name} imports {module}: it must be handed the module instead"
+
+
+@pytest.mark.provided
+def test_the_synthetic_vocabulary_gives_every_id_text_and_round_trips(tmp_path):
+    config = lab.ModelConfig(**(TINY | {"vocab_size": 400}))
+    save_gpt2(tmp_path / "m", config, lab.init_gpt2_weights(config))
+    _, tokenizer = load_gpt2(lab, tmp_path / "m")
+    assert all(len(tokenizer.token_bytes(t)) in (1, 2) for t in range(399)) and tokenizer.eos_token_id == 399
+    assert tokenizer.decode(tokenizer.encode("a synthetic vocabulary")) == "a synthetic vocabulary"

@@ -104,6 +104,25 @@ def _plain_decode(lab: ModuleType, model, prompt: Sequence[int], num_tokens: int
     return out, times[1] - times[0], times[-1] - times[1]
 
 
+def _verify_cost(lab: ModuleType, model, prompt: Sequence[int], k: int, repeats: int) -> float:
+    """How many decode steps one verify pass costs: the best time of a forward pass over k + 1
+    new tokens after the prompt, over the best time of a pass over one (each pass rewrites the
+    same slots, so the cache stays as it was)."""
+    block_size = 16
+    num_blocks = lab.blocks_needed(len(prompt) + k + 1, block_size)
+    table = lab.BlockTable(lab.BlockAllocator(num_blocks, block_size))
+    cache = lab.KVCache(model.config, num_blocks, block_size)
+    table.append_tokens(list(prompt) + [0] * (k + 1))
+    model.forward(cache, [table], [0], [len(prompt)])
+    best = {}
+    for _ in range(1 + repeats):
+        for n in (1, k + 1):
+            start = time.perf_counter()
+            model.forward(cache, [table], [len(prompt)], [n])
+            best[n] = min(best.get(n, np.inf), time.perf_counter() - start)
+    return best[k + 1] / best[1]
+
+
 def speculate_checkpoints(lab: ModuleType, target_dir: str | os.PathLike, draft_dir: str | os.PathLike,
                           prompt: str = DEFAULT_PROMPT, k: int = 4, max_tokens: int = 64,
                           temperature: float = 0.0, seed: int | None = 0, repeats: int = 2) -> str:
@@ -116,8 +135,11 @@ def speculate_checkpoints(lab: ModuleType, target_dir: str | os.PathLike, draft_
     `max_tokens` tokens with no stop token, so every run does the same work; each is timed
     `repeats` times after a warm-up, in turns, and the best time counts. At temperature 0
     the speculative output must equal the target's own greedy tokens; the report says whether
-    it does. Formula alpha: at T > 0, sum(min(p, q)) averaged over the output's positions (p, q
-    from `forward_dense`); at T = 0, how often the two models' argmax agree there.
+    it does. It also times one verify pass of k + 1 tokens against a one-token pass: the
+    formula's speedup assumes they cost the same, which holds on a GPU at small batch and can
+    fail on a CPU, where NumPy's matrix products are not bound by reading the weights alone.
+    Formula alpha: at T > 0, sum(min(p, q)) averaged over the output's positions (p, q from
+    `forward_dense`); at T = 0, how often the two models' argmax agree there.
     """
     target, tokenizer = load_gpt2(lab, target_dir)
     draft, draft_tokenizer = load_gpt2(lab, draft_dir)
@@ -144,6 +166,7 @@ def speculate_checkpoints(lab: ModuleType, target_dir: str | os.PathLike, draft_
         best["speculative"] = min(best["speculative"], time.perf_counter() - start)
     (baseline_time, target_decode), (_, draft_decode) = best["target"], best["draft"]
     spec_time = best["speculative"]
+    verify_cost = _verify_cost(lab, target, ids, k, repeats=max(repeats, 5))
 
     per_pass = getattr(out, "accepted_per_pass", None)
     if per_pass is not None:  # accepts / (accepts + rejections): a round ends at its first rejection
@@ -162,6 +185,7 @@ def speculate_checkpoints(lab: ModuleType, target_dir: str | os.PathLike, draft_
     steps = max(max_tokens - 1, 1)
     c = (draft_decode / steps) / (target_decode / steps)
     passes = max(out.num_target_passes, 1)
+    expected = lab.expected_tokens_per_step(min(alpha, 1.0), k)
     if temperature == 0:
         match = next((i for i, (a, b) in enumerate(zip(out.token_ids, base)) if a != b), None)
         same = ("identical to the target's own greedy tokens" if match is None and len(out.token_ids) == len(base)
@@ -179,12 +203,15 @@ def speculate_checkpoints(lab: ModuleType, target_dir: str | os.PathLike, draft_
         f"  alpha: measured {alpha:.3f} (accepts / judged drafts), formula {formula_alpha:.3f} "
         f"({'argmax agreement' if temperature == 0 else 'sum(min(p, q))'} over the output's positions)",
         f"  tokens per target pass: measured {len(out.token_ids) / passes:.2f}, "
-        f"formula E(alpha, k) = {lab.expected_tokens_per_step(min(alpha, 1.0), k):.2f}",
+        f"formula E(alpha, k) = {expected:.2f}",
         f"  draft cost c = {c:.3f} target steps (decode: draft {1e3 * draft_decode / steps:.1f} ms/token, "
         f"target {1e3 * target_decode / steps:.1f} ms/token)",
+        f"  a verify pass of k + 1 = {k + 1} tokens costs {verify_cost:.2f} target decode steps here "
+        f"(the formula assumes 1: true while a step is bound by reading the weights)",
         f"  speedup: measured {baseline_time / spec_time:.2f}x (target alone {baseline_time:.2f} s, speculative "
-        f"{spec_time:.2f} s), formula speculative_speedup(alpha, k, c) = "
-        f"{lab.speculative_speedup(min(alpha, 1.0), k, c):.2f}x (a verify pass of k + 1 tokens costing one step)",
+        f"{spec_time:.2f} s); formula speculative_speedup(alpha, k, c) = "
+        f"{lab.speculative_speedup(min(alpha, 1.0), k, c):.2f}x, with the measured verify cost "
+        f"E / (k c + {verify_cost:.2f}) = {expected / (k * c + verify_cost):.2f}x",
         f"  output: {same}",
         f"  text: {tokenizer.decode(out.token_ids, skip_special_tokens=True)!r}",
     ])

@@ -63,7 +63,10 @@ def _header(path: str) -> tuple[dict, int, int]:
                 raise ValueError(f"{path}: {size} bytes, too short for a safetensors file (an 8-byte header length "
                                  f"comes first)")
             n = int.from_bytes(prefix, "little")
-            if n > min(size - 8, _MAX_HEADER_BYTES):
+            if n > _MAX_HEADER_BYTES:
+                raise ValueError(f"{path}: the header claims {n} bytes, past the format's limit of "
+                                 f"{_MAX_HEADER_BYTES}: not a safetensors file")
+            if n > size - 8:
                 raise ValueError(f"{path}: the header claims {n} bytes but the file has {size - 8} after the "
                                  f"length: truncated, or not a safetensors file")
             raw = f.read(n)
@@ -289,23 +292,36 @@ def load_gpt2(lab: ModuleType, path: str | os.PathLike) -> tuple[object, GPT2Tok
     return model, GPT2Tokenizer.from_dir(path, vocab_size=config.vocab_size)
 
 
+def synthetic_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A byte-level BPE vocabulary that gives every id of a model text: the 256 bytes as ids
+    0..255, then two-byte tokens, pairs of printable ASCII first, one merge each, and
+    `<|endoftext|>` as the last id. Not trained on anything: for random-weight checkpoints."""
+    if vocab_size < 257 or vocab_size > 256 + 256 * 256 + 1:
+        raise ValueError(f"a synthetic byte-pair vocabulary has 257..{256 + 256 * 256 + 1} ids, got {vocab_size}")
+    chars = bytes_to_unicode()
+    order = [*range(0x20, 0x7F), *(b for b in range(256) if not 0x20 <= b < 0x7F)]
+    vocab = {chars[b]: b for b in range(256)}
+    merges = []
+    for a, b in ((a, b) for a in order for b in order):
+        if len(vocab) == vocab_size - 1:
+            break
+        merges.append((chars[a], chars[b]))
+        vocab[chars[a] + chars[b]] = len(vocab)
+    vocab[ENDOFTEXT] = vocab_size - 1
+    return vocab, merges
+
+
 def save_gpt2(path: str | os.PathLike, config: object, weights: Mapping[str, np.ndarray], dtype: str = "F32",
               tokenizer_files: tuple[dict[str, int], list[tuple[str, str]]] | None = None) -> None:
     """Write a GPT-2 directory that `load_gpt2` (and Hugging Face) reads: config.json,
     model.safetensors in `dtype`, vocab.json and merges.txt.
 
-    `tokenizer_files` = (vocab, merges); by default a byte-level vocabulary with no merges: the
-    256 byte tokens as ids 0..255 and `<|endoftext|>` as the last id (vocab_size must be >= 257).
+    `tokenizer_files` = (vocab, merges); by default `synthetic_bpe(config.vocab_size)`.
     For synthetic checkpoints (tests, benchmarks); the files of a real model come from its hub page.
     """
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
-    if tokenizer_files is None:
-        if config.vocab_size < 257:
-            raise ValueError(f"the default byte vocabulary needs vocab_size >= 257, got {config.vocab_size}")
-        byte_chars = bytes_to_unicode()
-        tokenizer_files = ({byte_chars[b]: b for b in range(256)} | {ENDOFTEXT: config.vocab_size - 1}, [])
-    vocab, merges = tokenizer_files
+    vocab, merges = synthetic_bpe(config.vocab_size) if tokenizer_files is None else tokenizer_files
     hf_config = {
         "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "activation_function": "gelu_new",
         "n_positions": config.n_positions, "n_ctx": config.n_positions, "n_embd": config.n_embd,
