@@ -152,7 +152,9 @@ def gpt2_pretokenize_pattern() -> re.Pattern:
     `\\s` is Unicode's White_Space list. The result can still differ from GPT-2's own regex only
     for a character whose category changed between Unicode versions, or that is unassigned in
     this Python's Unicode (`unicodedata.unidata_version`) and assigned in the `regex` module's
-    (new emoji, new scripts): such a character counts as "other" here.
+    (new emoji, new scripts): such a character counts as "other" here. (Checked against the
+    `regex` module with every code point between letters, digits and spaces: under Python
+    3.11's Unicode 14.0, every one of the 14,049 differences was a code point unassigned here.)
     """
     letters, numbers = _class_of("L"), _class_of("N")
     return re.compile(

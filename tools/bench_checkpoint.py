@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import tempfile
 import time
@@ -71,6 +72,8 @@ def bench_decode(lab, workdir: Path, batch_sizes: list[int], prompt_len: int = 3
         tpot = float(np.mean([o.metrics.tpot for o in outputs]))
         lines.append(f"{batch:>7} {1e3 * tpot:>9.1f} {1 / tpot:>13.1f} {batch / tpot:>15.1f} {wall:>8.1f}")
     lines.append("(TPOT = the time between one output token and the next, vLLM's definition; total = batch / TPOT)")
+    lines.append(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end (other processes share "
+                 f"the cores), OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
     return "\n".join(lines)
 
 
