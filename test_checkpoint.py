@@ -25,6 +25,7 @@ from serving.tokenizer import (
     IncrementalDetokenizer,
     bytes_to_unicode,
     gpt2_pretokenize_pattern,
+    prompt_token_ids,
 )
 
 # =====================================================================================
@@ -565,3 +566,19 @@ def test_the_synthetic_vocabulary_gives_every_id_text_and_round_trips(tmp_path):
     _, tokenizer = load_gpt2(lab, tmp_path / "m")
     assert all(len(tokenizer.token_bytes(t)) in (1, 2) for t in range(399)) and tokenizer.eos_token_id == 399
     assert tokenizer.decode(tokenizer.encode("a synthetic vocabulary")) == "a synthetic vocabulary"
+
+
+@pytest.mark.provided
+def test_a_prompt_is_text_for_the_tokenizer_or_ids_inside_its_vocabulary(hand_tokenizer):
+    assert prompt_token_ids(hand_tokenizer, "low lower") == [9, 11, 10]
+    assert prompt_token_ids(hand_tokenizer, [9, 15]) == [9, 15]
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("prompt, why", [
+    ("", "prompt is empty"), ([], "prompt is empty"), ([16], "prompt: token id 16"), ("x", "prompt: .*0x78"),
+    ([True], "prompt must be"), (["a"], "prompt must be"), (7, "prompt must be"),
+])
+def test_a_bad_prompt_is_a_value_error_that_starts_with_prompt(hand_tokenizer, prompt, why):
+    with pytest.raises(ValueError, match=f"^{why}"):
+        prompt_token_ids(hand_tokenizer, prompt)

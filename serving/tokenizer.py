@@ -337,6 +337,28 @@ class GPT2Tokenizer:
                 and self.special_tokens == other.special_tokens)
 
 
+def prompt_token_ids(tokenizer: Tokenizer, prompt: object) -> list[int]:
+    """A request's prompt as token ids: a string encoded by `tokenizer`, or a list of ids given
+    as they are (each an int inside the vocabulary). Anything else, an empty prompt, or text the
+    tokenizer cannot encode is a ValueError whose message starts with "prompt", for the server's
+    HTTP 400."""
+    if isinstance(prompt, str):
+        try:
+            token_ids = tokenizer.encode(prompt)
+        except ValueError as exc:
+            raise ValueError(f"prompt: {exc}") from None
+    elif isinstance(prompt, list) and all(type(t) is int for t in prompt):
+        outside = [t for t in prompt if not 0 <= t < tokenizer.vocab_size]
+        if outside:
+            raise ValueError(f"prompt: token id {outside[0]} is outside the vocabulary 0..{tokenizer.vocab_size - 1}")
+        token_ids = list(prompt)
+    else:
+        raise ValueError("prompt must be a string or a list of token ids (ints)")
+    if not token_ids:
+        raise ValueError("prompt is empty; expected at least one token")
+    return token_ids
+
+
 # --- streaming text ----------------------------------------------------------------------
 
 
