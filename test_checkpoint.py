@@ -582,3 +582,11 @@ def test_a_prompt_is_text_for_the_tokenizer_or_ids_inside_its_vocabulary(hand_to
 def test_a_bad_prompt_is_a_value_error_that_starts_with_prompt(hand_tokenizer, prompt, why):
     with pytest.raises(ValueError, match=f"^{why}"):
         prompt_token_ids(hand_tokenizer, prompt)
+
+
+@pytest.mark.provided
+@given(st.lists(st.integers(0, 263), max_size=30))
+def test_streaming_gpt2_tokens_joined_equals_decoding_them_without_special_tokens(full_byte_tokenizer, token_ids):
+    detok = IncrementalDetokenizer(full_byte_tokenizer)
+    streamed = "".join(detok.add(t) for t in token_ids) + detok.flush()
+    assert streamed == full_byte_tokenizer.decode(token_ids, skip_special_tokens=True)
