@@ -1,0 +1,217 @@
+"""What the command line does with a GPT-2 checkpoint directory: serve it, generate from it,
+speculate with a pair of them.
+
+    python solution.py generate --model DIR --prompt "..."     -> generate_text
+    python solution.py speculate --target DIR --draft DIR      -> speculate_checkpoints
+    python solution.py serve --model DIR                       -> checkpoint_engine, then the server
+
+Each function is handed the lab module (`lab`) whose engine and speculative decoding it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from types import ModuleType
+
+import numpy as np
+
+from serving.model_loader import load_gpt2
+from serving.tokenizer import GPT2Tokenizer
+
+# A few sentences of ordinary English for `speculate` to continue.
+DEFAULT_PROMPT = ("The city council met on Tuesday to discuss the new budget. After a long debate, the members "
+                  "agreed that")
+
+
+def checkpoint_engine(lab: ModuleType, model_dir: str | os.PathLike, max_num_seqs: int = 4,
+                      **engine_kwargs) -> tuple[object, GPT2Tokenizer]:
+    """`(lab.LLMEngine, tokenizer)` for a checkpoint, its KV-cache sized for `max_num_seqs`
+    sequences of the model's full length (n_positions = the server's max_model_len).
+
+    GPT-2 124M holds 73.7 KB of float32 K/V per token (2 x 12 layers x 768), so the default 4 x
+    1024 tokens take 302 MB; the engine's own default of 64 sequences would take 4.8 GB.
+    """
+    model, tokenizer = load_gpt2(lab, model_dir)
+    return lab.LLMEngine(model, max_num_seqs=max_num_seqs, **engine_kwargs), tokenizer
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _prompt_ids(tokenizer: GPT2Tokenizer, prompt: str, n_positions: int) -> list[int]:
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        raise ValueError("prompt is empty; expected at least one token")
+    if len(ids) >= n_positions:
+        raise ValueError(f"prompt is {len(ids)} tokens; the model's context (n_positions) holds {n_positions}, "
+                         f"with room for at least one output token")
+    return ids
+
+
+def generate_text(lab: ModuleType, model_dir: str | os.PathLike, prompt: str, max_tokens: int = 32,
+                  temperature: float = 0.0, seed: int | None = 0) -> str:
+    """The completion of `prompt` by the checkpoint in `model_dir`, through `lab.LLMEngine`.
+
+    Greedy at temperature 0. Stops at `<|endoftext|>` (not part of the text) or after
+    `max_tokens` tokens, fewer if the context (n_positions) fills up first.
+    """
+    model, tokenizer = load_gpt2(lab, model_dir)
+    ids = _prompt_ids(tokenizer, prompt, model.config.n_positions)
+    max_tokens = min(_positive_int("max_tokens", max_tokens), model.config.n_positions - len(ids))
+    stop = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+    engine = lab.LLMEngine(model, max_num_seqs=1)
+    sampling = lab.SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed, stop_token_ids=stop)
+    out = engine.generate([ids], sampling)[0]
+    if out.finish_reason in ("rejected", "error"):
+        raise RuntimeError(f"the engine did not run the prompt: {out.finish_reason}: {out.finish_detail}")
+    return tokenizer.decode(out.output_token_ids, skip_special_tokens=True)
+
+
+# --- speculation on two checkpoints ------------------------------------------------------
+
+
+def _probs(logits: np.ndarray, temperature: float) -> np.ndarray:
+    z = logits.astype(np.float64) / temperature
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def _plain_decode(lab: ModuleType, model, prompt: Sequence[int], num_tokens: int, temperature: float,
+                  seed: int | None) -> tuple[list[int], float, float]:
+    """The baseline speculation must beat: one paged forward pass per token, on the same
+    block-table machinery `speculative_generate` uses. Returns (tokens, prefill s, decode s)."""
+    block_size = 16
+    num_blocks = lab.blocks_needed(model.config.n_positions, block_size)
+    table = lab.BlockTable(lab.BlockAllocator(num_blocks, block_size))
+    cache = lab.KVCache(model.config, num_blocks, block_size)
+    rng = np.random.default_rng(seed)
+    tokens, out, times = list(prompt), [], [time.perf_counter()]
+    computed = 0
+    while len(out) < num_tokens:
+        cache.copy_blocks(table.append_tokens(tokens[computed:]))
+        logits = model.forward(cache, [table], [computed], [len(tokens) - computed])[-1]
+        computed = len(tokens)
+        token = int(np.argmax(logits)) if temperature == 0 else int(rng.choice(len(logits),
+                                                                            p=_probs(logits, temperature)))
+        out.append(token)
+        tokens.append(token)
+        times.append(time.perf_counter())
+    return out, times[1] - times[0], times[-1] - times[1]
+
+
+def _verify_cost(lab: ModuleType, model, prompt: Sequence[int], k: int, repeats: int) -> float:
+    """How many decode steps one verify pass costs: the best time of a forward pass over k + 1
+    new tokens after the prompt, over the best time of a pass over one (each pass rewrites the
+    same slots, so the cache stays as it was)."""
+    block_size = 16
+    num_blocks = lab.blocks_needed(len(prompt) + k + 1, block_size)
+    table = lab.BlockTable(lab.BlockAllocator(num_blocks, block_size))
+    cache = lab.KVCache(model.config, num_blocks, block_size)
+    table.append_tokens(list(prompt) + [0] * (k + 1))
+    model.forward(cache, [table], [0], [len(prompt)])
+    best = {}
+    for _ in range(1 + repeats):
+        for n in (1, k + 1):
+            start = time.perf_counter()
+            model.forward(cache, [table], [len(prompt)], [n])
+            best[n] = min(best.get(n, np.inf), time.perf_counter() - start)
+    return best[k + 1] / best[1]
+
+
+def speculate_checkpoints(lab: ModuleType, target_dir: str | os.PathLike, draft_dir: str | os.PathLike,
+                          prompt: str = DEFAULT_PROMPT, k: int = 4, max_tokens: int = 64,
+                          temperature: float = 0.0, seed: int | None = 0, repeats: int = 2) -> str:
+    """Measure speculative decoding with a real draft model: alpha, tokens per target pass,
+    the draft's cost c and the speedup, each beside its formula (Leviathan et al. 2023).
+
+    The two checkpoints must share a tokenizer (distilgpt2 drafting for gpt2 do). Runs, in
+    turn: the target alone and the draft alone (one paged pass per token: the baseline, and c =
+    draft decode time / target decode time), then `lab.speculative_generate`. All three make
+    `max_tokens` tokens with no stop token, so every run does the same work; each is timed
+    `repeats` times after a warm-up, in turns, and the best time counts. At temperature 0
+    the speculative output must equal the target's own greedy tokens; the report says whether
+    it does. It also times one verify pass of k + 1 tokens against a one-token pass: the
+    formula's speedup assumes they cost the same, which holds on a GPU at small batch and can
+    fail on a CPU, where NumPy's matrix products are not bound by reading the weights alone.
+    Formula alpha: at T > 0, sum(min(p, q)) averaged over the output's positions (p, q from
+    `forward_dense`); at T = 0, how often the two models' argmax agree there.
+    """
+    target, tokenizer = load_gpt2(lab, target_dir)
+    draft, draft_tokenizer = load_gpt2(lab, draft_dir)
+    if not tokenizer.same_vocabulary(draft_tokenizer):
+        raise ValueError(f"{draft_dir}: its vocab.json/merges.txt differ from {target_dir}'s; a draft must share "
+                         f"the target's tokenizer")
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"{draft_dir}: vocab_size {draft.config.vocab_size}, the target's is "
+                         f"{target.config.vocab_size}; a draft must score the same tokens")
+    k, repeats = _positive_int("k", k), _positive_int("repeats", repeats)
+    n_positions = min(target.config.n_positions, draft.config.n_positions)
+    ids = _prompt_ids(tokenizer, prompt, n_positions)
+    max_tokens = min(_positive_int("max_tokens", max_tokens), n_positions - len(ids))
+
+    sampling = lab.SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    best = {"target": (np.inf, np.inf), "draft": (np.inf, np.inf), "speculative": np.inf}
+    for _ in range(1 + repeats):  # in turns, so drift hits all three alike; the first run warms up
+        base, prefill, decode = _plain_decode(lab, target, ids, max_tokens, temperature, seed)
+        best["target"] = min(best["target"], (prefill + decode, decode))
+        _, prefill, decode = _plain_decode(lab, draft, ids, max_tokens, temperature, seed)
+        best["draft"] = min(best["draft"], (prefill + decode, decode))
+        start = time.perf_counter()
+        out = lab.speculative_generate(target, draft, ids, sampling, k=k)
+        best["speculative"] = min(best["speculative"], time.perf_counter() - start)
+    (baseline_time, target_decode), (_, draft_decode) = best["target"], best["draft"]
+    spec_time = best["speculative"]
+    verify_cost = _verify_cost(lab, target, ids, k, repeats=max(repeats, 5))
+
+    per_pass = getattr(out, "accepted_per_pass", None)
+    if per_pass is not None:  # accepts / (accepts + rejections): a round ends at its first rejection
+        judged = out.num_accepted + sum(1 for a in per_pass if a < k)
+        alpha = out.num_accepted / judged if judged else 0.0
+    else:
+        alpha = out.acceptance_rate
+    text_ids = ids + list(out.token_ids)
+    rows = slice(len(ids) - 1, len(text_ids) - 1)  # the positions that predicted an output token
+    p_logits, q_logits = target.forward_dense(text_ids)[rows], draft.forward_dense(text_ids)[rows]
+    if temperature == 0:
+        formula_alpha = float(np.mean(p_logits.argmax(axis=1) == q_logits.argmax(axis=1)))
+    else:
+        formula_alpha = float(np.minimum(_probs(p_logits, temperature), _probs(q_logits, temperature))
+                              .sum(axis=1).mean())
+    steps = max(max_tokens - 1, 1)
+    c = (draft_decode / steps) / (target_decode / steps)
+    passes = max(out.num_target_passes, 1)
+    expected = lab.expected_tokens_per_step(min(alpha, 1.0), k)
+    if temperature == 0:
+        match = next((i for i, (a, b) in enumerate(zip(out.token_ids, base)) if a != b), None)
+        same = ("identical to the target's own greedy tokens" if match is None and len(out.token_ids) == len(base)
+                else f"DIFFERS from the target's greedy tokens from token {match} on (a near-tie in float32?)")
+    else:
+        same = f"sampled at T = {temperature:g}: the target's distribution, not its tokens"
+
+    def shape(model, where) -> str:
+        cfg = model.config
+        return f"{os.path.basename(os.path.normpath(os.fspath(where)))} (n_layer {cfg.n_layer}, n_embd {cfg.n_embd})"
+
+    return "\n".join([
+        f"Speculative decoding on checkpoints: target {shape(target, target_dir)}, draft {shape(draft, draft_dir)},"
+        f" k = {k}, T = {temperature:g}, {len(out.token_ids)} tokens after a {len(ids)}-token prompt",
+        f"  alpha: measured {alpha:.3f} (accepts / judged drafts), formula {formula_alpha:.3f} "
+        f"({'argmax agreement' if temperature == 0 else 'sum(min(p, q))'} over the output's positions)",
+        f"  tokens per target pass: measured {len(out.token_ids) / passes:.2f}, "
+        f"formula E(alpha, k) = {expected:.2f}",
+        f"  draft cost c = {c:.3f} target steps (decode: draft {1e3 * draft_decode / steps:.1f} ms/token, "
+        f"target {1e3 * target_decode / steps:.1f} ms/token)",
+        f"  a verify pass of k + 1 = {k + 1} tokens costs {verify_cost:.2f} target decode steps here "
+        f"(the formula assumes 1: true while a step is bound by reading the weights)",
+        f"  speedup: measured {baseline_time / spec_time:.2f}x (target alone {baseline_time:.2f} s, speculative "
+        f"{spec_time:.2f} s); formula speculative_speedup(alpha, k, c) = "
+        f"{lab.speculative_speedup(min(alpha, 1.0), k, c):.2f}x, with the measured verify cost "
+        f"E / (k c + {verify_cost:.2f}) = {expected / (k * c + verify_cost):.2f}x",
+        f"  output: {same}",
+        f"  text: {tokenizer.decode(out.token_ids, skip_special_tokens=True)!r}",
+    ])
