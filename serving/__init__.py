@@ -14,11 +14,15 @@ is handed the module (or an engine of it), so `python lab.py serve` serves the s
     scenarios.py            the design reviews `python solution.py` prints  (none)
     sizing.py               the capacity plan printout, KV waste            (none)
     stacks.py               vLLM vs TensorRT-LLM vs SGLang, as data         (none)
+    model_loader.py         a GPT-2 checkpoint from disk (safetensors)      vllm/model_executor/model_loader/
+    tokenizer.py            GPT-2's byte-level BPE, the byte tokenizer      vllm/transformers_utils/tokenizer.py
+    checkpoint_commands.py  generate / speculate / serve on checkpoints     (none)
     report.py               one HTML page of figures drawn from real runs   (none)
 """
 
 from .api_server import start_server
 from .cli import main
+from .model_loader import load_gpt2
 from .simulator import simulate_serving
 
-__all__ = ["main", "start_server", "simulate_serving"]
+__all__ = ["main", "start_server", "simulate_serving", "load_gpt2"]

@@ -17,8 +17,8 @@ from types import ModuleType
 
 import numpy as np
 
-from serving.model_loader import load_gpt2
-from serving.tokenizer import GPT2Tokenizer
+from .model_loader import load_gpt2
+from .tokenizer import GPT2Tokenizer
 
 # A few sentences of ordinary English for `speculate` to continue.
 DEFAULT_PROMPT = ("The city council met on Tuesday to discuss the new budget. After a long debate, the members "
@@ -35,12 +35,6 @@ def checkpoint_engine(lab: ModuleType, model_dir: str | os.PathLike, max_num_seq
     """
     model, tokenizer = load_gpt2(lab, model_dir)
     return lab.LLMEngine(model, max_num_seqs=max_num_seqs, **engine_kwargs), tokenizer
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 def _prompt_ids(tokenizer: GPT2Tokenizer, prompt: str, n_positions: int) -> list[int]:
@@ -62,7 +56,7 @@ def generate_text(lab: ModuleType, model_dir: str | os.PathLike, prompt: str, ma
     """
     model, tokenizer = load_gpt2(lab, model_dir)
     ids = _prompt_ids(tokenizer, prompt, model.config.n_positions)
-    max_tokens = min(_positive_int("max_tokens", max_tokens), model.config.n_positions - len(ids))
+    max_tokens = min(lab.check_int("max_tokens", max_tokens, 1), model.config.n_positions - len(ids))
     stop = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
     engine = lab.LLMEngine(model, max_num_seqs=1)
     sampling = lab.SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed, stop_token_ids=stop)
@@ -73,12 +67,6 @@ def generate_text(lab: ModuleType, model_dir: str | os.PathLike, prompt: str, ma
 
 
 # --- speculation on two checkpoints ------------------------------------------------------
-
-
-def _probs(logits: np.ndarray, temperature: float) -> np.ndarray:
-    z = logits.astype(np.float64) / temperature
-    z = np.exp(z - z.max(axis=-1, keepdims=True))
-    return z / z.sum(axis=-1, keepdims=True)
 
 
 def _plain_decode(lab: ModuleType, model, prompt: Sequence[int], num_tokens: int, temperature: float,
@@ -97,7 +85,7 @@ def _plain_decode(lab: ModuleType, model, prompt: Sequence[int], num_tokens: int
         logits = model.forward(cache, [table], [computed], [len(tokens) - computed])[-1]
         computed = len(tokens)
         token = int(np.argmax(logits)) if temperature == 0 else int(rng.choice(len(logits),
-                                                                            p=_probs(logits, temperature)))
+                                                                            p=lab.token_probs(logits, temperature)))
         out.append(token)
         tokens.append(token)
         times.append(time.perf_counter())
@@ -149,10 +137,10 @@ def speculate_checkpoints(lab: ModuleType, target_dir: str | os.PathLike, draft_
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"{draft_dir}: vocab_size {draft.config.vocab_size}, the target's is "
                          f"{target.config.vocab_size}; a draft must score the same tokens")
-    k, repeats = _positive_int("k", k), _positive_int("repeats", repeats)
+    k, repeats = lab.check_int("k", k, 1), lab.check_int("repeats", repeats, 1)
     n_positions = min(target.config.n_positions, draft.config.n_positions)
     ids = _prompt_ids(tokenizer, prompt, n_positions)
-    max_tokens = min(_positive_int("max_tokens", max_tokens), n_positions - len(ids))
+    max_tokens = min(lab.check_int("max_tokens", max_tokens, 1), n_positions - len(ids))
 
     sampling = lab.SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     best = {"target": (np.inf, np.inf), "draft": (np.inf, np.inf), "speculative": np.inf}
@@ -168,20 +156,15 @@ def speculate_checkpoints(lab: ModuleType, target_dir: str | os.PathLike, draft_
     spec_time = best["speculative"]
     verify_cost = _verify_cost(lab, target, ids, k, repeats=max(repeats, 5))
 
-    per_pass = getattr(out, "accepted_per_pass", None)
-    if per_pass is not None:  # accepts / (accepts + rejections): a round ends at its first rejection
-        judged = out.num_accepted + sum(1 for a in per_pass if a < k)
-        alpha = out.num_accepted / judged if judged else 0.0
-    else:
-        alpha = out.acceptance_rate
+    alpha = lab.estimate_alpha(out, k)  # accepts / judged drafts: a round ends at its first rejection
     text_ids = ids + list(out.token_ids)
     rows = slice(len(ids) - 1, len(text_ids) - 1)  # the positions that predicted an output token
     p_logits, q_logits = target.forward_dense(text_ids)[rows], draft.forward_dense(text_ids)[rows]
     if temperature == 0:
         formula_alpha = float(np.mean(p_logits.argmax(axis=1) == q_logits.argmax(axis=1)))
     else:
-        formula_alpha = float(np.minimum(_probs(p_logits, temperature), _probs(q_logits, temperature))
-                              .sum(axis=1).mean())
+        formula_alpha = float(np.minimum(lab.token_probs(p_logits, temperature),
+                                         lab.token_probs(q_logits, temperature)).sum(axis=1).mean())
     steps = max(max_tokens - 1, 1)
     c = (draft_decode / steps) / (target_decode / steps)
     passes = max(out.num_target_passes, 1)

@@ -15,6 +15,7 @@ from types import ModuleType
 
 from .api_server import serve
 from .benchmark_serving import loadtest, server_model_card
+from .checkpoint_commands import generate_text, speculate_checkpoints
 from .datasets import LOAD_WORKLOADS
 from .report import load_report_html, write_report
 from .scenarios import run_all_scenarios, scenario_batching, scenario_speculate
@@ -91,6 +92,19 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     speculate.add_argument("--k", type=_positive(int), help="draft tokens per step (default: the best)")
     speculate.add_argument("--c", type=_positive(float, allow_zero=True), default=0.05,
                            help="draft step cost / target step cost")
+    speculate.add_argument("--target", metavar="DIR", help="a GPT-2 checkpoint directory: measure on real text")
+    speculate.add_argument("--draft", metavar="DIR", help="its draft, sharing the tokenizer (e.g. distilgpt2)")
+    speculate.add_argument("--prompt", help="the text to continue (with --target/--draft)")
+    speculate.add_argument("--max-tokens", type=_positive(int), default=64, help="with --target/--draft")
+    speculate.add_argument("--temperature", type=_positive(float, allow_zero=True), default=0.0,
+                           help="with --target/--draft")
+    generate = commands.add_parser("generate", help="continue a prompt with a GPT-2 checkpoint from disk")
+    generate.add_argument("--model", metavar="DIR", required=True, help="config.json, model.safetensors, vocab.json, "
+                                                                       "merges.txt")
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--max-tokens", type=_positive(int), default=32)
+    generate.add_argument("--temperature", type=_positive(float, allow_zero=True), default=0.0)
+    generate.add_argument("--seed", type=int, default=0)
     stack = commands.add_parser("stack", help="vLLM vs TensorRT-LLM vs SGLang")
     stack.add_argument("--hardware", help="the fleet, e.g. nvidia, amd")
     stack.add_argument("--priority", choices=("throughput", "latency"), default="throughput")
@@ -159,8 +173,16 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
                                 args.output_len, args.kv_cache_dtype, args.usd_per_gpu_hour))
         elif args.command == "batching":
             print(scenario_batching(lab, args.slots, args.long, args.short, args.num_short))
+        elif args.command == "speculate" and (args.target or args.draft):
+            if not (args.target and args.draft):
+                parser.exit(2, f"{prog} speculate: error: --target and --draft go together\n")
+            extra = {"prompt": args.prompt} if args.prompt else {}
+            print(speculate_checkpoints(lab, args.target, args.draft, k=args.k or 4, max_tokens=args.max_tokens,
+                                        temperature=args.temperature, **extra))
         elif args.command == "speculate":
             print(scenario_speculate(lab, args.alpha, args.k, args.c))
+        elif args.command == "generate":
+            print(generate_text(lab, args.model, args.prompt, args.max_tokens, args.temperature, args.seed))
         elif args.command == "stack":
             print(scenario_stack(lab, args.hardware, args.priority, args.prefix_sharing, args.structured_output))
         elif args.command == "serve":

@@ -26,7 +26,7 @@ from types import ModuleType
 
 import numpy as np
 
-from serving.tokenizer import ENDOFTEXT, GPT2Tokenizer, bytes_to_unicode
+from .tokenizer import ENDOFTEXT, GPT2Tokenizer, bytes_to_unicode
 
 # safetensors dtype -> (little-endian storage dtype, converted to float32?)
 _DTYPES = {
