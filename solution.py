@@ -8,10 +8,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              40-72        checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          73-480       blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   481-1051     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1052-2056    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     2057-2433    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2434-2794    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2795-2828    the list of exercises, and `__main__`
+   3. Continuous batching                      1052-2049    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     2050-2430    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2431-2791    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2792-2825    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -1063,26 +1063,18 @@ class _PagedBatch:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """How to pick each output token, with vLLM's fields and meanings. Temperature 0 is greedy.
+    """How to pick each output token: vLLM's fields, meanings and ranges. Temperature 0 is greedy.
 
-    Stopping: after `max_tokens` output tokens ("length"), at the engine's EOS token unless
-    `ignore_eos`, or at a token in `stop_token_ids` (both "stop"; the token is kept in the
-    output, as vLLM keeps it). Before `min_tokens` outputs neither EOS nor a stop token can
-    be sampled (`process_logits` masks them) nor end the request.
-
-    The sampler (`process_logits`, then `sample_token`), in vLLM v1's order: `logit_bias`
-    (token id -> number added to its logit), the penalties (`apply_penalties`), then greedy
-    argmax at T = 0, else divide by `temperature`, keep tokens of probability >= `min_p` x the
-    top one, the `top_k` largest logits (0 or -1: all), the most likely tokens up to mass
-    `top_p`, and draw `rng.choice(V, p=softmax)` once per output token from the request's
-    `np.random.default_rng(seed)`.
-
-    `logprobs=k` reports for every output token the log-probability of the sampled token and
-    of the k most likely ones; `prompt_logprobs=k` the same for every prompt token but the
-    first; both from the model's raw logits (vLLM's default "raw_logprobs": before bias,
-    penalties, temperature and filters). `n` samples of one prompt share its KV blocks
-    (`LLMEngine`); sample i draws from `default_rng(seed + i)` (vLLM's rule), so a seeded
-    sample i equals the single-sample request with seed + i. n > 1 needs temperature > 0.
+    A run stops after `max_tokens` outputs ("length"), at the engine's EOS token unless
+    `ignore_eos`, or at a token of `stop_token_ids` (both "stop"; the token is kept, as vLLM
+    does); before `min_tokens` outputs EOS and stop tokens are masked. The sampler, in vLLM v1's
+    order (`process_logits`, `sample_token`): `logit_bias` (token id -> added to its logit), the
+    penalties (`apply_penalties`), argmax at T = 0; else / `temperature`, `min_p`, `top_k` (0 or
+    -1: off), `top_p`, and one draw `rng.choice` per token from `np.random.default_rng(seed)`.
+    `logprobs` / `prompt_logprobs` = k: the chosen token's and the top k log-probabilities of each
+    output / prompt token, from the raw logits (vLLM's default "raw_logprobs"). `n` samples share
+    the prompt's KV blocks; sample i draws from `default_rng(seed + i)`, as vLLM seeds them, so it
+    equals the single sample with seed + i. n > 1 needs temperature > 0 (as in vLLM).
     """
 
     temperature: float = 0.0
@@ -1410,7 +1402,7 @@ class Scheduler:
 
     def _num_cached_tokens(self, seq: SequenceState, token_ids: list[int]) -> int:
         """Leading tokens whose K/V allocate_prompt will reuse (a peek: no reference is taken).
-        None for a request still owed prompt logprobs: it needs the logits of every prompt row
+        0 for a request still owed prompt logprobs: it needs the logits of every prompt row
         (vLLM skips reading the prefix cache for it too)."""
         if not self.allocator.enable_prefix_caching or seq.needs_prompt_logprobs:
             return 0
@@ -2019,7 +2011,8 @@ class LLMEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; one RequestOutput per prompt, in order.
+        """Run every prompt to completion; one RequestOutput per prompt, in order (with n > 1
+        its `.outputs` hold the n samples).
 
         `sampling` is one SamplingParams for all, or one per prompt. Every prompt is checked
         before any work starts, so a bad one raises ValueError and nothing runs. Requests
@@ -2376,6 +2369,10 @@ def speculative_generate(
     """
     prompt = list(prompt_token_ids)
     check_request(Request("speculative", prompt, sampling), target.config)
+    unsupported = [f.name for f in dataclasses.fields(SamplingParams)[4:] if getattr(sampling, f.name) != f.default]
+    if unsupported:  # never silently ignored
+        raise ValueError(f"speculative_generate samples with temperature, max_tokens, seed and stop_token_ids "
+                         f"only; got {', '.join(unsupported)}")
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft vocabulary {draft.config.vocab_size} != target vocabulary {target.config.vocab_size}")
     k = check_int("k", k, minimum=1)

@@ -2316,6 +2316,12 @@ def test_token_logprobs_are_the_raw_log_softmax_with_the_sampled_token_first():
     assert list(lab.token_logprobs(logits[:1], [1], 2)[0]) == [1, 3], "a sampled token among the top k appears once"
 
 
+@pytest.mark.provided
+def test_speculative_generation_refuses_the_sampling_fields_it_does_not_apply(spec_target):
+    with pytest.raises(ValueError, match="top_p"):
+        lab.speculative_generate(spec_target, spec_target, [1, 2, 3], lab.SamplingParams(temperature=1.0, top_p=0.5))
+
+
 def engine_run(model, prompt, sampling, **engine_args):
     return lab.LLMEngine(model, block_size=4, **engine_args).generate([prompt], sampling)[0]
 
