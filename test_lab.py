@@ -1795,6 +1795,28 @@ def test_seeded_sampling_draws_from_softmax_of_logits_over_the_temperature(engin
         ([1, 2], {"stop_token_ids": (99,)}, "stop_token_ids"),
         ([1, 2], {"temperature": float("inf")}, "temperature"),
         ([1, 2], {"temperature": float("nan")}, "temperature"),
+        ([1, 2], {"temperature": True}, "temperature"),
+        ([1, 2], {"temperature": 1.0, "top_p": 0.0}, "top_p"),
+        ([1, 2], {"top_p": 1.5}, "top_p"),
+        ([1, 2], {"top_p": float("nan")}, "top_p"),
+        ([1, 2], {"top_k": -2}, "top_k"),
+        ([1, 2], {"top_k": 2.0}, "top_k"),
+        ([1, 2], {"min_p": 1.5}, "min_p"),
+        ([1, 2], {"presence_penalty": 2.5}, "presence_penalty"),
+        ([1, 2], {"frequency_penalty": -3}, "frequency_penalty"),
+        ([1, 2], {"repetition_penalty": 0.0}, "repetition_penalty"),
+        ([1, 2], {"repetition_penalty": float("inf")}, "repetition_penalty"),
+        ([1, 2], {"logit_bias": {99: 1.0}}, "logit_bias"),
+        ([1, 2], {"logit_bias": {1: float("nan")}}, "logit_bias"),
+        ([1, 2], {"logit_bias": [1, 2]}, "logit_bias"),
+        ([1, 2], {"min_tokens": 5}, "min_tokens"),
+        ([1, 2], {"min_tokens": -1}, "min_tokens"),
+        ([1, 2], {"ignore_eos": "yes"}, "ignore_eos"),
+        ([1, 2], {"logprobs": -1}, "logprobs"),
+        ([1, 2], {"prompt_logprobs": 1.5}, "prompt_logprobs"),
+        ([1, 2], {"n": 0}, "n must"),
+        ([1, 2], {"n": True}, "n must"),
+        ([1, 2], {"n": 2}, "n must be 1 when sampling greedily"),
     ],
 )
 def test_bad_input_is_a_value_error_that_names_the_request_and_runs_nothing(engine_model, prompt, params, why):
@@ -2168,6 +2190,369 @@ def test_hundreds_of_requests_under_memory_pressure_finish_in_seconds(engine_mod
         f"expected preemptions under pressure and no leak: {engine.num_preemptions} preemptions, "
         f"{engine.allocator.num_free_blocks} of 60 blocks free")
     assert elapsed < 10, f"300 requests took {elapsed:.1f} s"
+
+
+# -- Sampling as vLLM does it (provided code: the sampler's fields; the engine runs them) --------
+#
+# The reference is vLLM's sampler written out plainly, token by token, in the order of vLLM v1's
+# Sampler: min_tokens masking, logit bias, penalties, (greedy), temperature, min_p, top_k, top_p.
+
+
+def reference_probs(logits, sp, prompt=(), output=(), eos=None):
+    """The distribution vLLM samples from (one-hot at temperature 0), in plain Python floats."""
+    x, vocab = [float(v) for v in logits], len(logits)
+    if len(output) < sp.min_tokens:
+        for t in [*sp.stop_token_ids, *([] if eos is None else [eos])]:
+            x[t] = -math.inf
+    for t, bias in (sp.logit_bias or {}).items():
+        x[t] += bias
+    for t in range(vocab):
+        if t in prompt or t in output:
+            x[t] = x[t] / sp.repetition_penalty if x[t] > 0 else x[t] * sp.repetition_penalty
+        x[t] -= sp.frequency_penalty * list(output).count(t) + sp.presence_penalty * (t in output)
+    if sp.temperature == 0:
+        best = max(range(vocab), key=lambda t: (x[t], -t))
+        return np.eye(vocab)[best]
+    top = max(x)
+    w = [math.exp((v - top) / sp.temperature) for v in x]  # w[t] = p[t] / p_max
+    keep = [t for t in range(vocab) if w[t] > 0 and w[t] >= sp.min_p]
+    if 0 < sp.top_k < vocab:
+        kth = sorted((x[t] for t in keep), reverse=True)[min(sp.top_k, len(keep)) - 1]
+        keep = [t for t in keep if x[t] >= kth]
+    if sp.top_p < 1:
+        mass, kept, total = 0.0, [], sum(w[t] for t in keep)
+        for t in sorted(keep, key=lambda t: -w[t]):
+            if mass >= sp.top_p:
+                break
+            kept.append(t)
+            mass += w[t] / total
+        keep = kept
+    p = np.zeros(vocab)
+    p[keep] = [w[t] for t in keep]
+    return p / p.sum()
+
+
+def reference_run(model, prompt, sp, eos=None):
+    """One request alone, without cache or batch: (tokens, finish_reason, stop_reason)."""
+    rng, out = np.random.default_rng(sp.seed), []
+    while True:
+        p = reference_probs(model.forward_dense(list(prompt) + out)[-1], sp, prompt, out, eos)
+        token = int(np.argmax(p)) if sp.temperature == 0 else int(rng.choice(len(p), p=p))
+        out.append(token)
+        if len(out) >= sp.min_tokens and token == eos and not sp.ignore_eos:
+            return out, "stop", None
+        if len(out) >= sp.min_tokens and token in sp.stop_token_ids:
+            return out, "stop", token
+        if len(out) >= sp.max_tokens:
+            return out, "length", None
+
+
+def log_softmax(row):
+    row = np.asarray(row, dtype=np.float64)
+    return row - row.max() - np.log(np.exp(row - row.max()).sum())
+
+
+ROW = np.log(np.array([0.05, 0.30, 0.02, 0.15, 0.40, 0.03, 0.01, 0.04]))  # V = 8, a hand-made row
+
+
+def draws(sampling, logits=ROW, n=300, **history):
+    rng = np.random.default_rng(sampling.seed)
+    return [lab.sample_token(logits, sampling, rng, **history) for _ in range(n)]
+
+
+def reference_draws(p, seed, n=300):
+    rng = np.random.default_rng(seed)
+    return [int(rng.choice(len(p), p=p)) for _ in range(n)]
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("field, value, support", [
+    ("top_k", 2, {4, 1}), ("top_k", 3, {4, 1, 3}), ("top_k", -1, set(range(8))), ("top_k", 0, set(range(8))),
+    ("top_p", 0.5, {4, 1}),          # 0.40 < 0.5, so 0.30 (the token that crosses the mass) is kept
+    ("top_p", 0.69, {4, 1}),         # 0.40 + 0.30 reaches 0.69: nothing more
+    ("top_p", 0.71, {4, 1, 3}),
+    ("min_p", 0.5, {4, 1}),          # p >= 0.5 * 0.40
+    ("min_p", 0.11, {4, 1, 3, 0}),
+])
+def test_each_filter_keeps_exactly_the_tokens_vllm_keeps_and_renormalises(field, value, support):
+    sampling = lab.SamplingParams(temperature=1.0, seed=5, **{field: value})
+    got = draws(sampling)
+    p = np.exp(ROW) * np.isin(np.arange(8), list(support))
+    assert set(got) <= support, f"{field}={value} sampled {sorted(set(got) - support)}, outside {sorted(support)}"
+    assert got == reference_draws(p / p.sum(), 5), (
+        f"{field}={value}: one draw rng.choice(V, p) per token from the kept tokens' renormalised softmax")
+
+
+@pytest.mark.provided
+def test_min_p_is_relative_to_the_top_probability_after_the_temperature():
+    sampling = lab.SamplingParams(temperature=0.5, min_p=0.3, seed=3)  # at T = 0.5: p ~ p_1**2
+    p = reference_probs(ROW, sampling)
+    assert set(np.flatnonzero(p)) == {4, 1}, "the reference itself: 0.15**2 / 0.40**2 < 0.3"
+    assert draws(sampling) == reference_draws(p, 3)
+
+
+@pytest.mark.provided
+def test_min_p_top_k_and_top_p_compose_in_vllm_order_after_the_temperature():
+    sampling = lab.SamplingParams(temperature=1.5, min_p=0.08, top_k=4, top_p=0.8, seed=11)
+    p = reference_probs(ROW, sampling)
+    assert draws(sampling, n=400) == reference_draws(p, 11, n=400), (
+        "temperature, then min_p, then top_k, then top_p on what is left (renormalised), then one draw")
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("params", [
+    dict(repetition_penalty=2.0), dict(repetition_penalty=0.5), dict(presence_penalty=1.5),
+    dict(presence_penalty=-1.0), dict(frequency_penalty=0.7), dict(frequency_penalty=-2.0),
+    dict(logit_bias={2: 3.0, 4: -1.0}), dict(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25),
+    dict(logit_bias={0: 2.0, 4: -4.0}, repetition_penalty=2.0),  # the bias comes first, then the penalty
+])
+def test_penalties_and_logit_bias_shift_the_logits_as_vllm_does(params):
+    logits = np.array([1.5, -0.5, 0.2, -2.0, 3.0, 0.0, -1.0, 0.7], dtype=np.float32)
+    prompt, output = [0, 1, 1], [4, 4, 3, 4, 6]  # 0 and 1 only in the prompt; 4 three times in the output
+    sampling = lab.SamplingParams(**params)
+    got = lab.process_logits(logits, sampling, prompt, output)
+    x = logits.astype(np.float64)
+    for t in range(8):
+        x[t] += (params.get("logit_bias") or {}).get(t, 0.0)
+        if t in prompt + output:  # repetition: over prompt and output; positive / r, negative * r
+            r = params.get("repetition_penalty", 1.0)
+            x[t] = x[t] / r if x[t] > 0 else x[t] * r
+        x[t] -= params.get("frequency_penalty", 0.0) * output.count(t)
+        x[t] -= params.get("presence_penalty", 0.0) * (t in output)
+    np.testing.assert_allclose(got, x, rtol=1e-6, atol=1e-6, err_msg=(
+        f"{params}: logit_bias is added; repetition_penalty divides a seen token's positive logit and multiplies "
+        "a negative one (prompt and output); frequency_penalty counts output occurrences; presence_penalty once"))
+
+
+@pytest.mark.provided
+def test_min_tokens_masks_stop_tokens_and_eos_until_reached():
+    logits = np.array([0.0, 5.0, 4.0, 0.0], dtype=np.float32)  # greedy wants 1, then 2
+    sampling = lab.SamplingParams(stop_token_ids=(1,), min_tokens=2)
+    assert lab.sample_token(logits, sampling, None, [0], [3], eos_token_id=2) == 0, (
+        "with 1 of min_tokens=2 outputs, the stop token 1 and the EOS token 2 are at -inf")
+    assert lab.sample_token(logits, sampling, None, [0], [3, 3], eos_token_id=2) == 1, (
+        "once min_tokens outputs exist, nothing is masked")
+
+
+@pytest.mark.provided
+def test_token_logprobs_are_the_raw_log_softmax_with_the_sampled_token_first():
+    logits = np.array([[0.5, 2.0, -1.0, 1.0], [3.0, 3.0, 0.0, -5.0]], dtype=np.float32)
+    got = lab.token_logprobs(logits, [2, 3], 2)
+    assert [list(d) for d in got] == [[2, 1, 3], [3, 0, 1]], "the sampled token, then the top 2 (ties: lower id)"
+    for d, row in zip(got, logits):
+        for token, value in d.items():
+            assert value == pytest.approx(log_softmax(row)[token], abs=1e-5)
+    assert list(lab.token_logprobs(logits[:1], [1], 2)[0]) == [1, 3], "a sampled token among the top k appears once"
+
+
+@pytest.mark.provided
+def test_speculative_generation_refuses_the_sampling_fields_it_does_not_apply(spec_target):
+    with pytest.raises(ValueError, match="top_p"):
+        lab.speculative_generate(spec_target, spec_target, [1, 2, 3], lab.SamplingParams(temperature=1.0, top_p=0.5))
+
+
+def engine_run(model, prompt, sampling, **engine_args):
+    return lab.LLMEngine(model, block_size=4, **engine_args).generate([prompt], sampling)[0]
+
+
+@pytest.mark.exercise5
+@pytest.mark.parametrize("params", [
+    dict(temperature=1.0, top_k=5), dict(temperature=1.0, top_p=0.6), dict(temperature=0.8, min_p=0.15),
+    dict(temperature=1.0, presence_penalty=1.5), dict(temperature=1.0, frequency_penalty=1.0),
+    dict(temperature=1.0, repetition_penalty=1.8), dict(temperature=1.0, logit_bias={3: 2.5, 9: 1.5}),
+    dict(repetition_penalty=2.0), dict(frequency_penalty=0.8), dict(presence_penalty=-2.0),
+    dict(temperature=1.3, top_k=8, top_p=0.9, min_p=0.05, presence_penalty=0.5, repetition_penalty=1.2),
+])
+def test_the_engine_samples_each_field_as_the_plain_reference(engine_model, params):
+    prompt = random_prompts(1, seed=31)[0]
+    sampling = lab.SamplingParams(max_tokens=14, seed=9, **params)
+    want, _, _ = reference_run(engine_model, prompt, sampling)
+    plain, _, _ = reference_run(engine_model, prompt, lab.SamplingParams(
+        max_tokens=14, seed=9, temperature=params.get("temperature", 0.0)))
+    assert want != plain, f"the test's own check: {params} must change this run"
+    out = engine_run(engine_model, prompt, sampling, max_num_batched_tokens=8)  # chunked prefill too
+    assert out.output_token_ids == want, (
+        f"{params}: the engine drew other tokens than vLLM's sampler on the sequence's own prompt and output")
+
+
+@pytest.mark.exercise5
+def test_eos_ends_a_request_as_stop_with_no_stop_reason_unless_ignore_eos(engine_model):
+    prompt = random_prompts(1, seed=32)[0]
+    free_run = greedy_reference(engine_model, prompt, 12)
+    eos = free_run[3]
+    out = engine_run(engine_model, prompt, lab.SamplingParams(max_tokens=12), eos_token_id=eos)
+    assert out.output_token_ids == free_run[: free_run.index(eos) + 1], "EOS ends the request and is kept"
+    assert (out.finish_reason, out.stop_reason) == ("stop", None), "EOS: finish_reason 'stop', stop_reason None"
+    out = engine_run(engine_model, prompt, lab.SamplingParams(max_tokens=12, ignore_eos=True), eos_token_id=eos)
+    assert out.output_token_ids == free_run and out.finish_reason == "length", "ignore_eos: EOS is a token"
+
+
+@pytest.mark.exercise5
+def test_stop_reason_is_the_stop_token_that_ended_the_request(engine_model):
+    prompt = random_prompts(1, seed=2)[0]
+    stop = greedy_reference(engine_model, prompt, 12)[4]
+    out = engine_run(engine_model, prompt, lab.SamplingParams(max_tokens=12, stop_token_ids=(63, stop)))
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+    assert out.outputs[0].stop_reason == stop and out.outputs[0].finish_reason == "stop"
+    assert engine_run(engine_model, prompt, lab.SamplingParams(max_tokens=3)).stop_reason is None
+
+
+@pytest.mark.exercise5
+@pytest.mark.parametrize("min_tokens", [2, 6])
+def test_min_tokens_keeps_eos_and_stop_tokens_out_until_reached(engine_model, min_tokens):
+    prompt = random_prompts(1, seed=32)[0]
+    free_run = greedy_reference(engine_model, prompt, 12)
+    eos, stop = free_run[0], free_run[2]
+    sampling = lab.SamplingParams(max_tokens=12, min_tokens=min_tokens, stop_token_ids=(stop,))
+    want = reference_run(engine_model, prompt, sampling, eos)
+    assert want[1] == "stop", "the test's own check: the reference must stop (after min_tokens)"
+    out = engine_run(engine_model, prompt, sampling, eos_token_id=eos)
+    assert (out.output_token_ids, out.finish_reason, out.stop_reason) == want, (
+        f"min_tokens={min_tokens}: EOS and stop tokens are masked (and end nothing) before min_tokens outputs")
+
+
+@pytest.mark.exercise5
+def test_logprobs_are_the_raw_log_softmax_of_each_sampled_position(engine_model):
+    prompt = random_prompts(1, seed=33)[0]
+    sampling = lab.SamplingParams(temperature=1.5, top_k=6, max_tokens=10, seed=4, logprobs=3)
+    out = engine_run(engine_model, prompt, sampling)
+    assert out.output_token_ids == reference_run(engine_model, prompt, sampling)[0]
+    assert len(out.logprobs) == len(out.output_token_ids) and out.outputs[0].logprobs == out.logprobs
+    for i, (token, got) in enumerate(zip(out.output_token_ids, out.logprobs)):
+        want = log_softmax(engine_model.forward_dense(prompt + out.output_token_ids[:i])[-1])
+        top3 = [int(t) for t in np.argsort(-want, kind="stable")[:3]]
+        assert list(got) == list(dict.fromkeys([token, *top3])), f"position {i}: the sampled token, then the top 3"
+        for t, value in got.items():
+            assert value == pytest.approx(want[t], abs=1e-4), (
+                f"position {i}, token {t}: logprobs are log_softmax of the RAW logits (vLLM's raw_logprobs), "
+                "before temperature, penalties and filters")
+    assert engine_run(engine_model, prompt, lab.SamplingParams(max_tokens=3)).logprobs is None
+
+
+@pytest.mark.exercise5
+@pytest.mark.parametrize("engine_args", [dict(), dict(max_num_batched_tokens=8),
+                                         dict(enable_prefix_caching=True, max_num_batched_tokens=8)])
+def test_prompt_logprobs_cover_every_prompt_token_but_the_first(engine_model, engine_args):
+    prompt = random_prompts(1, seed=34, low=20, high=30)[0]
+    dense = engine_model.forward_dense(prompt)
+    engine = lab.LLMEngine(engine_model, block_size=4, **engine_args)
+    sampling = lab.SamplingParams(max_tokens=2, prompt_logprobs=2)
+    for run in range(2):  # the second run finds the prompt in the prefix cache, when it is on
+        out = engine.generate([prompt], sampling)[0]
+        assert len(out.prompt_logprobs) == len(prompt) and out.prompt_logprobs[0] is None, (
+            f"run {run}: one entry per prompt token, None for the first (nothing predicts it)")
+        for t in range(1, len(prompt)):
+            got, want = out.prompt_logprobs[t], log_softmax(dense[t - 1])
+            assert next(iter(got)) == prompt[t] and len(got) in (2, 3), f"prompt token {t}: itself, then the top 2"
+            assert got[prompt[t]] == pytest.approx(want[prompt[t]], abs=1e-4), (
+                f"run {run}, prompt token {t}: the logprob of prompt[t] under the logits of position t - 1")
+        assert out.output_token_ids == greedy_reference(engine_model, prompt, 2)
+
+
+@pytest.mark.exercise5
+def test_the_engine_computes_logits_only_for_the_rows_it_uses(engine_model, monkeypatch):
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_batched_tokens=8)
+    rows, forward = [], engine.model.forward
+
+    def recording(*args, logits_indices=None, **kwargs):
+        logits = forward(*args, logits_indices=logits_indices, **kwargs)
+        rows.append(len(logits))
+        return logits
+
+    monkeypatch.setattr(engine.model, "forward", recording)
+    engine.generate([list(range(1, 20))], lab.SamplingParams(max_tokens=3))
+    assert sum(rows) == 3, f"without prompt_logprobs only sampling rows get logits: {rows}"
+    rows.clear()
+    engine.generate([list(range(1, 20))], lab.SamplingParams(max_tokens=3, prompt_logprobs=0))
+    assert sum(rows) == 3 + 18, f"prompt_logprobs adds one row per prompt token but the last: {rows}"
+
+
+@pytest.mark.exercise5
+def test_n_samples_share_the_prompt_blocks_once_and_each_equals_its_seeded_single_sample(engine_model):
+    prompt, n = list(range(5, 21)), 4  # 16 tokens = 4 full blocks of 4
+    sampling = lab.SamplingParams(temperature=1.0, max_tokens=6, seed=21, n=n)
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
+    request_id = engine.add_request(prompt, sampling)
+    first = engine.step()  # the prompt's prefill: every sample draws its first token
+    assert [len(c.output_token_ids) for c in first[0].outputs] == [1] * n, "all n samples start in the prefill step"
+    table = engine.scheduler.running[0].block_table
+    assert engine.allocator.num_blocks - engine.allocator.num_free_blocks == 4, (
+        "n samples of a 16-token prompt hold its 4 blocks ONCE (forked tables share them), not n times")
+    assert [engine.allocator.ref_count(b) for b in table.block_ids] == [n] * 4, "each prompt block: n references"
+    outputs = []
+    while engine.has_unfinished():
+        outputs += [o for o in engine.step() if o.request_id == request_id]
+    out = outputs[-1]
+    assert out.finished and [c.index for c in out.outputs] == list(range(n))
+    for i, c in enumerate(out.outputs):
+        alone = lab.LLMEngine(engine_model, block_size=4).generate(
+            [prompt], lab.SamplingParams(temperature=1.0, max_tokens=6, seed=21 + i))[0]
+        assert c.output_token_ids == alone.output_token_ids and c.finish_reason == "length", (
+            f"sample {i} must equal the single-sample request with seed + {i} (vLLM's seeds for n)")
+    assert out.output_token_ids == out.outputs[0].output_token_ids, "the top-level fields are sample 0's"
+    assert len({tuple(c.output_token_ids) for c in out.outputs}) > 1, "samples of temperature 1 should differ"
+    assert engine.allocator.num_free_blocks == 64, "blocks leaked"
+
+
+@pytest.mark.exercise5
+def test_a_partial_last_prompt_block_is_copied_on_write_for_each_sample(engine_model):
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
+    engine.add_request(list(range(5, 19)), lab.SamplingParams(temperature=1.0, max_tokens=6, seed=1, n=3))
+    engine.step()
+    assert engine.allocator.num_blocks - engine.allocator.num_free_blocks == 4, "14 tokens: 4 blocks, shared"
+    engine.step()  # each sample writes its first token into the shared partial block
+    assert engine.allocator.num_blocks - engine.allocator.num_free_blocks == 4 + 2, (
+        "3 samples writing into one shared partial block: 2 copies (the last writer owns the original)")
+
+
+@pytest.mark.exercise5
+@pytest.mark.parametrize("scheduling, num_blocks", [("continuous", 20), ("static", None)])
+def test_n_samples_under_memory_pressure_or_static_batching_still_equal_their_single_samples(
+        engine_model, scheduling, num_blocks):
+    prompts = random_prompts(6, seed=35, low=8, high=20)
+    sampling = [lab.SamplingParams(temperature=1.0, max_tokens=10, seed=s, n=3) for s in range(6)]
+    engine = lab.LLMEngine(engine_model, num_blocks=num_blocks, block_size=4, max_num_seqs=9,
+                           max_num_batched_tokens=32, scheduling=scheduling)
+    outputs = engine.generate(prompts, sampling)
+    if scheduling == "continuous":
+        assert engine.num_preemptions > 0, "20 blocks for 18 samples must preempt (forked samples too)"
+    assert [o.request_id for o in outputs] == [str(i) for i in range(6)], "one RequestOutput per prompt, in order"
+    for k, (out, prompt) in enumerate(zip(outputs, prompts)):
+        for i, c in enumerate(out.outputs):
+            want = reference_run(engine_model, prompt, lab.SamplingParams(temperature=1.0, max_tokens=10, seed=k + i))
+            assert c.output_token_ids == want[0], f"prompt {k} sample {i} changed ({out.num_preemptions} preemptions)"
+    assert sum(o.num_preemptions for o in outputs) == engine.num_preemptions
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, "blocks leaked"
+
+
+@pytest.mark.exercise5
+def test_the_samples_of_a_request_count_against_max_num_seqs(engine_model):
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_seqs=4)
+    plans = record_schedules(engine)
+    prompts = random_prompts(5, seed=36, low=4, high=10)
+    outputs = engine.generate(prompts, [lab.SamplingParams(temperature=1.0, max_tokens=5, seed=1, n=3),
+                                        *[lab.SamplingParams(max_tokens=5)] * 4])
+    assert all(o.finish_reason == "length" for o in outputs)
+    assert max(len(plan.scheduled) for plan, _ in plans) <= 4, "n samples take n of the max_num_seqs seats"
+    big = engine.generate([[1, 2]], lab.SamplingParams(temperature=1.0, max_tokens=2, n=5))[0]
+    assert big.finish_reason == "rejected" and "max_num_seqs" in big.finish_detail, (
+        "n = 5 samples can never run with max_num_seqs = 4: rejected, with the reason")
+
+
+@pytest.mark.exercise5
+def test_aborting_an_n_sample_request_aborts_every_sample_and_frees_the_blocks(engine_model):
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
+    rid = engine.add_request(list(range(1, 11)), lab.SamplingParams(temperature=1.0, max_tokens=20, n=3, seed=2))
+    engine.step()
+    engine.step()
+    assert engine.abort_request(rid) is True and engine.abort_request(rid) is False
+    outs = engine.step()
+    assert len(outs) == 1 and outs[0].finish_reason == "abort", "one output for the request, finished"
+    assert [c.finish_reason for c in outs[0].outputs] == ["abort"] * 3
+    assert engine.allocator.num_free_blocks == 64 and not engine.has_unfinished()
+    assert engine.add_request(list(range(1, 11)), lab.SamplingParams(temperature=1.0, n=3)) == "1"
+    with pytest.raises(ValueError, match="in flight"):
+        engine.add_request(lab.Request("2_1", [1, 2]))  # sample 2 of request "1" runs under that id
 
 
 # =====================================================================================
