@@ -3366,7 +3366,8 @@ def test_concurrent_streaming_clients_get_the_tokens_of_greedy_decoding_alone(se
 
     def client(i):
         try:
-            events[i] = stream_events(server, prompt=prompts[i], max_tokens=max_tokens[i], temperature=0)
+            events[i] = stream_events(server, prompt=prompts[i], max_tokens=max_tokens[i], temperature=0,
+                                      return_token_ids=True)
         except Exception as exc:  # noqa: BLE001 - reported below, stub first
             errors.append(exc)
 
@@ -3395,7 +3396,7 @@ def test_concurrent_streaming_clients_get_the_tokens_of_greedy_decoding_alone(se
 def test_a_completion_has_its_tokens_text_and_usage(server, engine_model):
     prompt = "!(*/+"  # bytes 33..47: inside the 64-token vocabulary
     expected = greedy_reference(engine_model, list(prompt.encode()), 7)
-    body = complete(server, prompt=prompt, max_tokens=7)
+    body = complete(server, prompt=prompt, max_tokens=7, temperature=0, return_token_ids=True)
     assert body["object"] == "text_completion" and body["model"] == server.model_name
     choice = body["choices"][0]
     assert choice["token_ids"] == expected, "a string prompt is its UTF-8 bytes as token ids"
@@ -3407,8 +3408,8 @@ def test_a_completion_has_its_tokens_text_and_usage(server, engine_model):
 def test_a_stop_token_ends_the_stream_and_usage_comes_last(server, engine_model):
     prompt = random_prompts(1, seed=41)[0]
     free_run = greedy_reference(engine_model, prompt, 10)
-    events = stream_events(server, prompt=prompt, max_tokens=10, stop_token_ids=[free_run[3]],
-                           stream_options={"include_usage": True})
+    events = stream_events(server, prompt=prompt, max_tokens=10, stop_token_ids=[free_run[3]], temperature=0,
+                           return_token_ids=True, stream_options={"include_usage": True})
     chunks, usage, done = events[:-2], events[-2], events[-1]
     stop_at = free_run.index(free_run[3]) + 1
     assert [c["choices"][0]["token_ids"][0] for c in chunks] == free_run[:stop_at]
