@@ -394,8 +394,8 @@ class CompletionServer:
             if watcher is not None:
                 watcher.cancel()
             for request_id, state in states.items():
-                if not state.finished or state.stopped_by_string:
-                    self._bridge.abort(request_id)  # a no-op for a request the engine finished
+                if not state.finished:  # the client went, or a choice failed: the rest must not run on
+                    self._bridge.abort(request_id)
 
     async def _updates(self, gen: GenerateRequest, states: dict, queue: asyncio.Queue, received: float):
         """(state, Delta) per RequestOutput, until every choice is finished."""
