@@ -3895,7 +3895,7 @@ def test_rule7_one_connection_carries_several_requests(server):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
     try:
         for method, path, body, status in [("GET", "/health", None, 200), ("POST", "/v1/completions", "{", 400),
-                                           ("GET", "/v1/models", None, 200), ("HEAD", "/v1/models", None, 200)]:
+                                           ("HEAD", "/v1/models", None, 200), ("GET", "/v1/models", None, 200)]:
             conn.request(method, path, body)
             resp = conn.getresponse()
             data = resp.read()
@@ -3927,6 +3927,14 @@ def test_rule7_connection_close_is_honoured(server):
     reply = raw_exchange(server, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 200") and b"Connection: close" in reply, (
         "rule 7: after Connection: close the server answers and closes")
+
+
+@pytest.mark.provided
+def test_rule7_head_is_get_without_the_body(server):
+    reply = raw_exchange(server, b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Content-Length: " in head and body == b"", (
+        f"rule 7: HEAD answers GET's head (its Content-Length) and no body; got {body[:80]!r} after the head")
 
 
 @pytest.mark.provided

@@ -273,7 +273,7 @@ def _as_list(prompt: object) -> list:
 
 def check_model(fields: Fields, served_model: str) -> None:
     model = fields.get("model", (str,), None, "a string")
-    if model is not None and model != served_model:
+    if model and model != served_model:  # absent or "": the served model, as vLLM
         raise model_not_found(model)
 
 
@@ -412,8 +412,11 @@ def build_request(lab: ModuleType, fields: Fields, kind: str, response_id: str, 
     for request in requests[::n]:  # the engine's own checks, so that a bad request never reaches it
         try:
             lab.check_request(request, config)
-        except ValueError as exc:
-            raise APIError(str(exc)) from None
+        except ValueError as exc:  # the checks above should have caught it: name the field it mentions
+            param = next((name for name in ("max_tokens", "temperature", "seed", "stop_token_ids", "cache_salt",
+                                            *ENGINE_FIELDS) if name in str(exc)), "prompt" if kind == "completion"
+                         else "messages")
+            raise APIError(str(exc), param=param) from None
     return GenerateRequest(
         kind, response_id, prompts, [t if t is not None else tokenizer.decode(p) for t, p in zip(texts, prompts)],
         requests, n, stream, include_usage, continuous_usage, stop, frozenset(stop_ids),

@@ -249,9 +249,11 @@ MUTANTS: list[tuple[str, ...]] = [
      "serving/api_server.py"),
     ("close() waits for idle keep-alive connections", "provided",
      "            if conn.idle:  # between requests: nothing to finish, so no reason to wait for it\n"
-     "                task.cancel()\n", "", "serving/api_server.py"),
+     "                task.cancel()\n",
+     "            if conn.idle:  # between requests: nothing to finish, so no reason to wait for it\n"
+     "                pass\n", "serving/api_server.py"),
     ("model name not checked", "provided",
-     "if model is not None and model != served_model:", "if False:", "serving/protocol.py"),
+     "if model and model != served_model:", "if False:", "serving/protocol.py"),
     ("temperature defaults to greedy", "provided",
      'f.number("temperature", 1.0,', 'f.number("temperature", 0.0,', "serving/protocol.py"),
     ("an unsupported engine field silently ignored", "provided",
