@@ -3670,6 +3670,19 @@ def test_rule1_an_unsupported_field_with_a_value_that_asks_for_nothing_is_accept
 
 
 @pytest.mark.exercise5
+def test_rule1_n_samples_each_prompt_with_seeds_seed_plus_j_prompt_major(server):
+    body = complete(server, prompt=[[1, 2, 3], [4, 5]], n=2, seed=5, max_tokens=4, return_token_ids=True)
+    choices = body["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3], "rule 1: one choice per prompt and sample"
+    for i, prompt in enumerate([[1, 2, 3], [4, 5]]):
+        for j in range(2):
+            alone = complete(server, prompt=prompt, seed=5 + j, max_tokens=4, return_token_ids=True)
+            assert choices[2 * i + j]["token_ids"] == alone["choices"][0]["token_ids"], (
+                f"rule 1: choice {2 * i + j} is sample {j} of prompt {i}, drawn with seed {5 + j}")
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 16, "total_tokens": 21}
+
+
+@pytest.mark.exercise5
 def test_rule2_a_stop_string_across_tokens_cuts_the_text_there(byte_server):
     free = complete(byte_server, prompt="abc", max_tokens=24, temperature=0)["choices"][0]["text"]
     stop = free[4:7]  # three tokens' text: found only across token boundaries

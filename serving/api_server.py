@@ -444,11 +444,13 @@ class CompletionServer:
         if gen.logprobs is None:
             return None
         fmt = LogprobFormatter(self.tokenizer, gen.return_tokens_as_token_ids)
-        if with_prompt and gen.echo:
+        if gen.echo:  # the choice's text starts with the prompt's: offsets move past it
             prompt, text = self._prompt_of(gen, state)
-            entries = list(state.prompt_logprobs or [None] * len(prompt))[:len(prompt)] + list(entries)
-            token_ids = list(prompt) + list(token_ids)
-            offsets = prompt_offsets(self.tokenizer, prompt) + [o + len(text) for o in offsets]
+            offsets = [o + len(text) for o in offsets]
+            if with_prompt:
+                entries = list(state.prompt_logprobs or [None] * len(prompt))[:len(prompt)] + list(entries)
+                token_ids = list(prompt) + list(token_ids)
+                offsets = prompt_offsets(self.tokenizer, prompt) + offsets
         return fmt.completion(token_ids, entries, offsets, gen.logprobs)
 
     def _choice(self, gen: GenerateRequest, state: ChoiceState, delta: Delta | None, first: bool) -> dict:

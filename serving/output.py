@@ -154,11 +154,13 @@ class LogprobFormatter:
         (an entry of None, the first prompt token's, gives nulls)."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": list(offsets)}
         for token_id, entry in zip(token_ids, entries):
-            pairs = dict(ranked(entry))
+            pairs = ranked(entry)
+            chosen = dict(pairs).get(token_id, -9999.0)  # vLLM's floor for a logprob it lacks
             out["tokens"].append(self.token(token_id))
-            out["token_logprobs"].append(pairs.get(token_id) if entry is not None else None)
-            out["top_logprobs"].append(None if entry is None else
-                                       {self.token(t): lp for t, lp in list(pairs.items())[:k]})
+            out["token_logprobs"].append(None if entry is None else chosen)
+            # The chosen token first, then the k most likely (vLLM's order: up to k + 1 entries).
+            top = [(token_id, chosen)] + [(t, lp) for t, lp in pairs[:k] if t != token_id]
+            out["top_logprobs"].append(None if entry is None else {self.token(t): lp for t, lp in top})
         return out
 
     def chat(self, token_ids: list[int], entries: list, k: int) -> dict:
