@@ -4002,6 +4002,8 @@ ODD_JSON = [  # (body, the field it names or None for the body)
     (b'{"prompt": [1], "max_tokens": 1' + b"0" * 400 + b"}", "max_tokens"),
     (b'{"prompt": [1], "n": 1' + b"0" * 400 + b"}", "n"),
     (b'{"prompt": [1], "seed": 1' + b"0" * 400 + b"}", "seed"),
+    (b'{"prompt": [1], "repetition_penalty": 1e400}', "repetition_penalty"),
+    (b'{"prompt": [1], "temperature": 1e400}', "temperature"),
     (b'{"prompt": [1], "top_p": 1' + b"0" * 400 + b"}", "top_p"),
     (b'{"prompt": [1' + b"0" * 400 + b"]}", "prompt"),
     (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content"),

@@ -15,6 +15,7 @@ the prompt ends with `assistant:` so that the model writes the assistant's turn.
 `continue_final_message` the last message must be the assistant's, and it is left open (no
 newline, no generation prompt) for the model to continue. Content is a string or a list of
 parts `{"type": "text", "text": ...}`, joined with newlines (vLLM's default for text parts).
+A message's `name`, `tool_calls`, `audio` or `refusal` has no place in this template: a 400.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def parse_messages(value: object) -> list[dict]:
         if role not in ROLES:
             raise APIError(f"{where}.role must be one of {', '.join(ROLES)} (tool and function messages need "
                            f"tools, which this server does not support), got {role!r}", param=f"{where}.role")
-        for name in ("tool_calls", "function_call", "audio", "refusal"):
+        for name in ("name", "tool_calls", "function_call", "audio", "refusal"):  # the template has no place for them
             if message.get(name) not in (None, []):
                 raise APIError(f"{where}.{name} is not supported by this server", param=f"{where}.{name}")
         out.append({"role": role, "content": _content(message.get("content"), where)})

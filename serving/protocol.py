@@ -103,7 +103,7 @@ class Fields:
             value = float(value)  # a 400-digit int overflows here
         except OverflowError:
             self.fail(name, f"must be {what}, got a number too large")
-        if not low <= value <= high:
+        if not (math.isfinite(value) and low <= value <= high):  # JSON's 1e400 reads as inf
             self.fail(name, f"must be {what}, got {_show(value)}")
         return value
 
@@ -305,7 +305,7 @@ def _engine_fields(lab: ModuleType, fields: Fields, vocab_size: int, max_tokens:
     """The engine-applied sampling fields as SamplingParams keywords: checked, then refused
     while the engine lacks the field (a neutral value asks for nothing and passes)."""
     f = fields
-    top_k = f.integer("top_k", 0, -1, what="an int >= -1 (-1 or 0: no limit)")
+    top_k = f.integer("top_k", 0, -1, 2**31 - 1, what="an int >= -1 (-1 or 0: no limit)")
     values = {
         "top_p": f.number("top_p", 1.0, 1e-12, 1.0, "a number in (0, 1]"),
         "top_k": 0 if top_k == -1 else top_k,
