@@ -3416,6 +3416,7 @@ def test_a_stop_token_ends_the_stream_and_usage_comes_last(server, engine_model)
     stop_at = free_run.index(free_run[3]) + 1
     assert [c["choices"][0]["token_ids"][0] for c in chunks] == free_run[:stop_at]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and done == "[DONE]"
+    assert chunks[-1]["choices"][0]["stop_reason"] == free_run[3], "vLLM's stop_reason: the stop token's id"
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == stop_at, (
         "with stream_options.include_usage the last event before [DONE] carries the usage")
 

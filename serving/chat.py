@@ -87,7 +87,7 @@ def parse_chat_request(lab: ModuleType, body: bytes | dict, config, tokenizer, s
     if continue_final and messages[-1]["role"] != "assistant":
         f.fail("continue_final_message", "needs the last message to be the assistant's")
     text = render_chat(messages, add_generation_prompt and not continue_final, continue_final)
-    prompt = protocol.prompt_ids(text, tokenizer, config.n_positions, "messages")
+    prompt = protocol.prompt_ids(text, tokenizer, config.n_positions, "messages", protocol.truncation(f))
     # max_completion_tokens is OpenAI's newer name; max_tokens the deprecated one (either wins if alone).
     max_tokens = f.integer("max_completion_tokens", None, 1)
     if max_tokens is None:

@@ -126,7 +126,6 @@ ENGINE_FIELDS = {
 }
 
 # Fields this server cannot honour: accepted only with a value that asks for nothing.
-_NOTHING = (None, False, 0, "", [], {})
 UNSUPPORTED_COMMON = {
     "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0), "allowed_token_ids": (None,),
     "bad_words": (None, []), "response_format": (None, {"type": "text"}), "guided_json": (None,),
@@ -208,9 +207,18 @@ def refuse_unsupported(fields: Fields, table: dict) -> None:
         fields.get(name, kinds, None, f"a {kinds[0].__name__}")
 
 
-def prompt_ids(prompt: object, tokenizer, max_len: int, param: str) -> list[int]:
-    """One prompt as token ids: a string (encoded by the tokenizer) or a list of token ids.
-    The length is checked BEFORE each id is: a huge prompt is refused at the cost of len()."""
+def truncation(fields: Fields) -> int | None:
+    """vLLM's truncate_prompt_tokens: keep the last k prompt tokens (-1 or absent: all of them)."""
+    k = fields.integer("truncate_prompt_tokens", None, -1, what="an int >= 1, or -1 (no truncation)")
+    if k == 0:
+        fields.fail("truncate_prompt_tokens", "must be >= 1, or -1")
+    return None if k == -1 else k
+
+
+def prompt_ids(prompt: object, tokenizer, max_len: int, param: str, truncate: int | None = None) -> list[int]:
+    """One prompt as token ids: a string (encoded by the tokenizer) or a list of token ids, its
+    last `truncate` tokens if given. The length is checked BEFORE each id is: a huge prompt is
+    refused at the cost of len()."""
     if isinstance(prompt, str):
         try:
             ids = tokenizer.encode(check_text(prompt, param))
@@ -220,6 +228,8 @@ def prompt_ids(prompt: object, tokenizer, max_len: int, param: str) -> list[int]
         ids = prompt
     else:
         raise APIError(f"{param} must be a string or a list of token ids (ints)", param=param)
+    if truncate is not None:
+        ids = ids[-truncate:]
     if not ids:
         raise APIError(f"{param} is empty; expected at least one token", param=param)
     if len(ids) >= max_len:
@@ -232,7 +242,7 @@ def prompt_ids(prompt: object, tokenizer, max_len: int, param: str) -> list[int]
     return ids
 
 
-def _completion_prompts(payload: dict, tokenizer, max_len: int) -> list[list[int]]:
+def _completion_prompts(payload: dict, tokenizer, max_len: int, truncate: int | None) -> list[list[int]]:
     """`prompt`: a string, a list of token ids, or a list of either (one choice per prompt)."""
     if "prompt" not in payload or payload["prompt"] is None:
         raise APIError("prompt is required", param="prompt")
@@ -240,8 +250,8 @@ def _completion_prompts(payload: dict, tokenizer, max_len: int) -> list[list[int
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         if len(prompt) > MAX_CHOICES:
             raise APIError(f"prompt: at most {MAX_CHOICES} prompts per request, got {len(prompt)}", param="prompt")
-        return [prompt_ids(p, tokenizer, max_len, f"prompt[{i}]") for i, p in enumerate(prompt)]
-    return [prompt_ids(prompt, tokenizer, max_len, "prompt")]
+        return [prompt_ids(p, tokenizer, max_len, f"prompt[{i}]", truncate) for i, p in enumerate(prompt)]
+    return [prompt_ids(prompt, tokenizer, max_len, "prompt", truncate)]
 
 
 def parse_completion_request(lab: ModuleType, body: bytes | dict, config, tokenizer,
@@ -252,7 +262,7 @@ def parse_completion_request(lab: ModuleType, body: bytes | dict, config, tokeni
     fields = Fields(payload)
     check_model(fields, served_model)
     refuse_unsupported(fields, UNSUPPORTED_COMMON | UNSUPPORTED_COMPLETION)
-    prompts = _completion_prompts(payload, tokenizer, config.n_positions)
+    prompts = _completion_prompts(payload, tokenizer, config.n_positions, truncation(fields))
     echo = fields.get("echo", (bool,), False, "true or false")
     max_tokens = fields.integer("max_tokens", 16, 0 if echo else 1, what="an int >= 1 (>= 0 with echo)")
     logprobs = fields.integer("logprobs", None, 0, MAX_LOGPROBS)
@@ -319,16 +329,15 @@ def _engine_fields(lab: ModuleType, fields: Fields, vocab_size: int, max_tokens:
     return _supported(lab, values)
 
 
-def _supported(lab: ModuleType, values: dict, params: dict | None = None) -> dict:
-    """The non-neutral `values` as SamplingParams keywords; a 400 naming `params[name]` (default:
-    the field itself) for one the engine does not have."""
+def _supported(lab: ModuleType, values: dict) -> dict:
+    """The non-neutral `values` as SamplingParams keywords; a 400 naming the field for one the
+    engine does not have."""
     have, kwargs = engine_supports(lab), {}
     for name, value in values.items():
         field, neutral = ENGINE_FIELDS[name]
         if value == neutral or (neutral is None and not value):
             continue
         if field not in have:
-            name = (params or {}).get(name, name)
             raise APIError(f"{name} is not supported by this server's engine yet (its SamplingParams has no "
                            f"field {field}); leave it out or send its neutral value {json.dumps(neutral)}",
                            param=name)
@@ -351,9 +360,9 @@ def _logit_bias(fields: Fields, vocab_size: int) -> dict[int, float] | None:
 
 
 def build_request(lab: ModuleType, fields: Fields, kind: str, response_id: str, prompts: list[list[int]],
-           texts: list[str | None], max_tokens: int | None, config, tokenizer, *, echo: bool = False,
-           logprobs: int | None = None, prompt_logprobs: int | None = None,
-           logprob_params: dict | None = None) -> GenerateRequest:
+                  texts: list[str | None], max_tokens: int | None, config, tokenizer, *, echo: bool = False,
+                  logprobs: int | None = None, prompt_logprobs: int | None = None,
+                  logprob_params: dict | None = None) -> GenerateRequest:
     """The fields both endpoints share, and the Requests: one per prompt and sample."""
     f = fields
     n = f.integer("n", 1, 1, MAX_CHOICES)
@@ -371,12 +380,8 @@ def build_request(lab: ModuleType, fields: Fields, kind: str, response_id: str, 
     continuous_usage = opts.get("continuous_usage_stats", (bool,), False, "true or false")
     temperature = f.number("temperature", 1.0, 0.0, math.inf, "a finite number >= 0")
     seed = f.integer("seed", None, 0, 2**63 - 1 - MAX_CHOICES, what="an int in 0..2**63 - 129")
-    truncate = f.integer("truncate_prompt_tokens", None, -1, what="an int >= 1, or -1 (the whole context)")
-    if truncate == 0:
-        f.fail("truncate_prompt_tokens", "must be >= 1, or -1")
-    if truncate is not None and truncate > 0:
-        prompts = [p[-truncate:] for p in prompts]
-        texts = [None] * len(prompts)  # the text no longer matches the tokens
+    if truncation(f) is not None:
+        texts = [None] * len(prompts)  # the prompts were cut: their text is the decoded tokens
     room = config.n_positions - max(len(p) for p in prompts)
     if max_tokens is None:  # chat without a limit: the rest of the context, as vLLM
         max_tokens = room
@@ -393,10 +398,14 @@ def build_request(lab: ModuleType, fields: Fields, kind: str, response_id: str, 
         stop_ids.append(eos)  # as vLLM: the end-of-text token stops unless ignore_eos
     if ignore_eos and "ignore_eos" in engine_supports(lab):
         extras["ignore_eos"] = True  # the serving layer already honours it; the engine may want to know
-    # logprobs 0 still asks for the sampled token's logprob: None is the neutral value here.
-    asked = {name: k for name, k in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)) if k is not None}
-    extras |= _supported(lab, {name: k + 1 for name, k in asked.items()}, logprob_params)
-    extras |= {name: k for name, k in asked.items()}
+    for name, k in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+        if k is None:  # (0 is not neutral: it asks for the chosen token's logprob)
+            continue
+        if name not in engine_supports(lab):
+            param = (logprob_params or {}).get(name, name)
+            raise APIError(f"{param} is not supported by this server's engine yet (its SamplingParams has no "
+                           f"field {name})", param=param)
+        extras[name] = k
     cache_salt = f.get("cache_salt", (str,), None, "a non-empty string")
     if cache_salt is not None:
         if not cache_salt:
