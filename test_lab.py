@@ -4028,6 +4028,22 @@ def test_rule8_a_long_stop_token_list_is_refused_before_it_is_scanned(server):
 
 
 @pytest.mark.provided
+def test_rule8_a_large_body_is_parsed_off_the_event_loop(server, monkeypatch):
+    threads, parse = [], api_server.parse_completion_request
+
+    def recorded(*args):
+        threads.append(threading.current_thread())
+        return parse(*args)
+
+    monkeypatch.setattr(api_server, "parse_completion_request", recorded)
+    body = json.dumps({"prompt": [1] * 100, "max_tokens": 0, "user": "x" * 200_000})  # valid, not run
+    status, _, data = http_call(server, "POST", "/v1/completions", body)
+    assert status == 400 and threads, data[:200]
+    assert threads[0] is not server._thread, (
+        "rule 8: a large body is parsed on a worker thread, so the event loop keeps serving the others")
+
+
+@pytest.mark.provided
 def test_rule8_a_huge_prompt_is_refused_by_its_length(server):
     status, error = error_of(server, "/v1/completions", {"prompt": ["x"] + [1] * 300_000})
     assert status == 400 and error["param"] == "prompt" and "n_positions" in error["message"], error

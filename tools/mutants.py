@@ -263,6 +263,8 @@ MUTANTS: list[tuple[str, ...]] = [
     ("echo ignored", "provided",
      'choice["text"] = (prompt_text if gen.echo and first else "") + text', 'choice["text"] = text',
      "serving/api_server.py"),
+    ("a large body parsed on the event loop", "provided",
+     "if len(request.body) <= INLINE_PARSE_BYTES:", "if True:", "serving/api_server.py"),
     ("NaN accepted as a number", "provided",
      "payload = json.loads(body, parse_constant=_reject_constant)", "payload = json.loads(body)",
      "serving/protocol.py"),
