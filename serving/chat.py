@@ -94,7 +94,7 @@ def parse_chat_request(lab: ModuleType, body: bytes | dict, config, tokenizer, s
         max_tokens = f.integer("max_tokens", None, 1)
     want_logprobs = f.get("logprobs", (bool,), False, "true or false")
     top = f.integer("top_logprobs", None, 0, protocol.MAX_LOGPROBS)
-    if top is not None and not want_logprobs:
+    if top and not want_logprobs:  # top_logprobs 0 asks for nothing (vLLM's default)
         f.fail("top_logprobs", "needs logprobs: true")
     prompt_logprobs = f.integer("prompt_logprobs", None, 0, protocol.MAX_LOGPROBS)
     return protocol.build_request(lab, f, "chat", f"chatcmpl-{protocol.base_id(f)}", [prompt], [text], max_tokens,

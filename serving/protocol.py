@@ -130,7 +130,7 @@ UNSUPPORTED_COMMON = {
     "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0), "allowed_token_ids": (None,),
     "bad_words": (None, []), "response_format": (None, {"type": "text"}), "guided_json": (None,),
     "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
-    "structured_outputs": (None,), "priority": (None, 0), "logits_processors": (None, []),
+    "structured_outputs": (None,), "structural_tag": (None,), "priority": (None, 0), "logits_processors": (None, []),
     "kv_transfer_params": (None,), "vllm_xargs": (None, {}), "spaces_between_special_tokens": (None, True),
     "mm_processor_kwargs": (None, {}),
 }
@@ -145,9 +145,10 @@ UNSUPPORTED_CHAT = {
 # Fields accepted that change nothing here, and why (so that accepting them is not ignoring them):
 #   user, metadata: labels for the caller's own records; add_special_tokens: the tokenizers add
 #   none; parallel_tool_calls: there are no tools; guided_decoding_backend,
-#   guided_whitespace_pattern: settings of guided decoding, which is refused on its own.
+#   guided_whitespace_pattern: settings of guided decoding, which is refused on its own;
+#   include_reasoning: the toy models write no reasoning to include or leave out.
 NO_EFFECT = {"user": (str,), "metadata": (dict,), "add_special_tokens": (bool,), "parallel_tool_calls": (bool,),
-             "guided_decoding_backend": (str,), "guided_whitespace_pattern": (str,)}
+             "guided_decoding_backend": (str,), "guided_whitespace_pattern": (str,), "include_reasoning": (bool,)}
 
 
 def engine_supports(lab: ModuleType) -> set[str]:
