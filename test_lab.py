@@ -3937,6 +3937,15 @@ def raw_exchange(server, request_bytes):
 
 
 @pytest.mark.provided
+def test_rule7_pipelined_requests_are_answered_in_order(server):
+    body = b'{"prompt": [1], "max_tokens": 0, "echo": true}'  # answered without the engine
+    post = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    reply = raw_exchange(server, post + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert reply.count(b"HTTP/1.1 200 OK") == 2 and reply.index(b"text_completion") < reply.rindex(b"HTTP/1.1 200"), (
+        "rule 7: two requests sent back to back on one connection get two responses, in order")
+
+
+@pytest.mark.provided
 def test_rule7_connection_close_is_honoured(server):
     reply = raw_exchange(server, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 200") and b"Connection: close" in reply, (
