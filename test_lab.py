@@ -29,7 +29,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 import serving
 from conftest import lab
-from serving import api_server, benchmark_serving, chat, datasets, protocol, scenarios, sizing, stacks
+from serving import api_server, benchmark_serving, chat, datasets, output, protocol, scenarios, sizing, stacks
 from serving.tokenizer import ByteTokenizer, IncrementalDetokenizer
 
 # =====================================================================================
@@ -3719,6 +3719,23 @@ def stream_events_at(server, path, **fields):
     reraise_stub(text)
     assert events and events[-1] == "[DONE]", f"the stream must end with data: [DONE]; got {events[-2:]}"
     return [json.loads(e) for e in events[:-1]] + ["[DONE]"]
+
+
+@pytest.mark.provided
+def test_rule2_the_output_processor_releases_only_text_no_stop_string_can_claim():
+    from types import SimpleNamespace
+    state = output.ChoiceState(0, None, ByteTokenizer(256), stop=("abc", "xyz"))
+    released, tokens = [], []
+    for ch in "qabdxyabcz":  # "ab" then "d": held, then released; "xy" held; "abc" stops
+        tokens.append(ord(ch))
+        out = SimpleNamespace(output_token_ids=list(tokens), finished=False, finish_reason=None)
+        released.append(state.update(out).text)
+        if state.finished:
+            break
+    assert released == ["q", "", "", "abd", "", "", "xy", "", ""], (
+        f"rule 2: text that may begin a stop string is held until it cannot; got {released}")
+    assert state.finish_reason == "stop" and state.stop_reason == "abc" and state.text == "qabdxy"
+    assert state.stopped_by_string and len(state.token_ids) == 9, "the tokens stop with the one that completed it"
 
 
 @pytest.mark.exercise5
