@@ -3664,6 +3664,12 @@ def chat_request(payload):
 
 
 @pytest.mark.provided
+def test_rule1_n_above_1_with_greedy_sampling_is_a_400_as_in_vllm(server):
+    status, error = error_of(server, "/v1/completions", {"prompt": [1], "n": 2, "temperature": 0})
+    assert status == 400 and error["param"] == "n", f"rule 1: greedy samples would all be equal; got {error}"
+
+
+@pytest.mark.provided
 def test_rule1_an_unsupported_field_with_a_value_that_asks_for_nothing_is_accepted():
     payload = {"messages": [{"role": "user", "content": "!"}], "tools": [], "tool_choice": "none",
                "use_beam_search": False, "response_format": {"type": "text"}, "user": "u1", "top_p": 1.0}

@@ -380,6 +380,9 @@ def build_request(lab: ModuleType, fields: Fields, kind: str, response_id: str, 
     include_usage = opts.get("include_usage", (bool,), False, "true or false")
     continuous_usage = opts.get("continuous_usage_stats", (bool,), False, "true or false")
     temperature = f.number("temperature", 1.0, 0.0, math.inf, "a finite number >= 0")
+    if n > 1 and temperature == 0:
+        f.fail("n", f"must be 1 when using greedy sampling (temperature 0), got {n}: the samples would be "
+                    "the same (vLLM refuses it too)")
     seed = f.integer("seed", None, 0, 2**63 - 1 - MAX_CHOICES, what="an int in 0..2**63 - 129")
     if truncation(f) is not None:
         texts = [None] * len(prompts)  # the prompts were cut: their text is the decoded tokens
