@@ -6,6 +6,7 @@ Each test checks one idea against an independent reference written plainly here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import html.parser
 import http.client
@@ -30,7 +31,19 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 import serving
 from conftest import lab
-from serving import benchmark_serving, datasets, metrics, report, scenarios, sizing, stacks
+from serving import (
+    api_server,
+    benchmark_serving,
+    chat,
+    datasets,
+    metrics,
+    output,
+    protocol,
+    report,
+    scenarios,
+    sizing,
+    stacks,
+)
 from serving.checkpoint_commands import generate_text, speculate_checkpoints
 from serving.model_loader import load_gpt2, read_safetensors, save_gpt2
 from serving.tokenizer import (
@@ -3780,7 +3793,8 @@ def test_concurrent_streaming_clients_get_the_tokens_of_greedy_decoding_alone(se
 
     def client(i):
         try:
-            events[i] = stream_events(server, prompt=prompts[i], max_tokens=max_tokens[i], temperature=0)
+            events[i] = stream_events(server, prompt=prompts[i], max_tokens=max_tokens[i], temperature=0,
+                                      return_token_ids=True)
         except Exception as exc:  # noqa: BLE001 - reported below, stub first
             errors.append(exc)
 
@@ -3809,7 +3823,7 @@ def test_concurrent_streaming_clients_get_the_tokens_of_greedy_decoding_alone(se
 def test_a_completion_has_its_tokens_text_and_usage(server, engine_model):
     prompt = "!(*/+"  # bytes 33..47: inside the 64-token vocabulary
     expected = greedy_reference(engine_model, list(prompt.encode()), 7)
-    body = complete(server, prompt=prompt, max_tokens=7)
+    body = complete(server, prompt=prompt, max_tokens=7, temperature=0, return_token_ids=True)
     assert body["object"] == "text_completion" and body["model"] == server.model_name
     choice = body["choices"][0]
     assert choice["token_ids"] == expected, "a string prompt is its UTF-8 bytes as token ids"
@@ -3821,12 +3835,13 @@ def test_a_completion_has_its_tokens_text_and_usage(server, engine_model):
 def test_a_stop_token_ends_the_stream_and_usage_comes_last(server, engine_model):
     prompt = random_prompts(1, seed=41)[0]
     free_run = greedy_reference(engine_model, prompt, 10)
-    events = stream_events(server, prompt=prompt, max_tokens=10, stop_token_ids=[free_run[3]],
-                           stream_options={"include_usage": True})
+    events = stream_events(server, prompt=prompt, max_tokens=10, stop_token_ids=[free_run[3]], temperature=0,
+                           return_token_ids=True, stream_options={"include_usage": True})
     chunks, usage, done = events[:-2], events[-2], events[-1]
     stop_at = free_run.index(free_run[3]) + 1
     assert [c["choices"][0]["token_ids"][0] for c in chunks] == free_run[:stop_at]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and done == "[DONE]"
+    assert chunks[-1]["choices"][0]["stop_reason"] == free_run[3], "vLLM's stop_reason: the stop token's id"
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == stop_at, (
         "with stream_options.include_usage the last event before [DONE] carries the usage")
 
@@ -3971,6 +3986,533 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_return(e
     reasons = [o.finish_reason for o in outputs if o.finished]
     assert reasons == ["abort"], f"the engine must abort the request when its client goes; it finished as {reasons}"
     assert len(outputs[-1].output_token_ids) < 50, "the abort must come at once, not after the request ran on"
+
+
+# --- issue 17: the OpenAI API as clients use it ------------------------------------------
+#
+# One test per rule of the server: (1) nothing silently ignored, (2) stop strings, (3) the
+# tokenizer, (4) echo and logprobs, (5) chat, (6) the model and ids, (7) HTTP as clients expect
+# it, (8) nothing one client sends stalls the others.
+
+
+def engine_has(field):
+    return field in {f.name for f in dataclasses.fields(lab.SamplingParams)}
+
+
+def error_of(server, path, body):
+    """(status, error object) of a request that must fail."""
+    status, _, data = http_call(server, "POST", path, body if isinstance(body, bytes) else json.dumps(body))
+    assert status != 200, f"{body!r} must be refused; got HTTP 200 {data[:200]!r}"
+    return status, json.loads(data)["error"]
+
+
+@pytest.fixture(scope="module")
+def byte_server():
+    """A server for a 256-token vocabulary: any ASCII text (the chat template's too) is a prompt."""
+    model = lab.ToyTransformer(lab.ModelConfig(**MODEL_CONFIGS["bytes"]), seed=1)
+    engine = lab.LLMEngine(model, num_blocks=256, block_size=4, max_num_seqs=8, max_num_batched_tokens=64)
+    with serving.start_server(engine) as running:
+        yield running
+
+
+UNHONOURED_FIELDS = [  # (endpoint, field, value): fields this server cannot honour
+    ("/v1/completions", "suffix", "tail"), ("/v1/completions", "use_beam_search", True),
+    ("/v1/completions", "best_of", 3), ("/v1/completions", "response_format", {"type": "json_object"}),
+    ("/v1/completions", "guided_regex", "a+"), ("/v1/completions", "allowed_token_ids", [1, 2]),
+    ("/v1/completions", "priority", 5), ("/v1/completions", "length_penalty", 0.5),
+    ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("/v1/chat/completions", "chat_template", "{{ messages }}"), ("/v1/chat/completions", "echo", True),
+    ("/v1/chat/completions", "store", True), ("/v1/chat/completions", "audio", {"voice": "x"}),
+]
+
+
+def minimal_body(path):
+    return {"prompt": [1, 2]} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "!"}]}
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("path, field, value", UNHONOURED_FIELDS, ids=[f[1] for f in UNHONOURED_FIELDS])
+def test_rule1_a_field_the_server_cannot_honour_is_a_400_naming_it(server, path, field, value):
+    status, error = error_of(server, path, minimal_body(path) | {field: value})
+    assert status == 400 and error["param"] == field, (
+        f"rule 1: {field}={value!r} must not be silently ignored: a 400 whose param names it; got {error}")
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == 400
+
+
+ENGINE_FIELDS = [("top_p", 0.5), ("top_k", 5), ("min_p", 0.1), ("presence_penalty", 0.5), ("frequency_penalty", 0.5),
+                 ("repetition_penalty", 1.2), ("logit_bias", {"3": 5}), ("min_tokens", 2), ("logprobs", 2),
+                 ("prompt_logprobs", 1)]
+
+
+ENGINE_VALUES = {"logit_bias": {3: 5.0}}  # as the engine gets it: token ids as ints
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("field, value", ENGINE_FIELDS, ids=[f for f, _ in ENGINE_FIELDS])
+def test_rule1_a_sampling_field_reaches_the_engine_or_is_refused_naming_it(server, engine_model, field, value):
+    body = {"prompt": [1, 2], "max_tokens": 4, field: value}
+    if engine_has(field):
+        gen = protocol.parse_completion_request(lab, json.dumps(body).encode(), engine_model.config,
+                                                ByteTokenizer(64), server.model_name)
+        got = getattr(gen.requests[0].sampling, field)
+        assert got == ENGINE_VALUES.get(field, value), f"rule 1: {field}={value!r} must reach the engine; got {got!r}"
+        return
+    status, error = error_of(server, "/v1/completions", body)
+    assert status == 400 and error["param"] == field, (
+        f"rule 1: {field} is not applied by this engine, so it must be refused naming it; got {error}")
+
+
+OUT_OF_RANGE = [("top_p", 0), ("top_p", 1.5), ("top_k", -2), ("min_p", 2), ("presence_penalty", 3),
+                ("frequency_penalty", -3), ("repetition_penalty", 0), ("logit_bias", {"64": 1}),
+                ("logit_bias", {"3": 101}), ("min_tokens", 99), ("logprobs", 21), ("n", 0), ("n", 1000),
+                ("temperature", "hot"), ("stop", ["a", "b", "c", "d", "e"]), ("stop", ""), ("seed", 2**70),
+                ("stream_options", {"include_usage": True}), ("cache_salt", ""), ("user", 5),
+                ("truncate_prompt_tokens", 0), ("return_token_ids", "yes")]
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("field, value", OUT_OF_RANGE, ids=[f"{f}={v!r}"[:30] for f, v in OUT_OF_RANGE])
+def test_rule1_a_bad_value_is_a_400_naming_its_field(server, field, value):
+    status, error = error_of(server, "/v1/completions", {"prompt": [1, 2], "max_tokens": 4, field: value})
+    assert status == 400 and error["param"] == field, f"rule 1: {field}={value!r} must be a 400 naming it; got {error}"
+
+
+@pytest.mark.provided
+def test_rule1_defaults_are_openais_temperature_1_and_16_tokens(engine_model):
+    config = engine_model.config
+    gen = protocol.parse_completion_request(lab, b'{"prompt": [1, 2]}', config, ByteTokenizer(64), "m")
+    sampling = gen.requests[0].sampling
+    assert sampling.temperature == 1.0, "rule 1: temperature defaults to 1.0 (OpenAI), not greedy"
+    assert sampling.max_tokens == 16 and gen.n == 1 and not gen.stream
+    chat = chat_request({"messages": [{"role": "user", "content": "!"}]})
+    assert chat.requests[0].sampling.max_tokens == BYTES.n_positions - len(chat.prompts[0]), (
+        "rule 1: a chat request without max_tokens may use the rest of the context (vLLM)")
+
+
+BYTES = lab.ModelConfig(**MODEL_CONFIGS["bytes"])
+
+
+def chat_request(payload):
+    return chat.parse_chat_request(lab, json.dumps(payload).encode(), BYTES, ByteTokenizer(256), "m")
+
+
+@pytest.mark.provided
+def test_rule1_n_above_1_with_greedy_sampling_is_a_400_as_in_vllm(server):
+    status, error = error_of(server, "/v1/completions", {"prompt": [1], "n": 2, "temperature": 0})
+    assert status == 400 and error["param"] == "n", f"rule 1: greedy samples would all be equal; got {error}"
+
+
+@pytest.mark.provided
+def test_rule1_an_unsupported_field_with_a_value_that_asks_for_nothing_is_accepted():
+    payload = {"messages": [{"role": "user", "content": "!"}], "tools": [], "tool_choice": "none",
+               "use_beam_search": False, "response_format": {"type": "text"}, "user": "u1", "top_p": 1.0}
+    assert chat_request(payload).n == 1, "rule 1: a neutral value asks for nothing"
+
+
+@pytest.mark.exercise5
+def test_rule1_n_samples_each_prompt_with_seeds_seed_plus_j_prompt_major(server):
+    body = complete(server, prompt=[[1, 2, 3], [4, 5]], n=2, seed=5, max_tokens=4, return_token_ids=True)
+    choices = body["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3], "rule 1: one choice per prompt and sample"
+    for i, prompt in enumerate([[1, 2, 3], [4, 5]]):
+        for j in range(2):
+            alone = complete(server, prompt=prompt, seed=5 + j, max_tokens=4, return_token_ids=True)
+            assert choices[2 * i + j]["token_ids"] == alone["choices"][0]["token_ids"], (
+                f"rule 1: choice {2 * i + j} is sample {j} of prompt {i}, drawn with seed {5 + j}")
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 16, "total_tokens": 21}
+
+
+@pytest.mark.exercise5
+def test_rule2_a_stop_string_across_tokens_cuts_the_text_there(byte_server):
+    free = complete(byte_server, prompt="abc", max_tokens=24, temperature=0)["choices"][0]["text"]
+    stop = free[4:7]  # three tokens' text: found only across token boundaries
+    cut = free.index(stop)
+    body = complete(byte_server, prompt="abc", max_tokens=24, temperature=0, stop=[stop, "\x00never"])
+    choice = body["choices"][0]
+    assert choice["text"] == free[:cut], f"rule 2: the text must end before the stop string {stop!r}"
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop, choice
+    kept = complete(byte_server, prompt="abc", max_tokens=24, temperature=0, stop=stop,
+                    include_stop_str_in_output=True)["choices"][0]
+    assert kept["text"] == free[:cut + len(stop)], "rule 2: include_stop_str_in_output keeps the stop string"
+
+
+def stream_texts(server, path="/v1/completions", **fields):
+    events = stream_events_at(server, path, **fields)
+    key = "text" if path == "/v1/completions" else "delta"
+    return [e for e in events if e != "[DONE]" and e["choices"]], key
+
+
+def stream_events_at(server, path, **fields):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    try:
+        conn.request("POST", path, json.dumps(fields | {"stream": True}))
+        resp = conn.getresponse()
+        data = resp.read()  # bounded by the server's max_tokens and the timeout
+    finally:
+        conn.close()
+    text = data.decode()
+    if resp.status != 200:
+        reraise_stub(text)
+        raise AssertionError(f"streamed {path}: HTTP {resp.status} {text[:300]}")
+    events = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+    reraise_stub(text)
+    assert events and events[-1] == "[DONE]", f"the stream must end with data: [DONE]; got {events[-2:]}"
+    return [json.loads(e) for e in events[:-1]] + ["[DONE]"]
+
+
+@pytest.mark.provided
+def test_rule2_the_output_processor_releases_only_text_no_stop_string_can_claim():
+    from types import SimpleNamespace
+    state = output.ChoiceState(0, None, ByteTokenizer(256), stop=("abc", "xyz"))
+    released, tokens = [], []
+    for ch in "qabdxyabcz":  # "ab" then "d": held, then released; "xy" held; "abc" stops
+        tokens.append(ord(ch))
+        out = SimpleNamespace(output_token_ids=list(tokens), finished=False, finish_reason=None)
+        released.append(state.update(out).text)
+        if state.finished:
+            break
+    assert released == ["q", "", "", "abd", "", "", "xy", "", ""], (
+        f"rule 2: text that may begin a stop string is held until it cannot; got {released}")
+    assert state.finish_reason == "stop" and state.stop_reason == "abc" and state.text == "qabdxy"
+    assert state.stopped_by_string and len(state.token_ids) == 9, "the tokens stop with the one that completed it"
+
+
+@pytest.mark.exercise5
+def test_rule2_a_streamed_stop_string_is_held_back_until_it_cannot_match(byte_server):
+    free = complete(byte_server, prompt="abc", max_tokens=24, temperature=0)["choices"][0]["text"]
+    stop = free[4:7]
+    chunks, _ = stream_texts(byte_server, prompt="abc", max_tokens=24, temperature=0, stop=stop)
+    streamed = "".join(c["choices"][0]["text"] for c in chunks)
+    assert streamed == free[:free.index(stop)], (
+        f"rule 2: the stream sent {streamed!r}; text that may begin the stop string {stop!r} must be held back, "
+        "since text once sent cannot be taken back")
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.exercise5
+def test_rule2_a_stop_string_aborts_the_request_in_the_engine(engine_model):
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
+    outputs, step = [], engine.step
+
+    def recorded_step():
+        out = step()
+        outputs.extend(out)
+        return out
+
+    engine.step = recorded_step
+    with serving.start_server(engine) as srv:
+        free = complete(srv, prompt=[5] * 6, max_tokens=60, temperature=0)["choices"][0]["text"]
+        outputs.clear()
+        complete(srv, prompt=[5] * 6, max_tokens=60, temperature=0, stop=free[1:3])
+        deadline = time.monotonic() + HTTP_TIMEOUT
+        while time.monotonic() < deadline and not any(o.finished for o in outputs):
+            time.sleep(0.01)
+    finished = [o for o in outputs if o.finished]
+    assert [o.finish_reason for o in finished] == ["abort"] and len(finished[0].output_token_ids) < 60, (
+        "rule 2: a request stopped by a stop string must be aborted in the engine, not run on to max_tokens")
+
+
+@pytest.mark.provided
+def test_rule3_the_incremental_detokenizer_holds_a_split_character():
+    tok = ByteTokenizer(256)
+    pieces = [IncrementalDetokenizer(tok)]
+    detok = pieces[0]
+    got = [detok.add(b) for b in "é🙂".encode()]
+    assert got == ["", "é", "", "", "", "🙂"], f"rule 3: a character shows up whole with its last byte; got {got}"
+    assert detok.add(0xF0) == "" and detok.flush() == "\ufffd", "an incomplete character at the end is U+FFFD"
+    assert tok.decode(list("é".encode())) == "é" and tok.encode("é") == [0xC3, 0xA9]
+
+
+class HalfCharTokenizer:
+    """Every token is the bytes A9 C3: the second half of "é" and the first half of the next."""
+
+    vocab_size, eos_token_id, special_token_ids = 64, None, frozenset()
+
+    def encode(self, text):
+        raise ValueError("token ids only")
+
+    def token_bytes(self, token_id):
+        return b"\xa9\xc3"
+
+    def decode(self, token_ids, skip_special_tokens=False):
+        return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")
+
+
+@pytest.mark.exercise5
+def test_rule3_a_character_split_across_tokens_streams_whole(engine_model):
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
+    with serving.start_server(engine, tokenizer=HalfCharTokenizer(), model_name="half") as srv:
+        chunks, _ = stream_texts(srv, prompt=[1, 2, 3], max_tokens=4, temperature=0)
+    texts = [c["choices"][0]["text"] for c in chunks]
+    assert texts == ["\ufffd", "é", "é", "é\ufffd"], (
+        f"rule 3: streamed text must come from an incremental detokenizer (no U+FFFD for a split character); "
+        f"got {texts}")
+
+
+@pytest.mark.provided
+def test_rule4_echo_with_max_tokens_0_returns_the_prompt_only(server):
+    body = complete(server, prompt="!(*", max_tokens=0, echo=True, return_token_ids=True)
+    choice = body["choices"][0]
+    assert choice["text"] == "!(*" and body["usage"]["completion_tokens"] == 0, (
+        "rule 4: echo with max_tokens 0 scores the prompt: its text, no new token")
+    assert choice["prompt_token_ids"] == [33, 40, 42] and choice["token_ids"] == []
+
+
+@pytest.mark.exercise5
+def test_rule4_echo_prepends_the_prompt_text(server):
+    plain = complete(server, prompt="!(*", max_tokens=5, temperature=0)["choices"][0]["text"]
+    echoed = complete(server, prompt="!(*", max_tokens=5, temperature=0, echo=True)["choices"][0]["text"]
+    assert echoed == "!(*" + plain, "rule 4: echo puts the prompt's text before the completion"
+
+
+@pytest.mark.exercise5
+def test_rule4_logprobs_are_served_in_openais_format_or_refused_naming_the_param(server):
+    if not engine_has("logprobs"):
+        status, error = error_of(server, "/v1/completions", {"prompt": [1, 2], "logprobs": 2})
+        assert status == 400 and error["param"] == "logprobs"
+        return
+    body = complete(server, prompt=[1, 2], max_tokens=3, temperature=0, logprobs=2)
+    logprobs = body["choices"][0]["logprobs"]
+    assert set(logprobs) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+    assert len(logprobs["tokens"]) == 3 and all(lp <= 0 for lp in logprobs["token_logprobs"])
+    assert all(len(top) <= 2 for top in logprobs["top_logprobs"]), "rule 4: logprobs k gives the top k"
+
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+
+
+@pytest.mark.provided
+def test_rule5_the_chat_template_is_the_documented_plain_one():
+    messages = chat.parse_messages(CHAT)
+    assert chat.render_chat(messages) == "system: Be brief.\nuser: Hi\nassistant:", (
+        "rule 5: each message is 'role: content' and a newline, then 'assistant:'")
+    continued = chat.render_chat(messages + [{"role": "assistant", "content": "Hel"}], continue_final_message=True)
+    assert continued.endswith("\nassistant: Hel"), "continue_final_message leaves the last message open"
+
+
+@pytest.mark.exercise5
+def test_rule5_a_chat_completion_is_the_completion_of_its_rendered_prompt(byte_server):
+    prompt = chat.render_chat(chat.parse_messages(CHAT))
+    expected = complete(byte_server, prompt=prompt, max_tokens=6, temperature=0)["choices"][0]["text"]
+    status, _, data = http_call(byte_server, "POST", "/v1/chat/completions",
+                                json.dumps({"messages": CHAT, "max_completion_tokens": 6, "temperature": 0}))
+    assert status == 200, data[:300]
+    body = json.loads(data)
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    message = body["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": expected}, (
+        "rule 5: the chat answer is the completion of the template's prompt")
+    assert body["usage"]["completion_tokens"] == 6
+
+
+@pytest.mark.exercise5
+def test_rule5_a_streamed_chat_sends_the_role_first_then_content_deltas_and_usage(byte_server):
+    prompt = chat.render_chat(chat.parse_messages(CHAT))
+    expected = complete(byte_server, prompt=prompt, max_tokens=5, temperature=0)["choices"][0]["text"]
+    events = stream_events_at(byte_server, "/v1/chat/completions", messages=CHAT, max_tokens=5, temperature=0,
+                              stream_options={"include_usage": True})
+    chunks = [e for e in events[:-1] if e["choices"]]
+    assert all(e["object"] == "chat.completion.chunk" for e in events[:-1])
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant", "rule 5: the first delta carries the role"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == expected
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 5
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("messages, param", [
+    ([], "messages"), ([{"role": "robot", "content": "x"}], "messages[0].role"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content[0]"),
+    ([{"role": "user", "content": 5}], "messages[0].content")])
+def test_rule5_bad_messages_are_a_400_naming_the_message(server, messages, param):
+    status, error = error_of(server, "/v1/chat/completions", {"messages": messages})
+    assert status == 400 and error["param"] == param, f"rule 5: expected a 400 naming {param}; got {error}"
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_rule6_another_model_is_a_404_as_vllm_says_it(server, path):
+    status, error = error_of(server, path, minimal_body(path) | {"model": "gpt-4"})
+    assert status == 404 and error["type"] == "NotFoundError", f"rule 6: a model not served is a 404; got {error}"
+    assert error["message"] == "The model `gpt-4` does not exist."
+
+
+@pytest.mark.provided
+def test_rule6_model_objects_carry_created_owner_root_and_max_model_len(server):
+    status, _, data = http_call(server, "GET", f"/v1/models/{server.model_name}")
+    card = json.loads(data)
+    assert status == 200 and card["id"] == server.model_name and card["object"] == "model"
+    assert card["root"] == server.model_name and card["max_model_len"] == 128
+    assert isinstance(card["created"], int) and card["owned_by"], "rule 6: created and owned_by, as OpenAI's"
+    assert json.loads(http_call(server, "GET", "/v1/models")[2])["data"] == [card]
+    assert http_call(server, "GET", "/v1/models/gpt-4")[0] == 404
+
+
+@pytest.mark.exercise5
+def test_rule6_completion_ids_are_unique_and_token_ids_come_when_asked(server):
+    bodies = [complete(server, prompt=[1, 2], max_tokens=2) for _ in range(3)]
+    ids = [b["id"] for b in bodies]
+    assert len(set(ids)) == 3 and all(re.fullmatch(r"cmpl-[0-9a-f]{32}", i) for i in ids), (
+        f"rule 6: ids are cmpl-<uuid hex>, unique; got {ids}")
+    assert all(isinstance(b["created"], int) for b in bodies)
+    assert "token_ids" not in bodies[0]["choices"][0], "token ids only with return_token_ids (vLLM)"
+    asked = complete(server, prompt=[1, 2], max_tokens=2, return_token_ids=True)["choices"][0]
+    assert asked["prompt_token_ids"] == [1, 2] and len(asked["token_ids"]) == 2
+
+
+@pytest.mark.provided
+def test_rule7_one_connection_carries_several_requests(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    try:
+        for method, path, body, status in [("GET", "/health", None, 200), ("POST", "/v1/completions", "{", 400),
+                                           ("HEAD", "/v1/models", None, 200), ("GET", "/v1/models", None, 200)]:
+            conn.request(method, path, body)
+            resp = conn.getresponse()
+            data = resp.read()
+            assert resp.status == status, f"{method} {path}: HTTP {resp.status}"
+            assert resp.getheader("Connection") == "keep-alive", (
+                "rule 7: an HTTP/1.1 connection persists (keep-alive) across requests")
+            if method == "HEAD":
+                assert data == b"" and int(resp.getheader("Content-Length")) > 0, "HEAD: the head of GET, no body"
+        assert conn.sock is not None, "rule 7: the server must not close a keep-alive connection"
+    finally:
+        conn.close()
+
+
+def raw_exchange(server, request_bytes):
+    """Everything the server sends back until it closes the connection (bounded)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(request_bytes)
+        reply = b""
+        for _ in range(1000):
+            data = sock.recv(65536)
+            if not data:
+                return reply
+            reply += data
+    raise AssertionError("the server did not close the connection")
+
+
+@pytest.mark.provided
+def test_rule7_pipelined_requests_are_answered_in_order(server):
+    body = b'{"prompt": [1], "max_tokens": 0, "echo": true}'  # answered without the engine
+    post = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    reply = raw_exchange(server, post + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert reply.count(b"HTTP/1.1 200 OK") == 2 and reply.index(b"text_completion") < reply.rindex(b"HTTP/1.1 200"), (
+        "rule 7: two requests sent back to back on one connection get two responses, in order")
+
+
+@pytest.mark.provided
+def test_rule7_connection_close_is_honoured(server):
+    reply = raw_exchange(server, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 200") and b"Connection: close" in reply, (
+        "rule 7: after Connection: close the server answers and closes")
+
+
+@pytest.mark.provided
+def test_rule7_head_is_get_without_the_body(server):
+    reply = raw_exchange(server, b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Content-Length: " in head and body == b"", (
+        f"rule 7: HEAD answers GET's head (its Content-Length) and no body; got {body[:80]!r} after the head")
+
+
+@pytest.mark.provided
+def test_rule7_an_idle_connection_is_closed_after_the_keep_alive_timeout(server, monkeypatch):
+    monkeypatch.setattr(api_server, "KEEP_ALIVE_TIMEOUT_S", 0.2)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        start, reply = time.monotonic(), b""
+        for _ in range(100):
+            data = sock.recv(65536)
+            if not data:
+                break
+            reply += data
+    assert reply.startswith(b"HTTP/1.1 200") and time.monotonic() - start < HTTP_TIMEOUT, (
+        "rule 7: an idle persistent connection is closed after a bounded time")
+
+
+@pytest.mark.exercise5
+def test_rule7_an_http_1_0_client_gets_a_stream_delimited_by_close(server):
+    body = json.dumps({"prompt": [1, 2], "max_tokens": 3, "stream": True}).encode()
+    reply = raw_exchange(server, b"POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    reraise_stub(reply.decode(errors="replace"))
+    head, _, rest = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower(), (
+        "rule 7: HTTP/1.0 has no chunked encoding: the body ends when the connection closes")
+    assert rest.startswith(b"data: ") and rest.endswith(b"data: [DONE]\n\n"), rest[-80:]
+
+
+@pytest.mark.provided
+def test_rule7_close_returns_promptly_with_idle_client_connections_open(engine_model):
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
+    srv = serving.start_server(engine)
+    conns = [http.client.HTTPConnection("127.0.0.1", srv.port, timeout=HTTP_TIMEOUT) for _ in range(3)]
+    try:
+        for conn in conns:
+            conn.request("GET", "/health")
+            conn.getresponse().read()  # the connection stays open, idle
+        start = time.monotonic()
+        srv.close()
+        assert time.monotonic() - start < 2.0, "rule 7: close() must not wait for idle keep-alive connections"
+    finally:
+        srv.close()
+        for conn in conns:
+            conn.close()
+
+
+ODD_JSON = [  # (body, the field it names or None for the body)
+    (b'{"prompt": "\\ud800"}', "prompt"), (b'{"prompt": [1], "stop": "\\udc00"}', "stop"),
+    (b'{"prompt": [1], "temperature": NaN}', None), (b'{"prompt": [1], "temperature": Infinity}', None),
+    (b'{"prompt": [1], "temperature": -Infinity}', None),
+    (b'{"prompt": [1], "temperature": 1' + b"0" * 400 + b"}", "temperature"),
+    (b'{"prompt": [1], "max_tokens": 1' + b"0" * 400 + b"}", "max_tokens"),
+    (b'{"prompt": [1], "n": 1' + b"0" * 400 + b"}", "n"),
+    (b'{"prompt": [1], "seed": 1' + b"0" * 400 + b"}", "seed"),
+    (b'{"prompt": [1], "repetition_penalty": 1e400}', "repetition_penalty"),
+    (b'{"prompt": [1], "temperature": 1e400}', "temperature"),
+    (b'{"prompt": [1], "top_p": 1' + b"0" * 400 + b"}", "top_p"),
+    (b'{"prompt": [1' + b"0" * 400 + b"]}", "prompt"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content"),
+]
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("body, param", ODD_JSON, ids=[b[:48].decode() for b, _ in ODD_JSON])
+def test_rule8_odd_json_is_a_400_never_a_500(server, body, param):
+    path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
+    status, error = error_of(server, path, body)
+    assert status == 400, f"rule 8: {body[:60]!r} must be a 400, not a {status}: {error}"
+    assert error["param"] == param, f"rule 8: the error must name {param}; got {error}"
+
+
+@pytest.mark.provided
+def test_rule8_a_long_stop_token_list_is_refused_before_it_is_scanned(server):
+    status, error = error_of(server, "/v1/completions", {"prompt": [1], "stop_token_ids": [1] * 200_000})
+    assert status == 400 and error["param"] == "stop_token_ids", (
+        "rule 8: the engine checks stop tokens every step: 200,000 of them must not reach it")
+
+
+@pytest.mark.provided
+def test_rule8_a_large_body_is_parsed_off_the_event_loop(server, monkeypatch):
+    threads, parse = [], api_server.parse_completion_request
+
+    def recorded(*args):
+        threads.append(threading.current_thread())
+        return parse(*args)
+
+    monkeypatch.setattr(api_server, "parse_completion_request", recorded)
+    body = json.dumps({"prompt": [1] * 100, "max_tokens": 0, "user": "x" * 200_000})  # valid, not run
+    status, _, data = http_call(server, "POST", "/v1/completions", body)
+    assert status == 400 and threads, data[:200]
+    assert threads[0] is not server._thread, (
+        "rule 8: a large body is parsed on a worker thread, so the event loop keeps serving the others")
+
+
+@pytest.mark.provided
+def test_rule8_a_huge_prompt_is_refused_by_its_length(server):
+    status, error = error_of(server, "/v1/completions", {"prompt": ["x"] + [1] * 300_000})
+    assert status == 400 and error["param"] == "prompt" and "n_positions" in error["message"], error
+    assert http_call(server, "GET", "/health")[0] == 200
 
 
 # --- the load generator: its statistics on hand-made streams, then end to end ------------

@@ -6,6 +6,9 @@ is handed the module (or an engine of it), so `python lab.py serve` serves the s
     cli.py                  `main(lab, argv)`: every command                vllm/entrypoints/cli/main.py
     api_server.py           the OpenAI-compatible HTTP server               vllm/entrypoints/openai/api_server.py
     protocol.py             request parsing, response objects               vllm/entrypoints/openai/protocol.py
+    chat.py                 chat messages and the plain chat template       vllm/entrypoints/chat_utils.py
+    output.py               tokens to text: detokenizing, stop strings      vllm/v1/engine/output_processor.py
+    tokenizer.py            ByteTokenizer, IncrementalDetokenizer           vllm/transformers_utils/tokenizer.py
     async_llm.py            one thread owns the engine; outputs routed      vllm/v1/engine/async_llm.py
     metrics.py              Prometheus text under vLLM's names              vllm/v1/metrics/
     benchmark_serving.py    open-loop load generator, vLLM's latencies      vllm/benchmarks/serve.py

@@ -4,40 +4,49 @@
 asked a different question: requests arrive when they like, each one waits for its first
 token (TTFT) and then for every next one (TPOT/ITL), and past some arrival rate the queue
 grows without bound. This server puts the engine on a socket with the wire format of OpenAI
-and vLLM (`/v1/completions`, server-sent events, `/metrics` under vLLM's metric names), so
-the load generator (`benchmark_serving.py`) measures it, and a vLLM deployment, the same way.
+and vLLM (`/v1/completions`, `/v1/chat/completions`, server-sent events, `/metrics` under
+vLLM's metric names), so the load generator (`benchmark_serving.py`) and OpenAI's own client
+library talk to it as to a vLLM deployment.
 
-One thread owns the engine (`async_llm.AsyncLLM`). The asyncio loop parses HTTP and hands each
+One thread owns the engine (`async_llm.AsyncLLM`). The asyncio loop speaks HTTP and hands each
 request over; the worker thread adds it, steps the engine and returns the step's outputs; the
-loop routes every new token to the request's own queue, whose handler writes it to the socket.
-The server is handed the engine, never the module by name: `sys.modules` gives the module the
-engine's class lives in, so `python lab.py serve` serves the student's own code.
+loop routes every new token to the request's queue, whose handler turns tokens into text
+(`output.ChoiceState`: detokenizing, stop strings) and writes it to the socket. The server is
+handed the engine, never the module by name: `sys.modules` gives the module the engine's class
+lives in, so `python lab.py serve` serves the student's own code.
+
+HTTP, as clients expect it: HTTP/1.1 connections persist (several requests each, until the
+client says `Connection: close` or stays idle for KEEP_ALIVE_TIMEOUT_S); an HTTP/1.0 client
+gets one response and, for a stream, a body that ends when the connection closes (it knows no
+chunked encoding); HEAD is GET without the body. No client can stall the others: a body over
+MAX_BODY_BYTES is refused from its Content-Length before it is read, a large body is parsed on
+a small thread pool instead of the event loop, and every per-token check is O(1).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import concurrent.futures
 import json
 import sys
 import threading
 import time
+import urllib.parse
+from dataclasses import dataclass
 
 from .async_llm import AsyncLLM
+from .chat import parse_chat_request
 from .metrics import TTFT_BUCKETS_S, Histogram, prometheus_text
-from .protocol import APIError, completion_choice, parse_completion_request, usage
+from .output import ChoiceState, Delta, LogprobFormatter, prompt_offsets
+from .protocol import APIError, GenerateRequest, model_not_found, parse_completion_request, usage
+from .tokenizer import ByteTokenizer
 
 MAX_BODY_BYTES = 1 << 20  # a completion body is a prompt and a few fields; a larger one is refused unread
-
-
 MAX_HEADER_BYTES = 16 << 10
-
-
 READ_TIMEOUT_S = 10.0  # to receive a request's head and body; a silent client is dropped
-
-
+KEEP_ALIVE_TIMEOUT_S = 5.0  # an idle persistent connection is closed after this long (uvicorn's default)
 SHUTDOWN_TIMEOUT_S = 10.0
-
+INLINE_PARSE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop; larger ones on the pool
 
 _REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             500: "Internal Server Error", 503: "Service Unavailable"}
@@ -50,41 +59,81 @@ class _ClientGone(Exception):
 _CLIENT_GONE = object()  # put in a request's queue when its client disconnects
 
 
-def _http_head(status: int, content_type: str, length: int | None = None) -> bytes:
-    """Response head; `length=None` means a chunked body (a stream). One response per connection."""
-    lines = [f"HTTP/1.1 {status} {_REASONS[status]}", f"Content-Type: {content_type}", "Connection: close"]
-    lines += ["Cache-Control: no-cache", "Transfer-Encoding: chunked"] if length is None else [
-        f"Content-Length: {length}"]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+@dataclass
+class _HTTPRequest:
+    method: str
+    path: str
+    version: str  # "HTTP/1.0" or "HTTP/1.1"
+    headers: dict[str, str]
+    keep_alive: bool
+    body: bytes = b""
 
 
-def _http_chunk(data: bytes) -> bytes:
-    return f"{len(data):x}\r\n".encode("ascii") + data + b"\r\n"
+class _Connection:
+    """One client connection: a byte buffer over the stream, so that bytes a watcher reads
+    while a response is written (a pipelined next request) are kept, not lost."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+        self.buffer = bytearray()
+        self.idle = True  # waiting for a request (close() may drop it at once)
+
+    async def fill(self) -> bool:
+        """Read what has arrived into the buffer; False at end of stream."""
+        data = await self.reader.read(65536)
+        self.buffer += data
+        return bool(data)
+
+    async def read_head(self) -> bytes:
+        while True:
+            while self.buffer[:2] == b"\r\n":  # blank lines between requests are allowed (RFC 9112)
+                del self.buffer[:2]
+            end = self.buffer.find(b"\r\n\r\n")
+            if end >= 0:
+                head = bytes(self.buffer[:end])
+                del self.buffer[:end + 4]
+                return head
+            if len(self.buffer) > MAX_HEADER_BYTES:
+                raise APIError(f"the request head is over {MAX_HEADER_BYTES} bytes")
+            if not await self.fill():
+                raise asyncio.IncompleteReadError(bytes(self.buffer), None)
+
+    async def read_exactly(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            if not await self.fill():
+                raise asyncio.IncompleteReadError(bytes(self.buffer), n)
+        data = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return data
+
+    async def watch_disconnect(self) -> bool:
+        """True when the client closes its side. Bytes that arrive instead (a pipelined
+        request) stay in the buffer and end the watch (False): from then on a failed write tells."""
+        try:
+            return not self.buffer and not await self.fill()
+        except ConnectionError:
+            return True
 
 
-def _sse(event: dict | str) -> bytes:
-    """One server-sent event, as one HTTP chunk: `data: {json}` and a blank line."""
-    data = event if isinstance(event, str) else json.dumps(event, separators=(",", ":"))
-    return _http_chunk(f"data: {data}\n\n".encode())
-
-
-async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[str, str, bytes]:
-    """(method, path, body) of one HTTP/1.1 request. A head over MAX_HEADER_BYTES or a body over
-    MAX_BODY_BYTES is a 400 raised before the body is read."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.LimitOverrunError:
-        raise APIError(f"the request head is over {MAX_HEADER_BYTES} bytes") from None
+def _parse_head(head: bytes) -> _HTTPRequest:
+    """Request line and headers; the connection must close after an error here (framing is lost)."""
     request_line, *header_lines = head.decode("latin-1").split("\r\n")
     parts = request_line.split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+    if len(parts) != 3 or parts[2] not in ("HTTP/1.0", "HTTP/1.1"):
         raise APIError(f"malformed request line {request_line[:80]!r}")
     headers = {}
-    for line in filter(None, header_lines):
+    for line in header_lines:
         name, sep, value = line.partition(":")
         if not sep:
             raise APIError(f"malformed header line {line[:80]!r}")
         headers[name.strip().lower()] = value.strip()
+    tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    keep_alive = "close" not in tokens if parts[2] == "HTTP/1.1" else "keep-alive" in tokens
+    return _HTTPRequest(parts[0], urllib.parse.unquote(parts[1].split("?", 1)[0]), parts[2], headers, keep_alive)
+
+
+def _body_length(request: _HTTPRequest) -> int:
+    headers = request.headers
     if "transfer-encoding" in headers:
         raise APIError("chunked request bodies are not supported: send Content-Length")
     length = headers.get("content-length", "0")
@@ -92,38 +141,77 @@ async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
         raise APIError(f"Content-Length must be a number of bytes, got {length!r}")
     if int(length) > MAX_BODY_BYTES:
         raise APIError(f"the body is {length} bytes; the limit is {MAX_BODY_BYTES}")
-    if headers.get("expect", "").lower() == "100-continue":  # curl waits for this before a large body
-        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    return parts[0], parts[1].split("?", 1)[0], await reader.readexactly(int(length))
+    return int(length)
 
 
-async def _watch_disconnect(reader: asyncio.StreamReader) -> None:
-    """Return when the client closes its side (nothing else is expected after the request)."""
-    try:
-        while await reader.read(4096):
-            pass
-    except ConnectionError:
-        pass
+class _Sink:
+    """Where one response goes: its head once, then its body, sized, chunked (HTTP/1.1 stream)
+    or delimited by closing the connection (an HTTP/1.0 stream)."""
+
+    def __init__(self, conn: _Connection, request: _HTTPRequest):
+        self.conn, self.request = conn, request
+        self.keep_alive = request.keep_alive
+        self.started = False
+        self.chunked = False
+
+    def head(self, status: int, content_type: str, length: int | None = None) -> bytes:
+        """`length=None`: a stream (chunked for HTTP/1.1, to the close for HTTP/1.0)."""
+        self.started = True
+        if length is None and self.request.version == "HTTP/1.0":
+            self.keep_alive = False
+        self.chunked = length is None and self.request.version == "HTTP/1.1"
+        lines = [f"{self.request.version} {status} {_REASONS[status]}", f"Content-Type: {content_type}",
+                 f"Connection: {'keep-alive' if self.keep_alive else 'close'}"]
+        if self.keep_alive:
+            lines.append(f"Keep-Alive: timeout={int(KEEP_ALIVE_TIMEOUT_S)}")
+        if length is None:
+            lines += ["Cache-Control: no-cache"] + (["Transfer-Encoding: chunked"] if self.chunked else [])
+        else:
+            lines.append(f"Content-Length: {length}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def whole(self, status: int, content_type: str, data: bytes) -> None:
+        body = b"" if self.request.method == "HEAD" else data
+        self.conn.writer.write(self.head(status, content_type, len(data)) + body)
+
+    def json(self, status: int, payload: dict) -> None:
+        self.whole(status, "application/json", json.dumps(payload).encode())
+
+    def piece(self, data: bytes) -> bytes:
+        """Part of a streamed body, framed."""
+        return f"{len(data):x}\r\n".encode("ascii") + data + b"\r\n" if self.chunked else data
+
+    def end(self) -> bytes:
+        return b"0\r\n\r\n" if self.chunked else b""
+
+    def sse(self, event: dict | str) -> bytes:
+        """One server-sent event: `data: {json}` and a blank line."""
+        data = event if isinstance(event, str) else json.dumps(event, separators=(",", ":"))
+        return self.piece(f"data: {data}\n\n".encode())
 
 
 class CompletionServer:
     """An OpenAI-compatible server for one LLMEngine, on a background thread (see start_server).
 
-    `.url`, `.port`, `.model_name`; `.close()` stops accepting, ends every request in flight
-    (503) and aborts it in the engine, and joins the thread; it is idempotent. A context manager.
-    Not to be closed from inside one of its own handlers.
+    `.url`, `.port`, `.model_name`, `.tokenizer`; `.close()` stops accepting, drops idle
+    connections, ends every request in flight (503) and aborts it in the engine, and joins the
+    thread; it is idempotent. A context manager. Not to be closed from inside one of its handlers.
     """
 
-    def __init__(self, engine, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
+                 model_name: str | None = None):
         self.engine, self.host = engine, host
         self.lab = sys.modules[type(engine).__module__]  # the module whose engine this is
         config = engine.model.config
-        self.model_name = f"toy-gpt2-{config.n_layer}x{config.n_embd}-v{config.vocab_size}"
+        self.tokenizer = ByteTokenizer(config.vocab_size) if tokenizer is None else tokenizer
+        self.model_name = model_name or f"toy-gpt2-{config.n_layer}x{config.n_embd}-v{config.vocab_size}"
+        self.created = int(time.time())
         self.port = port
-        self._ids = itertools.count()
         self._ttft = Histogram(TTFT_BUCKETS_S)
         self._counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
-        self._connections: set[asyncio.Task] = set()
+        self._connections: dict[asyncio.Task, _Connection] = {}
+        self._stopping = False
+        self._parser = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="parse")
         self._closed, self._close_lock = False, threading.Lock()
         self._started, self._startup_error = threading.Event(), None
         self._thread = threading.Thread(target=self._run, args=(port,), name="lab-server", daemon=True)
@@ -145,6 +233,7 @@ class CompletionServer:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(SHUTDOWN_TIMEOUT_S * 3)
+        self._parser.shutdown(wait=False)
 
     def __enter__(self) -> CompletionServer:
         return self
@@ -167,12 +256,16 @@ class CompletionServer:
     async def _serve(self, port: int) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         self._bridge = AsyncLLM(self.engine)
-        server = await asyncio.start_server(self._connection, self.host, port, limit=MAX_HEADER_BYTES)
+        server = await asyncio.start_server(self._connection, self.host, port)
         self.port = server.sockets[0].getsockname()[1]
         engine_task = asyncio.create_task(self._bridge.run())
         self._started.set()
         await self._stop.wait()
+        self._stopping = True
         server.close()  # stop accepting
+        for task, conn in list(self._connections.items()):
+            if conn.idle:  # between requests: nothing to finish, so no reason to wait for it
+                task.cancel()
         await self._bridge.close()  # in-flight handlers get their 503 and finish
         pending = list(self._connections)
         if pending:
@@ -185,143 +278,275 @@ class CompletionServer:
         self._bridge.worker.shutdown(wait=True)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One request per connection: read it, route it, answer, close."""
-        task = asyncio.current_task()
-        self._connections.add(task)
+        """A persistent connection: requests one after another until either side closes it."""
+        conn = _Connection(reader, writer)
+        self._connections[asyncio.current_task()] = conn
         try:
-            try:
-                method, path, body = await asyncio.wait_for(_read_request(reader, writer), READ_TIMEOUT_S)
-                await self._route(method, path, body, reader, writer)
-            except APIError as exc:
-                self._respond_json(writer, exc.status, exc.body())
-            await writer.drain()
+            timeout = READ_TIMEOUT_S
+            while not self._stopping:
+                conn.idle = True
+                try:
+                    head = await asyncio.wait_for(conn.read_head(), timeout)
+                except APIError as exc:  # a head we cannot read: answer, then close (framing is lost)
+                    writer.write(_error_response(exc))
+                    break
+                conn.idle, timeout = False, KEEP_ALIVE_TIMEOUT_S
+                if not await self._one_request(conn, head):
+                    break
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
-            pass  # the client went away, or said too little too slowly
-        except Exception as exc:  # noqa: BLE001 - a bug answers 500 for this request only
-            error = APIError(f"internal error: {type(exc).__name__}: {exc}", 500, "server_error")
-            self._respond_json(writer, 500, error.body())
+            pass  # the client went away, or said too little too slowly, or idled out
         finally:
             writer.close()
-            self._connections.discard(task)
+            self._connections.pop(asyncio.current_task(), None)
 
-    async def _route(self, method: str, path: str, body: bytes, reader, writer) -> None:
-        routes = {"/health": "GET", "/v1/models": "GET", "/metrics": "GET", "/v1/completions": "POST"}
-        if path not in routes:
-            raise APIError(f"no route {path}; try /v1/completions, /v1/models, /health, /metrics",
-                             404, "not_found_error")
-        if method != routes[path]:
-            raise APIError(f"{path} takes {routes[path]}, not {method}", 405)
-        if path == "/health":
-            writer.write(_http_head(200, "text/plain", 0))
-        elif path == "/v1/models":
-            self._respond_json(writer, 200, self._models())
-        elif path == "/metrics":
-            text = self._metrics().encode()
-            writer.write(_http_head(200, "text/plain; version=0.0.4", len(text)) + text)
-        else:
-            await self._complete(body, reader, writer)
-
-    def _respond_json(self, writer: asyncio.StreamWriter, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        writer.write(_http_head(status, "application/json", len(data)) + data)
-
-    def _models(self) -> dict:
-        config = self.engine.model.config
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "lab",
-                                            "max_model_len": config.n_positions,
-                                            "vocab_size": config.vocab_size}]}
-
-    async def _complete(self, body: bytes, reader, writer) -> None:
-        """POST /v1/completions. The status line waits for the engine's first word (a token or a
-        rejection), so a request the engine refuses is still a clean 400; a disconnect aborts."""
-        request, stream, include_usage = parse_completion_request(
-            self.lab, body, self.engine.model.config, f"cmpl-{next(self._ids)}")
-        received = time.perf_counter()
-        queue = self._bridge.submit(request)
-        watcher = asyncio.create_task(_watch_disconnect(reader))
-        watcher.add_done_callback(lambda _: queue.put_nowait(_CLIENT_GONE))
+    async def _one_request(self, conn: _Connection, head: bytes) -> bool:
+        """Read, route and answer one request; whether the connection may carry another."""
         try:
-            respond = self._stream if stream else self._respond_whole
-            await respond(request, queue, writer, received, include_usage)
-        except (_ClientGone, ConnectionError):
-            self._bridge.abort(request.request_id)
-        except BaseException:  # a bug or a cancellation: the request must not run on unattended
-            self._bridge.abort(request.request_id)
+            request = _parse_head(head)
+        except APIError as exc:
+            conn.writer.write(_error_response(exc))
+            return False
+        sink = _Sink(conn, request)
+        try:
+            try:
+                length = _body_length(request)
+            except APIError:
+                sink.keep_alive = False  # the body is unread: the next bytes are not a request
+                raise
+            if length and request.headers.get("expect", "").lower() == "100-continue":
+                conn.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for this before a large body
+            request.body = await asyncio.wait_for(conn.read_exactly(length), READ_TIMEOUT_S)
+            await self._route(request, conn, sink)
+        except APIError as exc:
+            if sink.started:  # too late for an error response: end the connection
+                return False
+            sink.json(exc.status, exc.body())
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
             raise
-        finally:
-            watcher.cancel()
+        except Exception as exc:  # noqa: BLE001 - a bug answers 500 for this request only
+            if sink.started:
+                return False
+            error = APIError(f"internal error: {type(exc).__name__}: {exc}", 500, "server_error")
+            sink.keep_alive = False
+            sink.json(500, error.body())
+        await conn.writer.drain()
+        return sink.keep_alive and not self._stopping
 
-    async def _outputs(self, queue: asyncio.Queue, received: float):
-        """The request's RequestOutputs up to the finished one (first token: into the TTFT histogram)."""
-        first = True
-        while True:
+    async def _route(self, request: _HTTPRequest, conn: _Connection, sink: _Sink) -> None:
+        path, method = request.path, request.method
+        gets = {"/health", "/v1/models", "/metrics"}
+        posts = {"/v1/completions": parse_completion_request, "/v1/chat/completions": parse_chat_request}
+        model_path = path.startswith("/v1/models/")
+        if path not in gets and path not in posts and not model_path:
+            raise APIError(f"no route {path}; try /v1/completions, /v1/chat/completions, /v1/models, /health, "
+                           f"/metrics", 404, "NotFoundError")
+        allowed = ("POST",) if path in posts else ("GET", "HEAD")
+        if method not in allowed:
+            raise APIError(f"{path} takes {' or '.join(allowed)}, not {method}", 405)
+        if path == "/health":
+            sink.whole(200, "text/plain", b"")
+        elif path == "/v1/models":
+            sink.json(200, {"object": "list", "data": [self._model_card()]})
+        elif model_path:
+            if path[len("/v1/models/"):] != self.model_name:
+                raise model_not_found(path[len("/v1/models/"):])
+            sink.json(200, self._model_card())
+        elif path == "/metrics":
+            sink.whole(200, "text/plain; version=0.0.4", self._metrics().encode())
+        else:
+            args = (self.lab, request.body, self.engine.model.config, self.tokenizer, self.model_name)
+            if len(request.body) <= INLINE_PARSE_BYTES:
+                gen = posts[path](*args)
+            else:  # a large body is parsed off the loop, so that other clients' tokens keep flowing
+                gen = await asyncio.get_running_loop().run_in_executor(self._parser, posts[path], *args)
+            await self._generate(gen, conn, sink)
+
+    def _model_card(self) -> dict:
+        config = self.engine.model.config
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "lab",
+                "root": self.model_name, "parent": None, "max_model_len": config.n_positions,
+                "vocab_size": config.vocab_size, "permission": []}
+
+    # --- generation ---
+
+    async def _generate(self, gen: GenerateRequest, conn: _Connection, sink: _Sink) -> None:
+        """Run every choice of `gen` and answer. The status line waits for the engine's first
+        word (a token or a rejection), so a request the engine refuses is still a clean 400;
+        a disconnect, a stop string or a failure aborts the requests still running."""
+        received = time.perf_counter()
+        states = {r.request_id: ChoiceState(i, r, self.tokenizer, gen.stop, gen.stop_token_ids,
+                                            gen.include_stop_str_in_output, gen.skip_special_tokens, gen.prompt_only)
+                  for i, r in enumerate(gen.requests)}
+        queue: asyncio.Queue = asyncio.Queue()
+        watcher = None
+        if gen.needs_engine:
+            for request in gen.requests:
+                self._bridge.submit(request, queue)
+            watcher = asyncio.create_task(conn.watch_disconnect())
+            watcher.add_done_callback(lambda t: t.cancelled() or not t.result() or queue.put_nowait(_CLIENT_GONE))
+        try:
+            updates = self._updates(gen, states, queue, received)
+            respond = self._stream if gen.stream else self._respond_whole
+            await respond(gen, states, updates, sink)
+        except (_ClientGone, ConnectionError):
+            sink.keep_alive = False
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            for request_id, state in states.items():
+                if not state.finished:  # the client went, or a choice failed: the rest must not run on
+                    self._bridge.abort(request_id)
+
+    async def _updates(self, gen: GenerateRequest, states: dict, queue: asyncio.Queue, received: float):
+        """(state, Delta) per RequestOutput, until every choice is finished."""
+        if not gen.needs_engine:  # echo with max_tokens 0: the prompt is the answer
+            for state in states.values():
+                state.finish_reason = "length"
+                yield state, Delta("", [], [], [], "length")
+            return
+        unfinished, first = set(states), True
+        while unfinished:
             item = await queue.get()
             if item is _CLIENT_GONE:
                 raise _ClientGone
             if isinstance(item, APIError):
                 raise item
+            state = states.get(item.request_id)
+            if state is None or state.finished:
+                continue
             if first and item.output_token_ids:
                 self._ttft.observe(time.perf_counter() - received)
                 first = False
-            yield item
-            if item.finished:
-                return
+            delta = state.update(item)
+            if state.finished:
+                unfinished.discard(item.request_id)
+                if not item.finished:  # a stop string, or a prompt-only run: the engine must stop too
+                    self._bridge.abort(item.request_id)
+            yield state, delta
 
-    def _completion(self, request, kind: str) -> dict:
-        return {"id": request.request_id, "object": kind, "created": int(time.time()), "model": self.model_name}
+    def _header(self, gen: GenerateRequest, kind: str) -> dict:
+        return {"id": gen.response_id, "object": kind, "created": int(time.time()), "model": self.model_name}
 
-    def _count(self, request, num_output_tokens: int) -> None:
+    def _usage(self, gen: GenerateRequest, states: dict) -> dict:
+        return usage(sum(map(len, gen.prompts)), sum(len(s.token_ids) for s in states.values()))
+
+    def _count(self, gen: GenerateRequest, states: dict) -> None:
         self._counters["requests"] += 1
-        self._counters["prompt_tokens"] += len(request.prompt_token_ids)
-        self._counters["generation_tokens"] += num_output_tokens
+        self._counters["prompt_tokens"] += sum(map(len, gen.prompts))
+        self._counters["generation_tokens"] += sum(len(s.token_ids) for s in states.values())
 
-    async def _respond_whole(self, request, queue, writer, received: float, include_usage: bool) -> None:
-        async for out in self._outputs(queue, received):
-            last = out
-        tokens = last.output_token_ids
-        self._count(request, len(tokens))
-        self._respond_json(writer, 200, self._completion(request, "text_completion") | {
-            "choices": [completion_choice(tokens, last.finish_reason)], "usage": usage(request, len(tokens))})
+    def _prompt_of(self, gen: GenerateRequest, state: ChoiceState) -> tuple[list[int], str]:
+        i = state.index // gen.n
+        return gen.prompts[i], gen.prompt_texts[i]
 
-    async def _stream(self, request, queue, writer, received: float, include_usage: bool) -> None:
-        """Server-sent events: one chunk per token, the last with its finish_reason, then [DONE]."""
-        header, sent = self._completion(request, "text_completion"), 0
+    def _completion_logprobs(self, gen: GenerateRequest, state: ChoiceState, token_ids, entries, offsets,
+                             with_prompt: bool) -> dict | None:
+        if gen.logprobs is None:
+            return None
+        fmt = LogprobFormatter(self.tokenizer, gen.return_tokens_as_token_ids)
+        if gen.echo:  # the choice's text starts with the prompt's: offsets move past it
+            prompt, text = self._prompt_of(gen, state)
+            offsets = [o + len(text) for o in offsets]
+            if with_prompt:
+                entries = list(state.prompt_logprobs or [None] * len(prompt))[:len(prompt)] + list(entries)
+                token_ids = list(prompt) + list(token_ids)
+                offsets = prompt_offsets(self.tokenizer, prompt) + offsets
+        return fmt.completion(token_ids, entries, offsets, gen.logprobs)
+
+    def _choice(self, gen: GenerateRequest, state: ChoiceState, delta: Delta | None, first: bool) -> dict:
+        """One choice object: the whole answer (`delta` None) or one streamed piece."""
+        tokens, entries = (state.token_ids, state.logprobs) if delta is None else (delta.token_ids, delta.logprobs)
+        offsets = state.offsets if delta is None else delta.offsets
+        text = state.text if delta is None else delta.text
+        prompt, prompt_text = self._prompt_of(gen, state)
+        fmt = LogprobFormatter(self.tokenizer, gen.return_tokens_as_token_ids)
+        choice: dict = {"index": state.index}
+        if gen.kind == "completion":
+            choice["text"] = (prompt_text if gen.echo and first else "") + text
+            choice["logprobs"] = self._completion_logprobs(gen, state, tokens, entries, offsets, first)
+        else:
+            message = {"role": "assistant", "content": text} if delta is None else {"content": text}
+            choice["message" if delta is None else "delta"] = message
+            choice["logprobs"] = None if gen.logprobs is None else fmt.chat(tokens, entries, gen.logprobs)
+        choice["finish_reason"] = state.finish_reason if delta is None else delta.finish_reason
+        choice["stop_reason"] = state.stop_reason if delta is None else delta.stop_reason
+        if gen.prompt_logprobs is not None and first:
+            choice["prompt_logprobs"] = fmt.prompt_logprobs(prompt, state.prompt_logprobs)
+        if gen.return_token_ids:
+            if first:
+                choice["prompt_token_ids"] = list(prompt)
+            choice["token_ids"] = list(tokens)
+        return choice
+
+    async def _respond_whole(self, gen: GenerateRequest, states: dict, updates, sink: _Sink) -> None:
+        async for _ in updates:
+            pass
+        self._count(gen, states)
+        choices = [self._choice(gen, s, None, True) for s in sorted(states.values(), key=lambda s: s.index)]
+        kind = "text_completion" if gen.kind == "completion" else "chat.completion"
+        sink.json(200, self._header(gen, kind) | {"choices": choices, "usage": self._usage(gen, states)})
+
+    async def _stream(self, gen: GenerateRequest, states: dict, updates, sink: _Sink) -> None:
+        """Server-sent events: a chunk per choice per step that moved it (the chat API's first
+        chunk of each choice carries its role), the usage if asked, then [DONE]."""
+        kind = "text_completion" if gen.kind == "completion" else "chat.completion.chunk"
+        header, writer, started = self._header(gen, kind), sink.conn.writer, set()
         try:
-            async for out in self._outputs(queue, received):
-                new = out.output_token_ids[sent:]
-                finish = [None] * (len(new) - 1) + [out.finish_reason]
-                events = [_sse(header | {"choices": [completion_choice([t], f)]}) for t, f in zip(new, finish)]
-                writer.write(b"".join(([_http_head(200, "text/event-stream")] if sent == 0 else []) + events))
-                sent += len(new)
+            async for state, delta in updates:
+                out = [] if sink.started else [sink.head(200, "text/event-stream")]
+                if gen.kind == "chat" and not started:  # every choice's role first, as vLLM sends them
+                    out += [sink.sse(header | {"choices": [{"index": s.index, "delta": {"role": "assistant",
+                            "content": ""}, "logprobs": None, "finish_reason": None}]}) for s in
+                            sorted(states.values(), key=lambda s: s.index)]
+                    started.add("role")
+                first = state.index not in started
+                if delta.text or delta.token_ids or delta.finish_reason or (first and gen.echo):
+                    started.add(state.index)
+                    event = header | {"choices": [self._choice(gen, state, delta, first)]}
+                    if gen.continuous_usage:
+                        event["usage"] = self._usage(gen, states)
+                    out.append(sink.sse(event))
+                writer.write(b"".join(out))
                 await writer.drain()
         except APIError as exc:
-            if sent == 0:
+            if not sink.started:
                 raise  # nothing sent yet: a plain error response
-            writer.write(_sse(exc.body()) + _http_chunk(b""))  # ends the stream; not counted a success
+            writer.write(sink.sse(exc.body()) + sink.end())  # ends the stream; not counted a success
             return
-        self._count(request, sent)
-        if include_usage:
-            writer.write(_sse(header | {"choices": [], "usage": usage(request, sent)}))
-        writer.write(_sse("[DONE]") + _http_chunk(b""))
+        self._count(gen, states)
+        if not sink.started:
+            writer.write(sink.head(200, "text/event-stream"))
+        if gen.include_usage:
+            writer.write(sink.sse(header | {"choices": [], "usage": self._usage(gen, states)}))
+        writer.write(sink.sse("[DONE]") + sink.end())
 
     def _metrics(self) -> str:
         return prometheus_text(self.model_name, self._bridge.gauges, self._counters, self._ttft)
 
 
+def _error_response(error: APIError) -> bytes:
+    """A complete error response on a connection about to close (its request could not be read)."""
+    data = json.dumps(error.body()).encode()
+    head = (f"HTTP/1.1 {error.status} {_REASONS[error.status]}\r\nContent-Type: application/json\r\n"
+            f"Connection: close\r\nContent-Length: {len(data)}\r\n\r\n")
+    return head.encode("latin-1") + data
 
-def start_server(engine, host: str = "127.0.0.1", port: int = 0) -> CompletionServer:
+
+def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
+                 model_name: str | None = None) -> CompletionServer:
     """Serve `engine` over HTTP from a background thread (port 0: any free port) and return the
-    handle once it accepts connections. The server owns the engine until `close()`."""
-    return CompletionServer(engine, host, port)
+    handle once it accepts connections. The server owns the engine until `close()`.
+    `tokenizer`: encodes string prompts and decodes outputs (None: a ByteTokenizer of the model's
+    vocabulary); `model_name`: the id clients must name (None: one made of the model's shape)."""
+    return CompletionServer(engine, host, port, tokenizer=tokenizer, model_name=model_name)
 
 
-
-
-def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None) -> None:
+def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None, *,
+          tokenizer=None, model_name: str | None = None) -> None:
     """`python solution.py serve`: run the server until Ctrl-C (or for `duration` seconds)."""
-    with start_server(engine, host, port) as server:
-        print(f"serving {server.model_name} at {server.url}  (POST /v1/completions, GET /v1/models /health "
-              f"/metrics; Ctrl-C stops)", flush=True)
+    with start_server(engine, host, port, tokenizer=tokenizer, model_name=model_name) as server:
+        print(f"serving {server.model_name} at {server.url}  (POST /v1/completions /v1/chat/completions, "
+              f"GET /v1/models /health /metrics; Ctrl-C stops)", flush=True)
         try:
             threading.Event().wait(duration)
         except KeyboardInterrupt:

@@ -32,8 +32,10 @@ class AsyncLLM:
         # As of the last step (so an idle server reports an idle engine without touching it).
         self.gauges = {"running": 0, "waiting": 0, "kv_usage": 0.0, "preemptions": 0, "queries": 0, "hits": 0}
 
-    def submit(self, request) -> asyncio.Queue:
-        queue: asyncio.Queue = asyncio.Queue()
+    def submit(self, request, queue: asyncio.Queue | None = None) -> asyncio.Queue:
+        """Queue `request` for the engine; its outputs go to `queue` (a new one by default; several
+        requests may share one, as the choices of one response do: outputs carry their request_id)."""
+        queue = asyncio.Queue() if queue is None else queue
         if self.closing:  # the loop that would feed the queue has stopped
             queue.put_nowait(APIError("the server is shutting down", 503, "server_error"))
             return queue
