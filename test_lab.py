@@ -5074,6 +5074,27 @@ def test_streaming_skips_the_end_of_text_token(hand_tokenizer):
 
 
 @pytest.mark.exercise5
+def test_a_served_checkpoint_speaks_text_through_its_own_tokenizer(tmp_path):
+    config = lab.ModelConfig(**(CKPT_TINY | {"vocab_size": 300}))
+    weights = lab.init_gpt2_weights(config, seed=2)
+    weights["wte.weight"][299] = -10.0  # keep <|endoftext|> (id 299) out of the greedy path
+    save_gpt2(tmp_path / "tiny-gpt2", config, weights)
+    engine, tokenizer = serving.checkpoint_commands.checkpoint_engine(lab, tmp_path / "tiny-gpt2", max_num_seqs=2)
+    model, _ = load_gpt2(lab, tmp_path / "tiny-gpt2")
+    with serving.start_server(engine, tokenizer=tokenizer, model_name="tiny-gpt2") as server:
+        card = json.loads(http_call(server, "GET", "/v1/models")[2])["data"][0]
+        body = complete(server, model="tiny-gpt2", prompt="low lower", max_tokens=6, temperature=0,
+                        return_token_ids=True)
+    assert card["id"] == "tiny-gpt2" and card["max_model_len"] == config.n_positions, (
+        f"a served checkpoint is listed under its name with max_model_len = n_positions: {card}")
+    prompt = tokenizer.encode("low lower")
+    assert body["usage"]["prompt_tokens"] == len(prompt), "a text prompt is encoded by the checkpoint's BPE"
+    [choice] = body["choices"]
+    assert choice["token_ids"] == greedy_reference(model, prompt, 6), "the served tokens are greedy decoding"
+    assert choice["text"] == tokenizer.decode(choice["token_ids"]), "the text is the tokens decoded by the BPE"
+
+
+@pytest.mark.exercise5
 def test_generate_text_is_the_greedy_continuation_decoded(tmp_path):
     config = lab.ModelConfig(**(CKPT_TINY | {"vocab_size": 300}))
     weights = lab.init_gpt2_weights(config, seed=2)

@@ -34,6 +34,7 @@ def checkpoint_engine(lab: ModuleType, model_dir: str | os.PathLike, max_num_seq
     1024 tokens take 302 MB; the engine's own default of 64 sequences would take 4.8 GB.
     """
     model, tokenizer = load_gpt2(lab, model_dir)
+    engine_kwargs.setdefault("eos_token_id", tokenizer.eos_token_id)  # <|endoftext|> ends a request as "stop"
     return lab.LLMEngine(model, max_num_seqs=max_num_seqs, **engine_kwargs), tokenizer
 
 

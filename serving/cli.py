@@ -15,7 +15,7 @@ from types import ModuleType
 
 from .api_server import serve
 from .benchmark_serving import loadtest, server_model_card
-from .checkpoint_commands import generate_text, speculate_checkpoints
+from .checkpoint_commands import checkpoint_engine, generate_text, speculate_checkpoints
 from .datasets import LOAD_WORKLOADS
 from .report import load_report_html, write_report
 from .scenarios import run_all_scenarios, scenario_batching, scenario_speculate
@@ -117,6 +117,8 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000, help="0: any free port")
     serve.add_argument("--duration", type=_positive(float), help="stop after this many seconds")
+    serve.add_argument("--model", metavar="DIR", help="a GPT-2 checkpoint directory to serve with its tokenizer "
+                                                     "(default: a toy model with random weights, bytes as tokens)")
     for name, value in SERVE_MODEL.items():
         serve.add_argument(f"--{name.replace('_', '-')}", type=_positive(int), default=value, help="model")
     serve.add_argument("--seed", type=int, default=0, help="of the model's random weights")
@@ -186,11 +188,18 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
         elif args.command == "stack":
             print(scenario_stack(lab, args.hardware, args.priority, args.prefix_sharing, args.structured_output))
         elif args.command == "serve":
-            model = lab.ToyTransformer(lab.ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}), seed=args.seed)
-            engine = lab.LLMEngine(model, args.num_blocks, args.block_size, args.max_num_seqs,
-                                   args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
-                                   enable_chunked_prefill=not args.no_chunked_prefill)
-            serve(engine, args.host, args.port, args.duration)
+            options = dict(num_blocks=args.num_blocks, block_size=args.block_size,
+                           max_num_batched_tokens=args.max_num_batched_tokens,
+                           enable_prefix_caching=args.enable_prefix_caching,
+                           enable_chunked_prefill=not args.no_chunked_prefill)
+            if args.model:  # max_model_len is the checkpoint's n_positions; the KV-cache fits max_num_seqs of them
+                engine, tokenizer = checkpoint_engine(lab, args.model, args.max_num_seqs, **options)
+                name = os.path.basename(os.path.normpath(args.model))
+            else:
+                model = lab.ToyTransformer(lab.ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}),
+                                           seed=args.seed)
+                engine, tokenizer, name = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs, **options), None, None
+            serve(engine, args.host, args.port, args.duration, tokenizer=tokenizer, model_name=name)
         elif args.command == "loadtest":
             summaries = loadtest(lab, args.url, args.qps, args.num_prompts, args.workload, args.seed,
                                  args.prompt_format, args.model, args.max_model_len, args.slo_ttft_ms,
