@@ -6,12 +6,12 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
 
    section                                     lines        what it holds
    0. Conventions                              40-72        checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          73-480       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   481-1051     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1052-1761    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1762-2138    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2139-2499    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2500-2533    the list of exercises, and `__main__`
+   1. Paged KV-cache (PagedAttention)          73-483       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   484-1054     a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      1055-1765    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1766-2143    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2144-2504    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2505-2538    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -90,7 +90,8 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 
     This is THE boundary rule of the paged cache; every other place asks it instead of
     doing its own arithmetic. A new block is needed only when token `block_size` (0-based)
-    arrives, never when the last block has just been filled. (Arguments are checked before
+    arrives, never when the last block has just been filled. Exact for every count, however
+    large (a float division is not: it rounds counts past 2**53). (Arguments are checked before
     your code runs: two ints, num_tokens >= 0, block_size >= 1.)
     """
     num_tokens, block_size = check_int("num_tokens", num_tokens, 0), check_int("block_size", block_size, 1)
@@ -255,7 +256,8 @@ class BlockAllocator:
 
         A hit on an evictable block (reference count 0) revives it: it leaves `_evictable`.
         Returns None on a miss, or when prefix caching is off. With caching on, every call is
-        one query in `stats.queries`, hit or miss, and every hit one `stats.hits`.
+        one query in `stats.queries`, hit or miss, and every hit one `stats.hits`; with caching
+        off nothing is counted (there is no cache to ask).
         """
         # BEGIN SOLUTION: Exercise 3
         if not self.enable_prefix_caching:
@@ -422,7 +424,8 @@ class BlockTable:
         # END SOLUTION
 
     def fork(self) -> BlockTable:
-        """A second sequence that shares every block of this one (parallel sampling)."""
+        """A second sequence that shares every block of this one (parallel sampling), and its
+        `cache_salt`: the blocks the fork fills are hashed with the same salt."""
         # BEGIN SOLUTION: Exercise 2
         child = BlockTable(self.allocator, self.cache_salt)
         for block_id in self.block_ids:
@@ -1437,12 +1440,12 @@ class Scheduler:
 
     def update(self, plan: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[SequenceState]:
         """After the step ran: advance every scheduled sequence by its tokens and register the
-        blocks that are now computed (`block_table.cache_full_blocks(num_computed_tokens)`),
-        append the token sampled for each sequence that `plan.completes`, and retire the ones
-        that are done NOW (their blocks go back to the pool before the next step is planned):
-        "stop" if the token is in `stop_token_ids` (checked first: a stop token that is also
-        the max_tokens-th token finishes as "stop"), else "length" at `max_tokens` outputs.
-        Returns the retired sequences."""
+        blocks that are now computed (`block_table.cache_full_blocks(num_computed_tokens)`:
+        a request admitted in the very next step already finds them), append the token sampled
+        for each sequence that `plan.completes`, and retire the ones that are done NOW (their
+        blocks go back to the pool before the next step is planned): "stop" if the token is in
+        `stop_token_ids` (checked first: a stop token that is also the max_tokens-th token
+        finishes as "stop"), else "length" at `max_tokens` outputs. Returns the retired sequences."""
         # BEGIN SOLUTION: Exercise 5
         finished = []
         for seq in plan.scheduled:
@@ -1690,7 +1693,8 @@ class LLMEngine:
 
         If the model or the sampler raises, every sequence of the step is finished as "error"
         (its blocks freed, its output reported by the next step) and the error propagates:
-        no request is left behind half-computed."""
+        no request is left behind half-computed. The outputs that were due from this step
+        (aborted or rejected requests, those `generate` held) come from the next one, not lost."""
         plan = self.scheduler.plan_step()
         done, self._just_finished = self._just_finished, []
         progressed = []
@@ -2077,7 +2081,8 @@ def speculative_generate(
     - sampling uses one generator, seeded by `sampling.seed`, for the draft's draws and
       accept_or_resample's, in the order they happen; the draft samples at the same
       temperature as the target;
-    - the output stops at the first stop token (kept) or at max_tokens, like the engine.
+    - the output stops at the first stop token (kept) or at max_tokens, like the engine; no
+      round starts once a stop token has been emitted (`num_target_passes` counts none after it).
     """
     prompt = list(prompt_token_ids)
     check_request(Request("speculative", prompt, sampling), target.config)
