@@ -1354,6 +1354,15 @@ def test_engine_asks_the_model_for_one_logits_row_per_sequence(tiny_model):
         "sequence, so the LM head must run on those rows only (logits_indices), not on every token")
 
 
+@pytest.mark.exercise5
+def test_a_step_reports_only_the_requests_that_got_a_token_or_finished(engine_model):
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_batched_tokens=4)
+    rid = engine.add_request(list(range(1, 11)), lab.SamplingParams(max_tokens=2))  # chunks of 4, 4 and 2
+    steps = [[(o.request_id, len(o.output_token_ids), o.finished) for o in engine.step()] for _ in range(4)]
+    assert steps == [[], [], [(rid, 1, False)], [(rid, 2, True)]], (
+        f"outputs per step {steps}: a prefill chunk that samples nothing gives the caller nothing to report")
+
+
 # --- an int8 KV cache (provided; the kernel sees float32) -----------------------------
 
 
@@ -1602,6 +1611,18 @@ def test_a_request_that_can_never_fit_is_rejected_while_the_others_complete(engi
     for out, prompt in zip(outputs[:2] + outputs[3:], prompts[:2] + prompts[3:]):
         assert out.output_token_ids == greedy_reference(engine_model, prompt, 8)
     assert engine.allocator.num_free_blocks == 12, "every block must be back in the pool once all requests finished"
+
+
+@pytest.mark.exercise5
+def test_a_request_that_exactly_fills_the_whole_cache_runs_and_one_token_more_is_rejected():
+    scheduler = lab.Scheduler(lab.BlockAllocator(4, 4))
+    exact = scheduler.add_request(request("exact", 10, 6))  # 16 tokens = the 4 blocks of the cache
+    assert exact.finish_reason is None, (
+        f"10 + 6 tokens fill the 4 blocks of 4 exactly, so running alone it fits; it was {exact.finish_reason!r}")
+    drive(scheduler)
+    assert exact.finish_reason == "length" and len(exact.output_token_ids) == 6
+    over = scheduler.add_request(request("over", 10, 7))  # 17 tokens need a 5th block
+    assert over.finish_reason == "rejected", "17 tokens need 5 blocks of 4 and the whole cache has 4"
 
 
 @pytest.mark.exercise5
@@ -1880,6 +1901,14 @@ def test_bad_input_is_a_value_error_that_names_the_request_and_runs_nothing(engi
         "a bad request must be caught before any work starts: no request queued, no step run")
 
 
+@pytest.mark.provided
+def test_a_request_may_fill_the_models_context_exactly(engine_model):
+    n = engine_model.config.n_positions
+    lab.check_request(lab.Request("full", [1] * (n - 3), lab.SamplingParams(max_tokens=3)), engine_model.config)
+    with pytest.raises(ValueError, match="n_positions"):
+        lab.check_request(lab.Request("over", [1] * (n - 3), lab.SamplingParams(max_tokens=4)), engine_model.config)
+
+
 @pytest.mark.exercise5
 def test_abort_request_frees_a_running_request_and_reports_it_once_while_the_others_continue(engine_model):
     prompts = random_prompts(3, seed=21, low=6, high=12)
@@ -2155,6 +2184,21 @@ def test_a_static_batch_starts_only_when_every_sequence_of_the_last_one_finished
 
 
 @pytest.mark.exercise5
+def test_a_static_batch_admits_only_what_fits_at_every_requests_worst_case():
+    allocator = lab.BlockAllocator(8, 4)
+    scheduler = lab.StaticBatchScheduler(allocator, batch_size=4)
+    for i in range(4):
+        scheduler.add_request(request(i, 4, 8))  # 4 + 8 tokens: 3 blocks each at worst
+    plan = scheduler.schedule()
+    assert sorted(plan.num_scheduled_tokens) == ["0", "1"], (
+        f"first batch {sorted(plan.num_scheduled_tokens)}: a static batch reserves prompt + max_tokens (3 blocks "
+        "each) at admission, so only 2 of the 4 requests fit in 8 blocks, whatever their prompts alone take")
+    scheduler.update(plan, {s.request_id: 1 for s in plan.scheduled if plan.completes(s)})
+    drive(scheduler)
+    assert allocator.num_free_blocks == 8
+
+
+@pytest.mark.exercise5
 def test_engine_metrics_follow_the_vllm_benchmark_definitions(engine_model):
     engine = lab.LLMEngine(engine_model, max_num_seqs=4)
     outputs = engine.generate(random_prompts(8, seed=10), lab.SamplingParams(max_tokens=6))
@@ -2254,6 +2298,19 @@ def test_simulated_time_of_a_hand_traced_workload():
         "tokens and its new ones (attention reads the new tokens' K/V too)")
     assert [o.metrics.ttft for o in sim.outputs] == pytest.approx([2.4, 2.4])
     assert sim.outputs[1].metrics.e2e_latency == pytest.approx(5.5)
+
+
+@pytest.mark.exercise5
+def test_simulated_ttft_of_a_chunked_prefill_is_the_end_of_its_last_chunk():
+    cost = serving.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
+                                           compute_time_per_token=0.3)
+    sim = serving.simulate_serving(lab, [(0.0, 8, 2)], max_num_batched_tokens=4, cost=cost)
+    # chunk 0..3: max(1.4, 1.2) | chunk 4..7, first token: max(1.8, 1.2) | decode at context 9: 1.9
+    metrics = sim.outputs[0].metrics
+    assert (metrics.ttft, metrics.e2e_latency) == (pytest.approx(1.4 + 1.8), pytest.approx(5.1)), (
+        f"TTFT {metrics.ttft:.2f} s, by hand 3.2 s: a request's first token comes with its last prefill chunk; "
+        "a chunk that samples nothing is no token")
+    assert metrics.itl == pytest.approx([1.9])
 
 
 @pytest.mark.exercise5
@@ -3708,6 +3765,22 @@ def test_metrics_are_prometheus_text_with_vllms_names(server):
     ttft = "vllm:time_to_first_token_seconds"
     assert re.search(rf'^{ttft}_bucket{{[^}}]*le="\+Inf"}} \d+$', text, re.M), "a histogram ends with le=+Inf"
     assert read_metric(text, f"{ttft}_count") >= 0 and read_metric(text, "vllm:kv_cache_usage_perc") >= 0
+
+
+@pytest.mark.provided
+def test_a_histogram_bucket_counts_every_value_less_than_or_equal_to_its_bound():
+    ttft = serving.metrics.Histogram([0.1, 1.0])
+    for value in (0.1, 0.5, 1.0, 2.0):
+        ttft.observe(value)
+    text = serving.metrics.prometheus_text("m", dict.fromkeys(
+        ("running", "waiting", "kv_usage", "preemptions", "queries", "hits"), 0), dict.fromkeys(
+        ("prompt_tokens", "generation_tokens", "requests"), 0), ttft)
+    name = "vllm:time_to_first_token_seconds"
+    buckets = re.findall(rf'^{name}_bucket{{model_name="m",le="([^"]+)"}} (\d+)$', text, re.M)
+    assert buckets == [("0.1", "1"), ("1.0", "3"), ("+Inf", "4")], (
+        f"buckets {buckets}: a Prometheus bucket le=x counts every observation <= x (cumulative), so 0.1 falls "
+        "in le=0.1 and 1.0 in le=1.0")
+    assert read_metric(text, f"{name}_count") == 4 and read_metric(text, f"{name}_sum") == pytest.approx(3.6)
 
 
 @pytest.mark.exercise5
