@@ -2048,6 +2048,27 @@ def test_a_step_that_raises_still_delivers_the_outputs_that_were_due_from_it(eng
 
 
 @pytest.mark.exercise5
+def test_generate_that_raises_aborts_the_rest_of_its_batch(engine_model, monkeypatch):
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_seqs=1)  # one request runs, two wait
+    forward, calls = engine.model.forward, []
+
+    def failing_second_pass(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise FloatingPointError("injected fault")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", failing_second_pass)
+    with pytest.raises(FloatingPointError):
+        engine.generate(random_prompts(3, seed=27), lab.SamplingParams(max_tokens=4))
+    monkeypatch.undo()
+    reported = {o.request_id: o.finish_reason for o in engine.step()}
+    assert reported == {"0": "error", "1": "abort", "2": "abort"} and not engine.has_unfinished(), (
+        f"after generate raised, the next step reported {reported}: the failed step's request is an 'error', "
+        "and generate must abort the rest of its batch before the error propagates, not leave it running")
+
+
+@pytest.mark.exercise5
 def test_a_block_another_request_reads_is_never_rewritten_by_a_fully_cached_prompt(engine_model):
     prompt = list(range(3, 11))  # 8 tokens = 2 full blocks of 4
     engine = lab.LLMEngine(engine_model, block_size=4, enable_prefix_caching=True)
@@ -2225,6 +2246,16 @@ def test_summarize_serving_statistics_on_hand_made_metrics():
 
 
 @pytest.mark.provided
+def test_summarize_serving_counts_a_rejected_request_but_not_in_the_latencies():
+    served = lab.RequestOutput("0", [1], [1, 1], lab.RequestMetrics.from_times(0.0, [1.0, 3.0], 3.0), "length")
+    rejected = lab.RequestOutput("1", [1], [], lab.RequestMetrics.from_times(0.0, [], 0.5), "rejected")
+    summary = lab.summarize_serving([served, rejected], duration=4.0)
+    assert (summary["num_requests"], summary["num_rejected"], summary["num_output_tokens"]) == (2, 1, 2)
+    assert (summary["mean_ttft"], summary["mean_e2e"], summary["mean_tpot"]) == (1.0, 3.0, 2.0), (
+        "a rejected request produced no token: it counts as a request, never in TTFT, TPOT or E2E")
+
+
+@pytest.mark.provided
 @pytest.mark.parametrize("workload, says", [
     ([], "empty"),
     ([(0.0, 4, 0)], "output_len"),
@@ -2338,6 +2369,19 @@ def test_hundreds_of_requests_under_memory_pressure_finish_in_seconds(engine_mod
         f"expected preemptions under pressure and no leak: {engine.num_preemptions} preemptions, "
         f"{engine.allocator.num_free_blocks} of 60 blocks free")
     assert elapsed < 10, f"300 requests took {elapsed:.1f} s"
+
+
+@pytest.mark.exercise5
+def test_the_default_cache_holds_max_num_seqs_sequences_of_full_length_without_preempting(engine_model):
+    n = engine_model.config.n_positions
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_seqs=4, max_num_batched_tokens=4 * n)
+    prompts = random_prompts(4, seed=28, low=n - 4, high=n - 3)  # n - 4 prompt tokens + 4 output tokens each
+    outputs = engine.generate(prompts, lab.SamplingParams(max_tokens=4))
+    assert all(len(o.output_token_ids) == 4 for o in outputs)
+    assert engine.num_preemptions == 0 and engine.num_steps == 4, (
+        f"{engine.num_steps} steps and {engine.num_preemptions} preemptions for 4 tokens of 4 requests: "
+        f"num_blocks=None sizes the cache for max_num_seqs = 4 sequences of the model's full length ({n} "
+        "tokens), so all 4 run at once (4 steps) and nothing is preempted")
 
 
 # =====================================================================================
