@@ -12,8 +12,8 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    2. The model and the paged attention path   368-885      a GPT-2 that reads its past through block tables (Ex. 4)
    3. Continuous batching                      886-1541     requests, the scheduler, the engine (Ex. 5)
    4. Speculative decoding                     1542-1863    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1864-2173    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2174-2207    the list of exercises, and `__main__`
+   5. Capacity planning                        1864-2174    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2175-2208    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -2141,9 +2141,10 @@ def plan_deployment(
     sequences can ALL grow to `max_model_len` at once: a sequence owns whole blocks, so it is
     `num_kv_blocks // blocks_needed(max_model_len, block_size)` (not cache tokens //
     max_model_len, which forgets that a last block is only partly used).
-    `ceiling` is "kv-blocks" when the KV pool gets more bytes than the weights: then deleting
-    the weights altogether buys fewer blocks than halving the KV bytes per sequence (half the
-    context, GQA, an 8-bit KV cache) does; otherwise "weights".
+    `ceiling` is "kv-blocks" when the KV pool gets more bytes than the weights on each GPU (both
+    per GPU: `kv_pool_bytes > weight_bytes_per_gpu`): then deleting the weights altogether buys
+    fewer blocks than halving the KV bytes per sequence (half the context, GQA, an 8-bit KV
+    cache) does; otherwise "weights".
 
     Time (roofline, peak figures, so lower bounds). A decode step of B = max_concurrent_seqs
     sequences reads the weights once plus every sequence's KV at `mean_context_len =

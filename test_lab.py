@@ -3189,6 +3189,18 @@ def test_plan_ceiling_names_the_bigger_consumer_of_the_budget():
 
 
 @pytest.mark.exercise8
+def test_plan_ceiling_compares_the_bytes_on_each_gpu_under_tensor_parallelism():
+    # llama-3-8b on two A100 40GB with a 20 GB activation reserve: per GPU, 38,654,705,664 - 8,030,261,248
+    # (half the weights) - 20e9 = 10,624,444,416 B free = 10132 blocks of 1 MiB = 10.62 GB of KV pool
+    plan = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, activation_bytes=20 * 10**9,
+                               tensor_parallel_size=2)
+    assert plan.num_kv_blocks == 10132 and plan.kv_pool_bytes == 10132 * 2**20
+    assert plan.ceiling == "kv-blocks", (
+        "10.6 GB of KV pool against 8.0 GB of weights on each GPU: the KV blocks set the ceiling (compare "
+        "the per-GPU figures, not the pool of one GPU with the whole model's 16.1 GB)")
+
+
+@pytest.mark.exercise8
 def test_plan_weights_that_do_not_fit_say_by_how_many_gb():
     # 137,953,296,384 B of weights vs a 76,968,728,985.6 B budget: short by 60.98 GB
     with pytest.raises(ValueError, match=r"60\.98 GB"):
