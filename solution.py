@@ -6,12 +6,12 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
 
    section                                     lines        what it holds
    0. Conventions                              40-82        checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          83-490       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   491-1061     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1062-2027    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     2028-2405    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2406-2807    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2808-2841    the list of exercises, and `__main__`
+   1. Paged KV-cache (PagedAttention)          83-493       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   494-1064     a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      1065-2032    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     2033-2411    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2412-2814    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2815-2848    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -100,7 +100,8 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 
     This is THE boundary rule of the paged cache; every other place asks it instead of
     doing its own arithmetic. A new block is needed only when token `block_size` (0-based)
-    arrives, never when the last block has just been filled. (Arguments are checked before
+    arrives, never when the last block has just been filled. Exact for every count, however
+    large (a float division is not: it rounds counts past 2**53). (Arguments are checked before
     your code runs: two ints, num_tokens >= 0, block_size >= 1.)
     """
     num_tokens, block_size = check_int("num_tokens", num_tokens, 0), check_int("block_size", block_size, 1)
@@ -265,7 +266,8 @@ class BlockAllocator:
 
         A hit on an evictable block (reference count 0) revives it: it leaves `_evictable`.
         Returns None on a miss, or when prefix caching is off. With caching on, every call is
-        one query in `stats.queries`, hit or miss, and every hit one `stats.hits`.
+        one query in `stats.queries`, hit or miss, and every hit one `stats.hits`; with caching
+        off nothing is counted (there is no cache to ask).
         """
         # BEGIN SOLUTION: Exercise 3
         if not self.enable_prefix_caching:
@@ -432,7 +434,8 @@ class BlockTable:
         # END SOLUTION
 
     def fork(self) -> BlockTable:
-        """A second sequence that shares every block of this one (parallel sampling)."""
+        """A second sequence that shares every block of this one (parallel sampling), and its
+        `cache_salt`: the blocks the fork fills are hashed with the same salt."""
         # BEGIN SOLUTION: Exercise 2
         child = BlockTable(self.allocator, self.cache_salt)
         for block_id in self.block_ids:
@@ -1524,12 +1527,13 @@ class Scheduler:
 
     def update(self, plan: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[SequenceState]:
         """After the step ran: advance every scheduled sequence by its tokens and register the
-        blocks that are now computed (`block_table.cache_full_blocks(num_computed_tokens)`),
-        append the token sampled for each sequence that `plan.completes`, and retire the ones
-        that are done NOW (their blocks go back to the pool before the next step is planned):
-        `seq.check_stop()` gives the reason ("stop" for EOS or a stop token, checked first: a
-        stop token that is also the max_tokens-th token finishes as "stop"; "length" at
-        `max_tokens` outputs; None: it goes on). Returns the retired sequences."""
+        blocks that are now computed (`block_table.cache_full_blocks(num_computed_tokens)`:
+        a request admitted in the very next step already finds them), append the token sampled
+        for each sequence that `plan.completes`, and retire the ones that are done NOW (their
+        blocks go back to the pool before the next step is planned): `seq.check_stop()` gives
+        the reason ("stop" for EOS or a stop token, checked first: a stop token that is also the
+        max_tokens-th token finishes as "stop"; "length" at `max_tokens` outputs; None: it goes
+        on). Returns the retired sequences."""
         # BEGIN SOLUTION: Exercise 5
         finished = []
         for seq in plan.scheduled:
@@ -1897,7 +1901,8 @@ class LLMEngine:
 
         If the model or the sampler raises, every sequence of the step is finished as "error"
         (its blocks freed, its output reported by the next step) and the error propagates:
-        no request is left behind half-computed."""
+        no request is left behind half-computed. The outputs that were due from this step
+        (aborted or rejected requests, those `generate` held) come from the next one, not lost."""
         plan = self.scheduler.plan_step()
         done, self._just_finished = self._just_finished, []
         progressed = []
@@ -2340,7 +2345,8 @@ def speculative_generate(
     - sampling uses one generator, seeded by `sampling.seed`, for the draft's draws and
       accept_or_resample's, in the order they happen; the draft samples at the same
       temperature as the target;
-    - the output stops at the first stop token (kept) or at max_tokens, like the engine.
+    - the output stops at the first stop token (kept) or at max_tokens, like the engine; no
+      round starts once a stop token has been emitted (`num_target_passes` counts none after it).
     """
     prompt = list(prompt_token_ids)
     check_request(Request("speculative", prompt, sampling), target.config)
@@ -2729,9 +2735,10 @@ def plan_deployment(
     sequences can ALL grow to `max_model_len` at once: a sequence owns whole blocks, so it is
     `num_kv_blocks // blocks_needed(max_model_len, block_size)` (not cache tokens //
     max_model_len, which forgets that a last block is only partly used).
-    `ceiling` is "kv-blocks" when the KV pool gets more bytes than the weights: then deleting
-    the weights altogether buys fewer blocks than halving the KV bytes per sequence (half the
-    context, GQA, an 8-bit KV cache) does; otherwise "weights".
+    `ceiling` is "kv-blocks" when the KV pool gets more bytes than the weights on each GPU (both
+    per GPU: `kv_pool_bytes > weight_bytes_per_gpu`): then deleting the weights altogether buys
+    fewer blocks than halving the KV bytes per sequence (half the context, GQA, an 8-bit KV
+    cache) does; otherwise "weights".
 
     Time (roofline, peak figures, so lower bounds). A decode step of B = max_concurrent_seqs
     sequences reads the weights once plus every sequence's KV at `mean_context_len =

@@ -150,6 +150,15 @@ def test_blocks_needed_is_the_smallest_count_that_holds_every_token(num_tokens, 
 
 
 @pytest.mark.exercise1
+def test_blocks_needed_is_exact_for_counts_past_float_precision():
+    assert lab.blocks_needed(2**60 + 1, 16) == 2**56 + 1, (
+        "2**60 + 1 tokens need 2**56 + 1 blocks of 16: a float division rounds the extra token away "
+        "(floats hold integers exactly only up to 2**53); use integer arithmetic")
+    assert lab.blocks_needed(10**18 + 1, 1) == 10**18 + 1
+    assert lab.blocks_needed(2**60, 16) == 2**56
+
+
+@pytest.mark.exercise1
 def test_allocate_hands_out_distinct_blocks_with_one_reference():
     alloc = lab.BlockAllocator(num_blocks=4, block_size=16)
     blocks = [alloc.allocate() for _ in range(4)]
@@ -451,6 +460,20 @@ def test_a_cache_salt_keeps_equal_prompts_apart():
 
 
 @pytest.mark.exercise3
+def test_a_forked_table_hashes_the_blocks_it_fills_with_its_parents_salt():
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    parent = computed_table(alloc, [1, 2, 3], cache_salt="tenant-a")  # no full block yet
+    child = parent.fork()
+    child.append_tokens([4])
+    child.cache_full_blocks(4)
+    assert lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 0]) == 0, (
+        "an unsalted prompt found the block a fork of tenant-a's table filled: a fork keeps its parent's "
+        "cache_salt, or two tenants share cached K/V")
+    assert lab.BlockTable(alloc, "tenant-a").allocate_prompt([1, 2, 3, 4, 0]) == 4, (
+        "tenant-a's own prompt must find the block its fork filled")
+
+
+@pytest.mark.exercise3
 def test_a_cached_prefix_is_reused():
     alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
     first = lab.BlockTable(alloc)
@@ -623,6 +646,21 @@ def test_stats_count_every_lookup_as_a_query_and_every_hit():
         f"queries {alloc.stats.queries}: allocate_prompt looks up each reused block and then the first block "
         "that misses, and each lookup is one query")
     assert alloc.stats.evictions == 0
+
+
+@pytest.mark.exercise3
+def test_with_prefix_caching_off_nothing_is_cached_or_counted():
+    alloc = lab.BlockAllocator(8, 2)  # enable_prefix_caching=False
+    computed_table(alloc, [1, 2, 3, 4, 5])
+    assert lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 5]) == 0, "caching is off: nothing is reused"
+    block, block_hash = alloc.allocate(), lab.hash_block(None, [7, 7])
+    alloc.register(block, block_hash)
+    assert not alloc.is_cached(block) and alloc.lookup(block_hash) is None, (
+        "with prefix caching off, register is a no-op and lookup finds nothing")
+    stats = alloc.stats
+    assert (stats.queries, stats.hits, stats.evictions) == (0, 0, 0), (
+        f"with prefix caching off the stats must stay 0 (queries {stats.queries}, hits {stats.hits}, evictions "
+        f"{stats.evictions}): there is no cache to ask, so a lookup counts nothing")
 
 
 @pytest.mark.exercise3
@@ -1358,6 +1396,15 @@ def test_engine_asks_the_model_for_one_logits_row_per_sequence(tiny_model):
         "sequence, so the LM head must run on those rows only (logits_indices), not on every token")
 
 
+@pytest.mark.exercise5
+def test_a_step_reports_only_the_requests_that_got_a_token_or_finished(engine_model):
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_batched_tokens=4)
+    rid = engine.add_request(list(range(1, 11)), lab.SamplingParams(max_tokens=2))  # chunks of 4, 4 and 2
+    steps = [[(o.request_id, len(o.output_token_ids), o.finished) for o in engine.step()] for _ in range(4)]
+    assert steps == [[], [], [(rid, 1, False)], [(rid, 2, True)]], (
+        f"outputs per step {steps}: a prefill chunk that samples nothing gives the caller nothing to report")
+
+
 # --- an int8 KV cache (provided; the kernel sees float32) -----------------------------
 
 
@@ -1609,6 +1656,18 @@ def test_a_request_that_can_never_fit_is_rejected_while_the_others_complete(engi
 
 
 @pytest.mark.exercise5
+def test_a_request_that_exactly_fills_the_whole_cache_runs_and_one_token_more_is_rejected():
+    scheduler = lab.Scheduler(lab.BlockAllocator(4, 4))
+    exact = scheduler.add_request(request("exact", 10, 6))  # 16 tokens = the 4 blocks of the cache
+    assert exact.finish_reason is None, (
+        f"10 + 6 tokens fill the 4 blocks of 4 exactly, so running alone it fits; it was {exact.finish_reason!r}")
+    drive(scheduler)
+    assert exact.finish_reason == "length" and len(exact.output_token_ids) == 6
+    over = scheduler.add_request(request("over", 10, 7))  # 17 tokens need a 5th block
+    assert over.finish_reason == "rejected", "17 tokens need 5 blocks of 4 and the whole cache has 4"
+
+
+@pytest.mark.exercise5
 @settings(max_examples=25)
 @given(
     jobs=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12)), min_size=1, max_size=25),
@@ -1710,6 +1769,17 @@ def test_without_chunked_prefill_a_prompt_that_does_not_fit_the_budget_waits():
 
 
 @pytest.mark.exercise5
+def test_without_chunked_prefill_a_request_whose_prompt_and_output_exceed_the_budget_is_rejected():
+    scheduler = lab.Scheduler(lab.BlockAllocator(64, 4), max_num_batched_tokens=10, enable_chunked_prefill=False)
+    too_long = scheduler.add_request(request("too long", 6, 5))
+    assert too_long.finish_reason == "rejected" and "max_num_batched_tokens" in too_long.finish_detail, (
+        "6 prompt + 5 output tokens exceed the budget of 10: after a preemption its recompute would have to "
+        "run all 11 in one step, which it never can without chunked prefill, so it is rejected on arrival")
+    fits = scheduler.add_request(request("fits", 6, 4))
+    assert fits.finish_reason is None and scheduler.has_unfinished(), "6 + 4 = 10 tokens fit the budget"
+
+
+@pytest.mark.exercise5
 def test_chunked_prefill_splits_a_long_prompt_and_matches_unchunked(engine_model):
     prompts = [random_prompts(1, seed=5, low=50, high=51)[0]] + random_prompts(3, seed=6, low=2, high=6)
     sampling = lab.SamplingParams(max_tokens=6)
@@ -1756,6 +1826,58 @@ def test_prefix_caching_serves_a_prompt_that_is_entirely_cached(engine_model):
     assert again[1].output_token_ids == greedy_reference(engine_model, prompt + [1], 5)
     assert engine.prefix_cache_hit_rate > 0, "the second run of the same prompt must hit the prefix cache"
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, "blocks leaked"
+
+
+def run_requests(engine, requests, max_steps=1000):
+    """Add these Requests to the engine and step it until each has finished; their outputs in order."""
+    for r in requests:
+        engine.add_request(r)
+    finished = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            break
+        try:
+            finished |= {o.request_id: o for o in engine.step() if o.finished}
+        except NotImplementedError:
+            raise  # a stub: the exercise is not written yet
+        except Exception:  # noqa: BLE001 - the step's requests finish as "error", reported by the next step
+            continue
+    return [finished[r.request_id] for r in requests]
+
+
+@pytest.mark.exercise5
+def test_the_engine_shares_cached_prefixes_only_between_requests_of_the_same_salt(engine_model):
+    engine = lab.LLMEngine(engine_model, block_size=4, enable_prefix_caching=True)
+    prompt, params = random_prompts(1, seed=42, low=13, high=14)[0], lab.SamplingParams(max_tokens=3)
+    expected = greedy_reference(engine_model, prompt, 3)
+    hits = []
+    for rid, salt in (("a1", "tenant-a"), ("b", "tenant-b"), ("a2", "tenant-a"), ("none", None)):
+        out, = run_requests(engine, [lab.Request(rid, prompt, params, cache_salt=salt)])
+        assert out.finish_reason == "length" and out.output_token_ids == expected, (
+            f"request {rid} (cache_salt {salt!r}) finished {out.finish_reason!r} ({out.finish_detail}): what the "
+            "scheduler expects to reuse and what the block table reuses must agree, both with the request's salt")
+        hits.append(engine.allocator.stats.hits)
+    assert hits[0] == hits[1] == 0, (
+        f"prefix-cache hits after each request {hits}: a tenant-b request found tenant-a's blocks; the engine "
+        "must hash every request's blocks with its own salt")
+    assert hits[2] == 3, (
+        f"prefix-cache hits after each request {hits}: a second tenant-a request must reuse the 3 full blocks "
+        "of the first")
+    assert hits[3] == 3, f"prefix-cache hits after each request {hits}: an unsalted request found salted blocks"
+
+
+@pytest.mark.exercise5
+def test_blocks_a_step_computed_are_reused_by_a_request_admitted_in_the_next_step():
+    scheduler = lab.Scheduler(lab.BlockAllocator(32, 4, enable_prefix_caching=True), max_num_batched_tokens=64)
+    prompt = list(range(1, 10))  # two full blocks and one token
+    scheduler.add_request(lab.Request("A", prompt, lab.SamplingParams(max_tokens=4)))
+    plan = scheduler.schedule()
+    scheduler.update(plan, {"A": 1})  # A's prefill computed both full blocks
+    scheduler.add_request(lab.Request("B", prompt, lab.SamplingParams(max_tokens=4)))
+    plan = scheduler.schedule()
+    assert plan.num_scheduled_tokens.get("B") == 1, (
+        f"B was scheduled {plan.num_scheduled_tokens.get('B')} tokens: the step before computed A's two full "
+        "blocks, so update must register them at once (cache_full_blocks) and B reuses 8 tokens and runs 1")
 
 
 @pytest.mark.exercise5
@@ -1841,6 +1963,14 @@ def test_bad_input_is_a_value_error_that_names_the_request_and_runs_nothing(engi
     assert "'2'" in str(info.value), f"the message must name the request (id '2'): {info.value}"
     assert not engine.has_unfinished() and engine.num_steps == 0, (
         "a bad request must be caught before any work starts: no request queued, no step run")
+
+
+@pytest.mark.provided
+def test_a_request_may_fill_the_models_context_exactly(engine_model):
+    n = engine_model.config.n_positions
+    lab.check_request(lab.Request("full", [1] * (n - 3), lab.SamplingParams(max_tokens=3)), engine_model.config)
+    with pytest.raises(ValueError, match="n_positions"):
+        lab.check_request(lab.Request("over", [1] * (n - 3), lab.SamplingParams(max_tokens=4)), engine_model.config)
 
 
 @pytest.mark.exercise5
@@ -1961,6 +2091,45 @@ def test_a_step_that_raises_leaves_no_request_behind_and_the_engine_keeps_servin
     prompt = random_prompts(1, seed=25)[0]
     assert engine.generate([prompt], lab.SamplingParams(max_tokens=3))[0].output_token_ids == greedy_reference(
         engine_model, prompt, 3), "after a failed step the engine must serve new requests normally"
+
+
+@pytest.mark.exercise5
+def test_a_step_that_raises_still_delivers_the_outputs_that_were_due_from_it(engine_model, monkeypatch):
+    engine = lab.LLMEngine(engine_model, num_blocks=8, block_size=4)
+    running, aborted = (engine.add_request(p, lab.SamplingParams(max_tokens=4)) for p in random_prompts(2, seed=26,
+                                                                                                          high=9))
+    engine.step()
+    engine.abort_request(aborted)
+    rejected = engine.add_request([1] * 30, lab.SamplingParams(max_tokens=8))  # 38 tokens > 8 blocks of 4
+    monkeypatch.setattr(engine.model, "forward", lambda *a, **k: (_ for _ in ()).throw(FloatingPointError("fault")))
+    with pytest.raises(FloatingPointError):
+        engine.step()
+    monkeypatch.undo()
+    reported = {o.request_id: o.finish_reason for o in engine.step()}
+    assert reported == {running: "error", aborted: "abort", rejected: "rejected"}, (
+        f"the step after a failed one reported {reported}: the aborted and the rejected request's outputs "
+        "were due from the failed step, and a failure must not lose them")
+
+
+@pytest.mark.exercise5
+def test_generate_that_raises_aborts_the_rest_of_its_batch(engine_model, monkeypatch):
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_seqs=1)  # one request runs, two wait
+    forward, calls = engine.model.forward, []
+
+    def failing_second_pass(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise FloatingPointError("injected fault")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", failing_second_pass)
+    with pytest.raises(FloatingPointError):
+        engine.generate(random_prompts(3, seed=27), lab.SamplingParams(max_tokens=4))
+    monkeypatch.undo()
+    reported = {o.request_id: o.finish_reason for o in engine.step()}
+    assert reported == {"0": "error", "1": "abort", "2": "abort"} and not engine.has_unfinished(), (
+        f"after generate raised, the next step reported {reported}: the failed step's request is an 'error', "
+        "and generate must abort the rest of its batch before the error propagates, not leave it running")
 
 
 @pytest.mark.exercise5
@@ -2100,6 +2269,21 @@ def test_a_static_batch_starts_only_when_every_sequence_of_the_last_one_finished
 
 
 @pytest.mark.exercise5
+def test_a_static_batch_admits_only_what_fits_at_every_requests_worst_case():
+    allocator = lab.BlockAllocator(8, 4)
+    scheduler = lab.StaticBatchScheduler(allocator, batch_size=4)
+    for i in range(4):
+        scheduler.add_request(request(i, 4, 8))  # 4 + 8 tokens: 3 blocks each at worst
+    plan = scheduler.schedule()
+    assert sorted(plan.num_scheduled_tokens) == ["0", "1"], (
+        f"first batch {sorted(plan.num_scheduled_tokens)}: a static batch reserves prompt + max_tokens (3 blocks "
+        "each) at admission, so only 2 of the 4 requests fit in 8 blocks, whatever their prompts alone take")
+    scheduler.update(plan, {s.request_id: 1 for s in plan.scheduled if plan.completes(s)})
+    drive(scheduler)
+    assert allocator.num_free_blocks == 8
+
+
+@pytest.mark.exercise5
 def test_engine_metrics_follow_the_vllm_benchmark_definitions(engine_model):
     engine = lab.LLMEngine(engine_model, max_num_seqs=4)
     outputs = engine.generate(random_prompts(8, seed=10), lab.SamplingParams(max_tokens=6))
@@ -2123,6 +2307,16 @@ def test_summarize_serving_statistics_on_hand_made_metrics():
     assert summary["mean_ttft"] == 1.5 and summary["p50_e2e"] == 3.0
     assert summary["mean_tpot"] == 1.5, "a one-token request has no TPOT and is left out of it"
     assert summary["output_throughput"] == 1.0
+
+
+@pytest.mark.provided
+def test_summarize_serving_counts_a_rejected_request_but_not_in_the_latencies():
+    served = lab.RequestOutput("0", [1], [1, 1], lab.RequestMetrics.from_times(0.0, [1.0, 3.0], 3.0), "length")
+    rejected = lab.RequestOutput("1", [1], [], lab.RequestMetrics.from_times(0.0, [], 0.5), "rejected")
+    summary = metrics.summarize_serving([served, rejected], duration=4.0)
+    assert (summary["num_requests"], summary["num_rejected"], summary["num_output_tokens"]) == (2, 1, 2)
+    assert (summary["mean_ttft"], summary["mean_e2e"], summary["mean_tpot"]) == (1.0, 3.0, 2.0), (
+        "a rejected request produced no token: it counts as a request, never in TTFT, TPOT or E2E")
 
 
 @pytest.mark.provided
@@ -2176,6 +2370,42 @@ def test_simulator_counts_steps_and_wasted_slot_steps_of_a_hand_traced_workload(
     assert (continuous.num_steps, continuous.wasted_slot_steps) == (3, 0)
     assert static.num_output_tokens == continuous.num_output_tokens == 5
     assert [o.metrics.ttft for o in continuous.outputs_in_steps] == [1, 1, 2]
+
+
+@pytest.mark.provided
+def test_a_simulated_step_costs_the_slower_of_memory_and_compute():
+    cost = serving.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
+                                           compute_time_per_token=0.3)
+    assert cost.step_time(1, 5) == pytest.approx(1.5), "a decode step is memory-bound: 1 + 5 x 0.1 > 1 x 0.3"
+    assert cost.step_time(8, 8) == pytest.approx(2.4), (
+        "a prefill of 8 tokens is compute-bound: 8 x 0.3 > 1 + 8 x 0.1; a roofline takes the max, not the sum")
+
+
+@pytest.mark.exercise5
+def test_simulated_time_of_a_hand_traced_workload():
+    cost = serving.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
+                                           compute_time_per_token=0.3)
+    sim = serving.simulate_serving(lab, [(0.0, 4, 1), (0.0, 4, 3)], max_num_seqs=2, cost=cost)
+    # step 1: both prefills, 8 tokens, 8 context: max(1.8, 2.4) | step 2: decode at context 5: 1.5 | 6: 1.6
+    assert sim.num_steps == 3
+    assert sim.duration == pytest.approx(2.4 + 1.5 + 1.6), (
+        f"simulated {sim.duration:.2f} s, by hand 5.5 s: a step reads each scheduled sequence's computed "
+        "tokens and its new ones (attention reads the new tokens' K/V too)")
+    assert [o.metrics.ttft for o in sim.outputs] == pytest.approx([2.4, 2.4])
+    assert sim.outputs[1].metrics.e2e_latency == pytest.approx(5.5)
+
+
+@pytest.mark.exercise5
+def test_simulated_ttft_of_a_chunked_prefill_is_the_end_of_its_last_chunk():
+    cost = serving.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
+                                           compute_time_per_token=0.3)
+    sim = serving.simulate_serving(lab, [(0.0, 8, 2)], max_num_batched_tokens=4, cost=cost)
+    # chunk 0..3: max(1.4, 1.2) | chunk 4..7, first token: max(1.8, 1.2) | decode at context 9: 1.9
+    metrics = sim.outputs[0].metrics
+    assert (metrics.ttft, metrics.e2e_latency) == (pytest.approx(1.4 + 1.8), pytest.approx(5.1)), (
+        f"TTFT {metrics.ttft:.2f} s, by hand 3.2 s: a request's first token comes with its last prefill chunk; "
+        "a chunk that samples nothing is no token")
+    assert metrics.itl == pytest.approx([1.9])
 
 
 @pytest.mark.exercise5
@@ -2566,6 +2796,19 @@ def test_aborting_an_n_sample_request_aborts_every_sample_and_frees_the_blocks(e
     assert engine.add_request(list(range(1, 11)), lab.SamplingParams(temperature=1.0, n=3)) == "1"
     with pytest.raises(ValueError, match="in flight"):
         engine.add_request(lab.Request("2_1", [1, 2]))  # sample 2 of request "1" runs under that id
+
+
+@pytest.mark.exercise5
+def test_the_default_cache_holds_max_num_seqs_sequences_of_full_length_without_preempting(engine_model):
+    n = engine_model.config.n_positions
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_seqs=4, max_num_batched_tokens=4 * n)
+    prompts = random_prompts(4, seed=28, low=n - 4, high=n - 3)  # n - 4 prompt tokens + 4 output tokens each
+    outputs = engine.generate(prompts, lab.SamplingParams(max_tokens=4))
+    assert all(len(o.output_token_ids) == 4 for o in outputs)
+    assert engine.num_preemptions == 0 and engine.num_steps == 4, (
+        f"{engine.num_steps} steps and {engine.num_preemptions} preemptions for 4 tokens of 4 requests: "
+        f"num_blocks=None sizes the cache for max_num_seqs = 4 sequences of the model's full length ({n} "
+        "tokens), so all 4 run at once (4 steps) and nothing is preempted")
 
 
 # =====================================================================================
@@ -3121,6 +3364,23 @@ def test_stop_token_ends_speculative_generation(spec_target):
 
 
 @pytest.mark.exercise7
+def test_no_round_runs_after_the_round_that_emitted_a_stop_token(spec_target):
+    draft, prompt = lab.make_self_draft(spec_target, 2), [1, 2, 3]
+    free = lab.speculative_generate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=16), k=3)
+    stop = free.token_ids[4]
+    at = free.token_ids.index(stop)
+    rounds = next(r + 1 for r in range(len(free.accepted_per_pass))
+                  if sum(a + 1 for a in free.accepted_per_pass[: r + 1]) > at)  # the round that emitted it
+    assert rounds < free.num_target_passes, "test setup: the free run must go on after the stop token"
+    out = lab.speculative_generate(spec_target, draft, prompt,
+                                   lab.SamplingParams(max_tokens=16, stop_token_ids=(stop,)), k=3)
+    assert out.token_ids == free.token_ids[: at + 1]
+    assert out.num_target_passes == rounds and out.accepted_per_pass == free.accepted_per_pass[:rounds], (
+        f"{out.num_target_passes} rounds ran, but round {rounds} emitted the stop token: no round starts after "
+        "a stop token (each would cost a target pass for tokens that are thrown away)")
+
+
+@pytest.mark.exercise7
 def test_a_draft_identical_to_the_target_has_every_draft_accepted_when_sampling(spec_target):
     sampling = lab.SamplingParams(temperature=1.0, max_tokens=16, seed=3)
     out = lab.speculative_generate(spec_target, spec_target, [1, 2, 3], sampling, k=4)
@@ -3356,6 +3616,18 @@ def test_plan_ceiling_names_the_bigger_consumer_of_the_budget():
 
 
 @pytest.mark.exercise8
+def test_plan_ceiling_compares_the_bytes_on_each_gpu_under_tensor_parallelism():
+    # llama-3-8b on two A100 40GB with a 20 GB activation reserve: per GPU, 38,654,705,664 - 8,030,261,248
+    # (half the weights) - 20e9 = 10,624,444,416 B free = 10132 blocks of 1 MiB = 10.62 GB of KV pool
+    plan = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, activation_bytes=20 * 10**9,
+                               tensor_parallel_size=2)
+    assert plan.num_kv_blocks == 10132 and plan.kv_pool_bytes == 10132 * 2**20
+    assert plan.ceiling == "kv-blocks", (
+        "10.6 GB of KV pool against 8.0 GB of weights on each GPU: the KV blocks set the ceiling (compare "
+        "the per-GPU figures, not the pool of one GPU with the whole model's 16.1 GB)")
+
+
+@pytest.mark.exercise8
 def test_plan_weights_that_do_not_fit_say_by_how_many_gb():
     # 137,953,296,384 B of weights vs a 76,968,728,985.6 B budget: short by 60.98 GB
     with pytest.raises(ValueError, match=r"60\.98 GB"):
@@ -3397,6 +3669,17 @@ def test_plan_decode_prefill_and_qps_hand_computed():
 
 
 @pytest.mark.exercise8
+def test_plan_output_token_rate_is_qps_times_the_mean_output_length():
+    plan = lab.plan_deployment("llama-2-13b", "a100-80gb", 8192, mean_prompt_len=1024, mean_output_len=256)
+    # 1.4907 requests/s (see above) x 256 tokens each = 381.6 tokens/s, not B / decode step = 7 / 16 ms = 437:
+    # the prefills between decode steps take GPU time that makes no output token
+    assert plan.output_tokens_per_s == pytest.approx(plan.qps * 256, rel=1e-9), (
+        f"output_tokens_per_s {plan.output_tokens_per_s:.1f}, expected qps x mean_output_len = "
+        f"{plan.qps * 256:.1f}: the rate must count the prefill time too")
+    assert plan.output_tokens_per_s == pytest.approx(1.4907 * 256, rel=1e-4)
+
+
+@pytest.mark.exercise8
 def test_plan_decode_step_is_the_roofline_maximum():
     # short context, many sequences: 912 x 2 x 8.03e9 FLOPs outweigh the bytes
     plan = lab.plan_deployment("llama-3-8b", "a100-80gb", 512, mean_prompt_len=100, mean_output_len=50)
@@ -3426,6 +3709,22 @@ def test_plan_times_with_tensor_parallelism_hand_computed():
         f"prefill {plan.prefill_s * 1e3:.3f} ms, hand arithmetic {prefill * 1e3:.3f} ms: tp GPUs split the FLOPs")
     assert plan.qps == pytest.approx(B / latency, rel=1e-9), "Little's law: QPS = concurrency / latency"
     assert plan.qps == pytest.approx(25.330, rel=1e-4)
+
+
+@pytest.mark.exercise8
+def test_plan_compute_bound_decode_with_tensor_parallelism_hand_computed():
+    # llama-3-8b on two A100 80GB, short context: (77,309,411,328 - 8,030,261,248) / 1,048,576 = 66069 blocks
+    # per GPU, // 32 = 2064 sequences; each GPU does half of 2 x 8.03e9 x 2064 FLOPs per decode step
+    plan = lab.plan_deployment("llama-3-8b", "a100-80gb", 512, mean_prompt_len=100, mean_output_len=50,
+                               tensor_parallel_size=2)
+    B = 66069 // 32
+    assert plan.max_concurrent_seqs == B == 2064
+    memory = (8_030_261_248 + B * 125 * 65_536) / 2.039e12           # 12.2 ms
+    compute = 2 * 8_030_261_248 * B / (2 * 312e12)                   # 53.1 ms
+    assert plan.decode_bound == "compute"
+    assert plan.decode_step_s == pytest.approx(max(memory, compute), rel=1e-9), (
+        f"decode step {plan.decode_step_s * 1e3:.1f} ms, hand arithmetic {compute * 1e3:.1f} ms: under tensor "
+        "parallelism each GPU does 1/tp of the FLOPs")
 
 
 @pytest.mark.provided
@@ -3492,6 +3791,16 @@ def test_format_plan_prices_a_million_output_tokens_from_the_plans_throughput():
     per_million = 2.0 / (plan.output_tokens_per_s * 3600) * 1e6   # one GPU's hour over its tokens
     assert f"${per_million:.2f} per 1M output tokens" in text, (
         f"expected ${per_million:.2f} per 1M output tokens (price per hour / output tokens per hour):\n{text}")
+
+
+@pytest.mark.exercise8
+def test_format_plan_prices_a_tensor_parallel_group_at_every_gpu_it_holds():
+    plan = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2)
+    text = sizing.format_plan(lab, plan, usd_per_gpu_hour=2.0)
+    per_million = 2 * 2.0 / (plan.output_tokens_per_s * 3600) * 1e6   # the group's 2 GPUs, its tokens
+    assert f"${per_million:.2f} per 1M output tokens" in text, (
+        f"expected ${per_million:.2f} per 1M output tokens: output_tokens_per_s is the whole tp=2 group's, "
+        f"so the price is both GPUs' hour:\n{text}")
 
 
 @pytest.mark.exercise8
@@ -3943,6 +4252,22 @@ def test_metrics_are_prometheus_text_with_vllms_names(server):
     assert read_metric(text, f"{ttft}_count") >= 0 and read_metric(text, "vllm:kv_cache_usage_perc") >= 0
 
 
+@pytest.mark.provided
+def test_a_histogram_bucket_counts_every_value_less_than_or_equal_to_its_bound():
+    ttft = serving.metrics.Histogram([0.1, 1.0])
+    for value in (0.1, 0.5, 1.0, 2.0):
+        ttft.observe(value)
+    text = serving.metrics.prometheus_text("m", dict.fromkeys(
+        ("running", "waiting", "kv_usage", "preemptions", "queries", "hits"), 0), dict.fromkeys(
+        ("prompt_tokens", "generation_tokens", "requests"), 0), ttft)
+    name = "vllm:time_to_first_token_seconds"
+    buckets = re.findall(rf'^{name}_bucket{{model_name="m",le="([^"]+)"}} (\d+)$', text, re.M)
+    assert buckets == [("0.1", "1"), ("1.0", "3"), ("+Inf", "4")], (
+        f"buckets {buckets}: a Prometheus bucket le=x counts every observation <= x (cumulative), so 0.1 falls "
+        "in le=0.1 and 1.0 in le=1.0")
+    assert read_metric(text, f"{name}_count") == 4 and read_metric(text, f"{name}_sum") == pytest.approx(3.6)
+
+
 @pytest.mark.exercise5
 def test_metrics_count_a_served_request(server):
     before = http_call(server, "GET", "/metrics")[2].decode()
@@ -3952,6 +4277,39 @@ def test_metrics_count_a_served_request(server):
     assert read_metric(after, ttft) == read_metric(before, ttft) + 1, "one request, one TTFT observation"
     assert read_metric(after, "vllm:num_requests_running") == 0
     assert read_metric(after, "vllm:kv_cache_usage_perc") == 0, "a finished request holds no KV block"
+
+
+@pytest.mark.exercise5
+def test_metrics_count_every_token_of_a_streamed_request(server):
+    before = http_call(server, "GET", "/metrics")[2].decode()
+    events = stream_events(server, prompt=[1, 2, 3], max_tokens=5)
+    after = http_call(server, "GET", "/metrics")[2].decode()
+    assert len(events) == 6, "5 token events and [DONE]"
+    counts = {name: read_metric(after, name) - read_metric(before, name) for name in (
+        "vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")}
+    assert counts == {"vllm:request_success_total": 1, "vllm:prompt_tokens_total": 3,
+                      "vllm:generation_tokens_total": 5}, (
+        f"one streamed request of 3 prompt and 5 generated tokens moved the counters by {counts}: a stream "
+        "counts every token it sent, not its last chunk's")
+
+
+@pytest.mark.exercise5
+def test_a_stream_is_server_sent_events_each_ended_by_a_blank_line(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": [4, 5], "max_tokens": 3, "stream": True}))
+        resp = conn.getresponse()
+        body = resp.read()  # http.client undoes the chunked transfer encoding
+    finally:
+        conn.close()
+    if resp.status == 500:
+        reraise_stub(body.decode())
+    assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+    events = body.split(b"\n\n")
+    assert events[-1] == b"" and len(events) == 5, (
+        f"an SSE event is a data: line followed by a blank line (\\n\\n); 3 tokens and [DONE] are 4 events, "
+        f"got {body[:200]!r}")
+    assert all(e.startswith(b"data: ") and b"\n" not in e for e in events[:-1]) and events[-2] == b"data: [DONE]"
 
 
 @pytest.mark.exercise5

@@ -96,7 +96,9 @@ def simulate_serving(lab: ModuleType, workload: Sequence[tuple[float, int, int]]
                      cost: StepCostModel = StepCostModel(), record_timeline: bool = True) -> ServingSimulation:
     """Run a workload through the real Scheduler (or StaticBatchScheduler with batch_size =
     max_num_seqs) on a real BlockAllocator, with no model: each step costs
-    `cost.step_time(scheduled tokens, context tokens read)` seconds of simulated time.
+    `cost.step_time(scheduled tokens, context tokens read)` seconds of simulated time, where a
+    scheduled sequence's context read is its computed tokens plus this step's new ones (attention
+    reads the new tokens' K/V too).
 
     workload: (arrival_time in seconds, prompt_len, output_len) per request; each request
     produces exactly output_len tokens. `num_blocks=None` gives every slot room for the
