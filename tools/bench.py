@@ -131,20 +131,17 @@ def _table_floors(q, k_cache, v_cache, block_tables):
     """
     batch, n_head, head_dim = q.shape
     step = _chunk_columns(q, k_cache)
-    k_gather = lab.BlockGather(k_cache, None, batch, step)
-    v_gather = lab.BlockGather(v_cache, None, batch, step)
+    columns = lab.BlockGather(k_cache, v_cache, None, None, batch, step)
     qv = q[..., None]
 
     def gather():
         for j in range(0, block_tables.shape[1], step):
-            k_gather.gather(block_tables[:, j:j + step])
-            v_gather.gather(block_tables[:, j:j + step])
+            columns.gather(block_tables[:, j:j + step])
 
     def gather_matmuls():
         acc = np.zeros((batch, n_head, 1, head_dim), np.float32)
         for j in range(0, block_tables.shape[1], step):
-            k, _ = k_gather.gather(block_tables[:, j:j + step])
-            v, _ = v_gather.gather(block_tables[:, j:j + step])
+            k, v, _, _ = columns.gather(block_tables[:, j:j + step])
             scores = np.matmul(k.transpose(0, 2, 1, 3), qv)
             acc += np.matmul(scores.transpose(0, 1, 3, 2), v.transpose(0, 2, 1, 3))
         return acc
