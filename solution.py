@@ -2,21 +2,21 @@
 on a NumPy GPT-2.
 
 Reading map of solution.py (its line numbers; lab.py's differ). Sections 1-5 are the chapter:
-2001 lines, a day's reading at 300-400 lines an hour (the exercises' own code, an afternoon).
+1999 lines, a day's reading at 300-400 lines an hour (the exercises' own code, an afternoon).
 Stop at section 6; the rest stands beside it.
 
    section                                     lines        what it holds
    1. Paged KV-cache (PagedAttention)          53-459       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   460-888      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      889-1470     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1471-1756    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1757-2001    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   2. The model and the paged attention path   460-886      a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      887-1468     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1469-1754    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1755-1999    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
    ---- the reading path ends here ----
-   6. Argument checks                          2002-2289    provided: the exercises start from checked arguments
-   7. Beside the path                          2290-2785    int8 K/V arithmetic, static baseline, simulator, presets
-   8. Serving over HTTP                        2786-3671    an OpenAI-compatible endpoint and a load generator
-   9. The design-review scenarios              3672-4241    what `python solution.py` prints
-  10. The command line                         4242-4419    `python solution.py --help`
+   6. Argument checks                          2000-2287    provided: the exercises start from checked arguments
+   7. Beside the path                          2288-2783    int8 K/V arithmetic, static baseline, simulator, presets
+   8. Serving over HTTP                        2784-3669    an OpenAI-compatible endpoint and a load generator
+   9. The design-review scenarios              3670-4239    what `python solution.py` prints
+  10. The command line                         4240-4417    `python solution.py --help`
 
 The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
 generated from this file by `tools/make_lab.py`: every region between
@@ -628,10 +628,9 @@ class KVCache:
 # --- paged attention: the kernel that reads K/V through block tables ---------------------
 
 
-# Bytes of K (and as many of V) one step of the kernel gathers: as many block columns as fit
-# (2 at batch 32, 12 heads x 64, block size 16; a whole short context at batch 1). Big enough
-# that NumPy's per-call overhead (a dozen small array operations a step) is paid rarely, small
-# enough that the gathered K and V stay in the CPU's caches for the two matmuls that read them.
+# Bytes of K (and as many of V) one step of the kernel gathers, as whole block columns (2 at
+# batch 32, 12 heads x 64, block size 16; a short context at batch 1): NumPy's per-call overhead
+# is paid rarely, and the gathered K and V stay in the CPU's caches for the matmuls that read them.
 PAGED_ATTENTION_CHUNK_BYTES = 3 * 2**20
 
 
@@ -673,9 +672,8 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     order = np.argsort(-context_lens, kind="stable")
     lens = context_lens[order]
     num_used = -(-lens // block_size)
-    # Padding entries become block 0 so that they can be indexed at all; whatever it holds
-    # is masked by position below, like the stale tail of a last block. Columns past the
-    # longest sequence's last block are dropped: no chunk gathers them.
+    # Padding entries become block 0 so that they can be indexed at all (masked by position
+    # below, like a last block's stale tail); columns past the longest context are dropped.
     width = int(num_used[0]) if batch else 0
     tables = np.where(np.arange(width) < num_used[:, None], block_tables[order, :width], 0)
     # A float32 scale keeps float32: np.sqrt(head_dim) would be a float64 scalar (NumPy 2 promotes).
