@@ -13,10 +13,10 @@ Stop at section 6; the rest stands beside it.
    5. Capacity planning                        1755-1999    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
    ---- the reading path ends here ----
    6. Argument checks                          2000-2287    provided: the exercises start from checked arguments
-   7. Beside the path                          2288-2783    int8 K/V arithmetic, static baseline, simulator, presets
-   8. Serving over HTTP                        2784-3669    an OpenAI-compatible endpoint and a load generator
-   9. The design-review scenarios              3670-4239    what `python solution.py` prints
-  10. The command line                         4240-4417    `python solution.py --help`
+   7. Beside the path                          2288-2789    int8 K/V arithmetic, static baseline, simulator, presets
+   8. Serving over HTTP                        2790-3675    an OpenAI-compatible endpoint and a load generator
+   9. The design-review scenarios              3676-4245    what `python solution.py` prints
+  10. The command line                         4246-4423    `python solution.py --help`
 
 The benchmarks live in tools/bench.py (`python solution.py bench` runs it). `lab.py` is
 generated from this file by `tools/make_lab.py`: every region between
@@ -2371,13 +2371,16 @@ class BlockGather:
     The int8 multiply is left to the kernel because a scale per token and head factors out of
     every dot product over D: q . (s k) = s (q . k), and sum_t p_t (s_t v_t) = sum_t (p_t s_t) v_t,
     so it costs one multiply per score instead of one per element (64x fewer at head_dim 64).
-    The cast happens inside the gather, into the same buffer: never a float32 copy of all the
-    blocks read, which is what a GPU kernel does in registers. The caches are never written.
+    The cast happens inside the gather, into the reused buffer (a GPU kernel does it in
+    registers): no float32 copy of all the blocks read is ever made. The caches are never
+    written. The buffers are per thread and shared by every BlockGather of that thread: one
+    kernel call at a time per thread, as the engine runs.
     """
 
     def __init__(self, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
                  v_scale: np.ndarray | None, batch: int, max_blocks: int):
         self.caches, self.scales = (k_cache, v_cache), (k_scale, v_scale)
+        self.batch, self.max_blocks = batch, max_blocks
         _, block_size, n_head, head_dim = k_cache.shape
         shape = (batch, max_blocks, block_size, n_head, head_dim)
         self.values = [_reused_buffer((kv, "values"), shape, np.float32) for kv in "kv"]
@@ -2391,6 +2394,9 @@ class BlockGather:
 
     def gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
         n, c = ids.shape
+        if n > self.batch or c > self.max_blocks:
+            raise ValueError(f"ids {ids.shape} exceed the buffers for {self.batch} sequences x "
+                             f"{self.max_blocks} blocks this BlockGather was made with")
         values, scales = [], [None, None]
         for i, cache in enumerate(self.caches):
             shape = (n, c, *cache.shape[1:])

@@ -1395,6 +1395,32 @@ def test_kv_cache_and_engine_refuse_a_kv_dtype_they_do_not_store(tiny_model, dty
 
 
 @pytest.mark.provided
+def test_block_gather_returns_the_named_blocks_token_by_token_and_int8_values_with_their_scales():
+    rng = np.random.default_rng(11)
+    k_cache, v_cache = (rng.standard_normal((9, 4, 2, 8), dtype=np.float32) for _ in range(2))
+    ids = np.array([[7, 2], [0, 5]])
+    k, v, k_s, v_s = lab.BlockGather(k_cache, v_cache, None, None, 3, 2).gather(ids)
+    assert k_s is None and v_s is None and k.shape == (2, 8, 2, 8) and k.dtype == np.float32
+    for i in range(2):
+        for t in range(8):
+            assert np.array_equal(k[i, t], k_cache[ids[i, t // 4], t % 4]), "token t of row i is block ids[i, t // bs]"
+            assert np.array_equal(v[i, t], v_cache[ids[i, t // 4], t % 4]), "V is gathered like K"
+    (kq, ks), (vq, vs) = lab.quantize_int8(k_cache), lab.quantize_int8(v_cache)
+    k8, v8, k8_s, v8_s = lab.BlockGather(kq, vq, ks, vs, 3, 2).gather(ids)
+    assert k8.dtype == np.float32 and k8_s.shape == (2, 8, 2)
+    np.testing.assert_array_equal(k8 * k8_s[..., None], lab.dequantize_int8(kq[ids], ks[ids]).reshape(k8.shape),
+                                  err_msg="int8: values cast to float32, times their scales, are the dequantised K")
+    np.testing.assert_array_equal(v8 * v8_s[..., None], lab.dequantize_int8(vq[ids], vs[ids]).reshape(v8.shape))
+
+
+@pytest.mark.provided
+def test_block_gather_refuses_more_ids_than_its_buffers_hold():
+    cache = np.zeros((4, 2, 1, 2), np.float32)
+    with pytest.raises(ValueError, match="exceed"):
+        lab.BlockGather(cache, cache, None, None, 1, 2).gather(np.zeros((1, 3), np.int64))
+
+
+@pytest.mark.provided
 def test_int8_cache_copy_on_write_copies_values_and_scales(tiny_model):
     cache = lab.KVCache(tiny_model.config, 6, 4, dtype="int8")
     rng = np.random.default_rng(5)

@@ -891,6 +891,8 @@ def bench_vs_transformers(num_requests: int = 64, static_batch: int = 8, decode_
         import torch
         import transformers
     except ImportError:
+        if log is not None:
+            log(VS_TRANSFORMERS_INSTALL)
         return VS_TRANSFORMERS_INSTALL
     lines: list[str] = []
 
