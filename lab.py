@@ -7,13 +7,13 @@ Reading map (this file's own line numbers): the chapter, read top to bottom, eac
 the ideas it needs; the exercises' own code is an afternoon, the whole file a day.
 
    section                                     lines        what it holds
-   0. Conventions                              42-84        checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          85-377       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   378-895      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      896-1810     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1811-2133    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2134-2495    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2496-2529    the list of exercises, and `__main__`
+   0. Conventions                              43-85        checked arguments: what the exercises start from
+   1. Paged KV-cache (PagedAttention)          86-378       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   379-969      a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      970-1884     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1885-2207    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2208-2569    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2570-2603    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -34,6 +34,7 @@ import math
 import numbers
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -581,11 +582,10 @@ class KVCache:
 # --- paged attention: the kernel that reads K/V through block tables ----------------------
 
 
-# How many tokens one step of the kernel gathers: one 16-token block at the usual block size.
-# Big enough that NumPy's per-call overhead is small, small enough that the gathered K/V
-# (batch x 16 tokens x n_head x head_dim x 4 bytes, 1.5 MB at batch 32, 12 x 64) stays in the
-# CPU's L2 cache between the gather and the two matmuls that read it.
-PAGED_ATTENTION_CHUNK_TOKENS = 16
+# Bytes of K (and as many of V) one step of the kernel gathers, as whole block columns (2 at
+# batch 32, 12 heads x 64, block size 16; a short context at batch 1): NumPy's per-call overhead
+# is paid rarely, and the gathered K and V stay in the CPU's caches for the matmuls that read them.
+PAGED_ATTENTION_CHUNK_BYTES = 3 * 2**20
 
 
 def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale=None, v_scale=None):
@@ -640,20 +640,93 @@ def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens,
     return block_tables.astype(np.int64), context_lens
 
 
-def _dequantize_blocks_read(k_cache, v_cache, k_scale, v_scale, block_tables, context_lens):
-    """The int8 cache's blocks this batch reads, dequantised into a small float32 cache.
+# --- reading blocks for paged_attention: a column at a time, dequantised on the way ---------
 
-    Returns (k, v, tables): k, v (num_read, block_size, H, D) float32 hold the distinct blocks
-    in use (a block shared by several sequences once), and `tables` renumbers the block tables
-    into them (padding entries become 0). Only those blocks are touched: a decode step's cost
-    grows with the contexts in the batch, not with the size of the pool.
+
+# Gather buffers kept between kernel calls, one set per thread: a fresh multi-MiB array every
+# call costs page faults on every page of it (the allocator returns big arrays to the OS on
+# free), as much as the gather itself on a short context.
+_GATHER_BUFFERS = threading.local()
+
+
+def _reused_buffer(key: tuple, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A C-contiguous `shape` array of `dtype` carved from this thread's buffer `key`, which is
+    grown when too small and otherwise reused. Its content is garbage; the next caller with the
+    same key overwrites it."""
+    size = math.prod(shape)
+    buffer = getattr(_GATHER_BUFFERS, "arrays", None)
+    if buffer is None:
+        buffer = _GATHER_BUFFERS.arrays = {}
+    array = buffer.get(key)
+    if array is None or array.size < size:
+        array = buffer[key] = np.empty(size, dtype)
+    return array[:size].reshape(shape)
+
+
+class BlockGather:
+    """Gathers columns of blocks of one layer's K and V caches into reused float32 buffers.
+
+    `BlockGather(k_cache, v_cache, k_scale, v_scale, batch, max_blocks)` holds buffers for
+    `max_blocks` blocks of each of `batch` sequences (scales None for a float32 cache).
+    `gather(ids)` with `ids` (n, c) int block ids (n <= batch, c <= max_blocks, valid ids only)
+    returns `(k, v, k_scales, v_scales)`:
+
+      k, v (n, c * block_size, H, D) float32: token t of row i is slot t % block_size of block
+           ids[i, t // block_size]; views of the buffers, overwritten by the next gather;
+      k_scales, v_scales None for a float32 cache; for an int8 cache (n, c * block_size, H)
+           float32, the per-token-and-head scales, and k, v are the int8 values cast to float32.
+
+    So the K a kernel reads is `k` for float32 and `k * k_scales[..., None]` for int8 (V alike).
+    The int8 multiply is left to the kernel because a scale per token and head factors out of
+    every dot product over D: q . (s k) = s (q . k), and sum_t p_t (s_t v_t) = sum_t (p_t s_t) v_t,
+    so it costs one multiply per score instead of one per element (64x fewer at head_dim 64).
+    The cast happens inside the gather, into the reused buffer (a GPU kernel does it in
+    registers): no float32 copy of all the blocks read is ever made. The caches are never
+    written. The buffers are per thread and shared by every BlockGather of that thread: one
+    kernel call at a time per thread, as the engine runs.
     """
-    block_size = k_cache.shape[1]
-    used = np.arange(block_tables.shape[1]) < -(-context_lens[:, None] // block_size)
-    ids, renumbered = np.unique(block_tables[used], return_inverse=True)
-    tables = np.zeros_like(block_tables)
-    tables[used] = renumbered
-    return dequantize_int8(k_cache[ids], k_scale[ids]), dequantize_int8(v_cache[ids], v_scale[ids]), tables
+
+    def __init__(self, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
+                 v_scale: np.ndarray | None, batch: int, max_blocks: int):
+        self.caches, self.scales = (k_cache, v_cache), (k_scale, v_scale)
+        self.batch, self.max_blocks = batch, max_blocks
+        _, block_size, n_head, head_dim = k_cache.shape
+        shape = (batch, max_blocks, block_size, n_head, head_dim)
+        self.values = [_reused_buffer((kv, "values"), shape, np.float32) for kv in "kv"]
+        self.quantized = k_scale is not None
+        if self.quantized:
+            # The int8 bytes land in a staging buffer (a quarter of the float32 one), then one
+            # cast writes them into `values`: a cast runs at copy speed, a broadcast multiply
+            # of every element by its scale would not.
+            self.staging = [_reused_buffer((kv, "staging"), shape, np.int8) for kv in "kv"]
+            self.scale_buffers = [_reused_buffer((kv, "scales"), shape[:-1], np.float32) for kv in "kv"]
+
+    def gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        n, c = ids.shape
+        if n > self.batch or c > self.max_blocks:
+            raise ValueError(f"ids {ids.shape} exceed the buffers for {self.batch} sequences x "
+                             f"{self.max_blocks} blocks this BlockGather was made with")
+        values, scales = [], [None, None]
+        for i, cache in enumerate(self.caches):
+            shape = (n, c, *cache.shape[1:])
+            # A contiguous front part of the buffer, whatever n and c: np.take then writes
+            # straight into it. mode="clip" only because the default "raise" copies `out` once
+            # more; the caller's ids are valid block ids already.
+            out = _front(self.values[i], shape)
+            if not self.quantized:
+                np.take(cache, ids, axis=0, out=out, mode="clip")
+            else:
+                raw = np.take(cache, ids, axis=0, out=_front(self.staging[i], shape), mode="clip")
+                np.copyto(out, raw)  # int8 -> float32, exact: the dequantisation's cast
+                s = np.take(self.scales[i], ids, axis=0, out=_front(self.scale_buffers[i], shape[:-1]), mode="clip")
+                scales[i] = s.reshape(n, -1, s.shape[-1])
+            values.append(out.reshape(n, -1, *shape[3:]))
+        return values[0], values[1], scales[0], scales[1]
+
+
+def _front(buffer: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The first prod(shape) elements of a C-contiguous buffer, as a contiguous `shape` array."""
+    return buffer.reshape(-1)[:math.prod(shape)].reshape(shape)
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
@@ -672,20 +745,20 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     block (they may hold NaN).
 
     The structure is the real kernel's: walk the block columns, gather one column of blocks for
-    the whole batch, and fold it into an online softmax (running max, running sum, rescaled
-    accumulator), so no copy of the whole K/V is ever made.
+    the whole batch (a few columns at a time: PAGED_ATTENTION_CHUNK_BYTES), and fold it into an
+    online softmax (running max, running sum, rescaled accumulator), so no copy of the whole
+    K/V is ever made. The gather is provided (just above): `BlockGather(k_cache, v_cache, k_scale,
+    v_scale, batch, max_blocks).gather(ids)`, ids (n, c) valid block ids, returns k, v (n, c *
+    block_size, H, D) float32 (token t of row i: block ids[i, t // block_size], slot t % block_size),
+    views of buffers the next gather overwrites, and k_scales, v_scales: None for float32.
 
-    An int8 cache (`KVCache(..., dtype="int8")`) comes with `k_scale`, `v_scale` (num_blocks,
-    block_size, H) float32; the blocks the batch reads are then dequantised before the kernel
-    runs, so the kernel below only ever sees float32.
+    An int8 cache (`KVCache(..., dtype="int8")`) comes as int8 k_cache, v_cache with `k_scale`,
+    `v_scale` (num_blocks, block_size, H) float32: token i's K is k_cache[...] * k_scale[...]. The
+    gather casts the values to float32 and returns the scales (n, c * block_size, H) beside them;
+    they multiply the scores (K) and the probabilities (V), as BlockGather's docstring shows.
     """
     block_tables, context_lens = _check_paged_attention_args(q, k_cache, v_cache, block_tables,
                                                              context_lens, k_scale, v_scale)
-    if k_scale is not None:
-        # NumPy cannot fuse the dequantisation into the kernel's loads as a GPU kernel does: it
-        # costs one extra pass (int8 in, float32 out) over the blocks read, and no others.
-        k_cache, v_cache, block_tables = _dequantize_blocks_read(k_cache, v_cache, k_scale, v_scale,
-                                                                 block_tables, context_lens)
     raise NotImplementedError("Exercise 4: paged_attention")
 
 
@@ -826,9 +899,10 @@ class ToyTransformer:
                     q[batch.decode_rows], *caches, batch.decode_tables, batch.decode_lens, **scales)
             for prefill_rows, context_slots, mask in batch.prefills:
                 k_ctx, v_ctx = kv_cache.read(i, context_slots)
-                scores = np.einsum("qhd,khd->hqk", q[prefill_rows], k_ctx) * scale
+                # Per head (q, D) @ (D, k), then (q, k) @ (k, D): BLAS, ~10x einsum's own loops.
+                scores = np.matmul(q[prefill_rows].transpose(1, 0, 2), k_ctx.transpose(1, 2, 0)) * scale
                 probs = _softmax(np.where(mask, scores, -np.inf))
-                attn[prefill_rows] = np.einsum("hqk,khd->qhd", probs, v_ctx)
+                attn[prefill_rows] = np.matmul(probs, v_ctx.transpose(1, 0, 2)).transpose(1, 0, 2)
             x = self._finish_layer(x, attn, layer)
         return self._logits(x if rows is None else x[rows])
 

@@ -5,13 +5,13 @@ Reading map (this file's own line numbers): the chapter, read top to bottom, eac
 the ideas it needs; the exercises' own code is an afternoon, the whole file a day.
 
    section                                     lines        what it holds
-   0. Conventions                              40-82        checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          83-493       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   494-1064     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1065-2032    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     2033-2411    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2412-2814    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2815-2848    the list of exercises, and `__main__`
+   0. Conventions                              41-83        checked arguments: what the exercises start from
+   1. Paged KV-cache (PagedAttention)          84-494       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   495-1144     a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      1145-2112    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     2113-2491    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2492-2894    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2895-2928    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -32,6 +32,7 @@ import math
 import numbers
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -697,11 +698,10 @@ class KVCache:
 # --- paged attention: the kernel that reads K/V through block tables ----------------------
 
 
-# How many tokens one step of the kernel gathers: one 16-token block at the usual block size.
-# Big enough that NumPy's per-call overhead is small, small enough that the gathered K/V
-# (batch x 16 tokens x n_head x head_dim x 4 bytes, 1.5 MB at batch 32, 12 x 64) stays in the
-# CPU's L2 cache between the gather and the two matmuls that read it.
-PAGED_ATTENTION_CHUNK_TOKENS = 16
+# Bytes of K (and as many of V) one step of the kernel gathers, as whole block columns (2 at
+# batch 32, 12 heads x 64, block size 16; a short context at batch 1): NumPy's per-call overhead
+# is paid rarely, and the gathered K and V stay in the CPU's caches for the matmuls that read them.
+PAGED_ATTENTION_CHUNK_BYTES = 3 * 2**20
 
 
 def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale=None, v_scale=None):
@@ -756,20 +756,93 @@ def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens,
     return block_tables.astype(np.int64), context_lens
 
 
-def _dequantize_blocks_read(k_cache, v_cache, k_scale, v_scale, block_tables, context_lens):
-    """The int8 cache's blocks this batch reads, dequantised into a small float32 cache.
+# --- reading blocks for paged_attention: a column at a time, dequantised on the way ---------
 
-    Returns (k, v, tables): k, v (num_read, block_size, H, D) float32 hold the distinct blocks
-    in use (a block shared by several sequences once), and `tables` renumbers the block tables
-    into them (padding entries become 0). Only those blocks are touched: a decode step's cost
-    grows with the contexts in the batch, not with the size of the pool.
+
+# Gather buffers kept between kernel calls, one set per thread: a fresh multi-MiB array every
+# call costs page faults on every page of it (the allocator returns big arrays to the OS on
+# free), as much as the gather itself on a short context.
+_GATHER_BUFFERS = threading.local()
+
+
+def _reused_buffer(key: tuple, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A C-contiguous `shape` array of `dtype` carved from this thread's buffer `key`, which is
+    grown when too small and otherwise reused. Its content is garbage; the next caller with the
+    same key overwrites it."""
+    size = math.prod(shape)
+    buffer = getattr(_GATHER_BUFFERS, "arrays", None)
+    if buffer is None:
+        buffer = _GATHER_BUFFERS.arrays = {}
+    array = buffer.get(key)
+    if array is None or array.size < size:
+        array = buffer[key] = np.empty(size, dtype)
+    return array[:size].reshape(shape)
+
+
+class BlockGather:
+    """Gathers columns of blocks of one layer's K and V caches into reused float32 buffers.
+
+    `BlockGather(k_cache, v_cache, k_scale, v_scale, batch, max_blocks)` holds buffers for
+    `max_blocks` blocks of each of `batch` sequences (scales None for a float32 cache).
+    `gather(ids)` with `ids` (n, c) int block ids (n <= batch, c <= max_blocks, valid ids only)
+    returns `(k, v, k_scales, v_scales)`:
+
+      k, v (n, c * block_size, H, D) float32: token t of row i is slot t % block_size of block
+           ids[i, t // block_size]; views of the buffers, overwritten by the next gather;
+      k_scales, v_scales None for a float32 cache; for an int8 cache (n, c * block_size, H)
+           float32, the per-token-and-head scales, and k, v are the int8 values cast to float32.
+
+    So the K a kernel reads is `k` for float32 and `k * k_scales[..., None]` for int8 (V alike).
+    The int8 multiply is left to the kernel because a scale per token and head factors out of
+    every dot product over D: q . (s k) = s (q . k), and sum_t p_t (s_t v_t) = sum_t (p_t s_t) v_t,
+    so it costs one multiply per score instead of one per element (64x fewer at head_dim 64).
+    The cast happens inside the gather, into the reused buffer (a GPU kernel does it in
+    registers): no float32 copy of all the blocks read is ever made. The caches are never
+    written. The buffers are per thread and shared by every BlockGather of that thread: one
+    kernel call at a time per thread, as the engine runs.
     """
-    block_size = k_cache.shape[1]
-    used = np.arange(block_tables.shape[1]) < -(-context_lens[:, None] // block_size)
-    ids, renumbered = np.unique(block_tables[used], return_inverse=True)
-    tables = np.zeros_like(block_tables)
-    tables[used] = renumbered
-    return dequantize_int8(k_cache[ids], k_scale[ids]), dequantize_int8(v_cache[ids], v_scale[ids]), tables
+
+    def __init__(self, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
+                 v_scale: np.ndarray | None, batch: int, max_blocks: int):
+        self.caches, self.scales = (k_cache, v_cache), (k_scale, v_scale)
+        self.batch, self.max_blocks = batch, max_blocks
+        _, block_size, n_head, head_dim = k_cache.shape
+        shape = (batch, max_blocks, block_size, n_head, head_dim)
+        self.values = [_reused_buffer((kv, "values"), shape, np.float32) for kv in "kv"]
+        self.quantized = k_scale is not None
+        if self.quantized:
+            # The int8 bytes land in a staging buffer (a quarter of the float32 one), then one
+            # cast writes them into `values`: a cast runs at copy speed, a broadcast multiply
+            # of every element by its scale would not.
+            self.staging = [_reused_buffer((kv, "staging"), shape, np.int8) for kv in "kv"]
+            self.scale_buffers = [_reused_buffer((kv, "scales"), shape[:-1], np.float32) for kv in "kv"]
+
+    def gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        n, c = ids.shape
+        if n > self.batch or c > self.max_blocks:
+            raise ValueError(f"ids {ids.shape} exceed the buffers for {self.batch} sequences x "
+                             f"{self.max_blocks} blocks this BlockGather was made with")
+        values, scales = [], [None, None]
+        for i, cache in enumerate(self.caches):
+            shape = (n, c, *cache.shape[1:])
+            # A contiguous front part of the buffer, whatever n and c: np.take then writes
+            # straight into it. mode="clip" only because the default "raise" copies `out` once
+            # more; the caller's ids are valid block ids already.
+            out = _front(self.values[i], shape)
+            if not self.quantized:
+                np.take(cache, ids, axis=0, out=out, mode="clip")
+            else:
+                raw = np.take(cache, ids, axis=0, out=_front(self.staging[i], shape), mode="clip")
+                np.copyto(out, raw)  # int8 -> float32, exact: the dequantisation's cast
+                s = np.take(self.scales[i], ids, axis=0, out=_front(self.scale_buffers[i], shape[:-1]), mode="clip")
+                scales[i] = s.reshape(n, -1, s.shape[-1])
+            values.append(out.reshape(n, -1, *shape[3:]))
+        return values[0], values[1], scales[0], scales[1]
+
+
+def _front(buffer: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The first prod(shape) elements of a C-contiguous buffer, as a contiguous `shape` array."""
+    return buffer.reshape(-1)[:math.prod(shape)].reshape(shape)
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
@@ -788,20 +861,20 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     block (they may hold NaN).
 
     The structure is the real kernel's: walk the block columns, gather one column of blocks for
-    the whole batch, and fold it into an online softmax (running max, running sum, rescaled
-    accumulator), so no copy of the whole K/V is ever made.
+    the whole batch (a few columns at a time: PAGED_ATTENTION_CHUNK_BYTES), and fold it into an
+    online softmax (running max, running sum, rescaled accumulator), so no copy of the whole
+    K/V is ever made. The gather is provided (just above): `BlockGather(k_cache, v_cache, k_scale,
+    v_scale, batch, max_blocks).gather(ids)`, ids (n, c) valid block ids, returns k, v (n, c *
+    block_size, H, D) float32 (token t of row i: block ids[i, t // block_size], slot t % block_size),
+    views of buffers the next gather overwrites, and k_scales, v_scales: None for float32.
 
-    An int8 cache (`KVCache(..., dtype="int8")`) comes with `k_scale`, `v_scale` (num_blocks,
-    block_size, H) float32; the blocks the batch reads are then dequantised before the kernel
-    runs, so the kernel below only ever sees float32.
+    An int8 cache (`KVCache(..., dtype="int8")`) comes as int8 k_cache, v_cache with `k_scale`,
+    `v_scale` (num_blocks, block_size, H) float32: token i's K is k_cache[...] * k_scale[...]. The
+    gather casts the values to float32 and returns the scales (n, c * block_size, H) beside them;
+    they multiply the scores (K) and the probabilities (V), as BlockGather's docstring shows.
     """
     block_tables, context_lens = _check_paged_attention_args(q, k_cache, v_cache, block_tables,
                                                              context_lens, k_scale, v_scale)
-    if k_scale is not None:
-        # NumPy cannot fuse the dequantisation into the kernel's loads as a GPU kernel does: it
-        # costs one extra pass (int8 in, float32 out) over the blocks read, and no others.
-        k_cache, v_cache, block_tables = _dequantize_blocks_read(k_cache, v_cache, k_scale, v_scale,
-                                                                 block_tables, context_lens)
     # BEGIN SOLUTION: Exercise 4
     batch, n_head, head_dim = q.shape
     block_size = k_cache.shape[1]
@@ -810,48 +883,54 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     order = np.argsort(-context_lens, kind="stable")
     lens = context_lens[order]
     num_used = -(-lens // block_size)
-    # Padding entries become block 0 so that they can be indexed at all; whatever it holds
-    # is masked by position below, like the stale tail of a last block.
-    tables = np.where(np.arange(block_tables.shape[1]) < num_used[:, None], block_tables[order], 0)
+    # Padding entries become block 0 so that they can be indexed at all (masked by position
+    # below, like a last block's stale tail); columns past the longest context are dropped.
+    width = int(num_used[0]) if batch else 0
+    tables = np.where(np.arange(width) < num_used[:, None], block_tables[order, :width], 0)
     # A float32 scale keeps float32: np.sqrt(head_dim) would be a float64 scalar (NumPy 2 promotes).
     qv = (q[order] * np.float32(1.0 / math.sqrt(head_dim)))[..., None]   # (B, H, D, 1)
     run_max = np.full((batch, n_head, 1), -np.inf, np.float32)
     run_sum = np.zeros((batch, n_head, 1), np.float32)
     acc = np.zeros((batch, n_head, 1, head_dim), np.float32)
-    step = max(1, PAGED_ATTENTION_CHUNK_TOKENS // block_size)
-    # One gather buffer per call, reused by every chunk: fresh arrays each chunk would cost
-    # page faults (the allocator hands big buffers back to the OS) at every step.
-    k_buf = np.empty((batch, step, block_size, n_head, head_dim), np.float32)
-    v_buf = np.empty_like(k_buf)
-    for j in range(0, int(num_used.max(initial=0)), step):
+    column_bytes = batch * block_size * n_head * head_dim * 4   # one block per sequence, float32
+    step = max(1, PAGED_ATTENTION_CHUNK_BYTES // column_bytes)    # block columns per chunk
+    # Gather buffers reused by every chunk (and every call): fresh arrays each chunk would
+    # cost page faults (the allocator hands big buffers back to the OS) at every step.
+    columns = BlockGather(k_cache, v_cache, k_scale, v_scale, batch, step)
+    for j in range(0, width, step):
         n = int(np.count_nonzero(num_used > j))
         ids = tables[:n, j:j + step]
-        c = ids.shape[1]
-        # Copy only this chunk of K/V, (n, tokens, H, D), small enough to stay in cache.
-        # mode="clip" only because the default "raise" copies `out` once more; the ids are
-        # valid block ids already (checked, padding replaced).
-        k = np.take(k_cache, ids, axis=0, out=k_buf[:n, :c], mode="clip").reshape(n, -1, n_head, head_dim)
-        v = np.take(v_cache, ids, axis=0, out=v_buf[:n, :c], mode="clip").reshape(n, -1, n_head, head_dim)
-        past_end = j * block_size + np.arange(k.shape[1]) >= lens[:n, None]       # (n, tokens)
-        stale = past_end.any()
+        k, v, k_s, v_s = columns.gather(ids)                       # (n, tokens, H, D), scales or None
+        # Sorted longest first, so the chunk holds a slot past some context iff it does for
+        # the last of the n sequences: one comparison, no mask, for every chunk but the last.
+        stale = lens[n - 1] < (j + ids.shape[1]) * block_size
         if stale:
+            past_end = j * block_size + np.arange(k.shape[1]) >= lens[:n, None]   # (n, tokens)
             # Slots after a sequence's last token hold stale data, even NaN or inf, and a zero
             # weight does not cancel it (0 * NaN = NaN): clear them in our gathered copy (the
             # cache is untouched) before any arithmetic sees them.
-            k[past_end] = 0.0
-            v[past_end] = 0.0
+            for gathered in (k, v, k_s, v_s):
+                if gathered is not None:
+                    gathered[past_end] = 0.0
         # One matrix-vector product per (sequence, head), batched by matmul: (n, H, tokens).
         scores = np.matmul(k.transpose(0, 2, 1, 3), qv[:n])[..., 0]
+        if k_s is not None:
+            scores *= k_s.transpose(0, 2, 1)          # int8: q . (s k) = s (q . k)
         if stale:
-            scores = np.where(past_end[:, None, :], -np.inf, scores)      # mask by position
-        new_max = np.maximum(run_max[:n], scores.max(axis=-1, keepdims=True))
-        p = np.exp(scores - new_max)
+            scores[np.broadcast_to(past_end[:, None, :], scores.shape)] = -np.inf   # mask by position
+        m, total, a = run_max[:n], run_sum[:n], acc[:n]   # views: updated in place
+        new_max = np.maximum(m, scores.max(axis=-1, keepdims=True))
         # What was summed under the old max is rescaled to the new one (exp(-inf) = 0 at j = 0;
         # column 0 always holds token 0, so the max is finite from then on).
-        rescale = np.exp(run_max[:n] - new_max)
-        run_sum[:n] = rescale * run_sum[:n] + p.sum(axis=-1, keepdims=True)
-        acc[:n] = rescale[..., None] * acc[:n] + np.matmul(p[:, :, None, :], v.transpose(0, 2, 1, 3))
-        run_max[:n] = new_max
+        rescale = np.exp(m - new_max)
+        p = np.exp(np.subtract(scores, new_max, out=scores), out=scores)   # in place: no new array
+        total *= rescale
+        total += p.sum(axis=-1, keepdims=True)
+        if v_s is not None:
+            p *= v_s.transpose(0, 2, 1)               # int8: sum p (s v) = sum (p s) v
+        a *= rescale[..., None]
+        a += np.matmul(p[:, :, None, :], v.transpose(0, 2, 1, 3))
+        m[...] = new_max
     out = np.empty_like(q)
     out[order] = acc[:, :, 0, :] / run_sum
     return out
@@ -995,9 +1074,10 @@ class ToyTransformer:
                     q[batch.decode_rows], *caches, batch.decode_tables, batch.decode_lens, **scales)
             for prefill_rows, context_slots, mask in batch.prefills:
                 k_ctx, v_ctx = kv_cache.read(i, context_slots)
-                scores = np.einsum("qhd,khd->hqk", q[prefill_rows], k_ctx) * scale
+                # Per head (q, D) @ (D, k), then (q, k) @ (k, D): BLAS, ~10x einsum's own loops.
+                scores = np.matmul(q[prefill_rows].transpose(1, 0, 2), k_ctx.transpose(1, 2, 0)) * scale
                 probs = _softmax(np.where(mask, scores, -np.inf))
-                attn[prefill_rows] = np.einsum("hqk,khd->qhd", probs, v_ctx)
+                attn[prefill_rows] = np.matmul(probs, v_ctx.transpose(1, 0, 2)).transpose(1, 0, 2)
             x = self._finish_layer(x, attn, layer)
         return self._logits(x if rows is None else x[rows])
 

@@ -6,6 +6,7 @@ Each test checks one idea against an independent reference written plainly here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import html.parser
@@ -987,14 +988,29 @@ def call_paged_attention(q, k_cache, v_cache, block_tables, context_lens):
     return out
 
 
+@contextlib.contextmanager
+def one_block_column_per_chunk():
+    """Run the kernel with the smallest chunk (PAGED_ATTENTION_CHUNK_BYTES below one block column):
+    these tests' contexts would otherwise fit in one chunk, and the online softmax fold only
+    shows when several chunks are folded."""
+    saved = lab.PAGED_ATTENTION_CHUNK_BYTES
+    lab.PAGED_ATTENTION_CHUNK_BYTES = 1
+    try:
+        yield
+    finally:
+        lab.PAGED_ATTENTION_CHUNK_BYTES = saved
+
+
 @pytest.mark.exercise4
 @settings(max_examples=60)
-@given(paged_batches())
-def test_paged_attention_equals_dense_attention_on_contiguous_kv(case):
+@given(paged_batches(), st.booleans())
+def test_paged_attention_equals_dense_attention_on_contiguous_kv(case, small_chunks):
     batch, block_size, lens, n_head, head_dim, fill, padding, extra_columns, seed = case
     q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size, n_head, head_dim, seed, fill,
                                                               extra_columns=extra_columns, padding=padding)
-    out = call_paged_attention(q, k_cache, v_cache, tables, lens)
+    chunks = one_block_column_per_chunk() if small_chunks else contextlib.nullcontext()
+    with chunks:
+        out = call_paged_attention(q, k_cache, v_cache, tables, lens)
     assert out.shape == (batch, n_head, head_dim)
     assert np.all(np.isfinite(out)), (
         "non-finite output: the kernel read a slot past context_lens (stale slots hold NaN/inf) "
@@ -1039,7 +1055,8 @@ def test_paged_attention_over_many_blocks_where_an_early_token_dominates_equals_
     seqs_k[0][3] += boost                                     # q . k gains 300 sqrt(D) on every head
     k_cache[tables[0, 0], 3] = seqs_k[0][3]
     q[1] *= np.float32(4.0)
-    out = call_paged_attention(q, k_cache, v_cache, tables, lens)
+    with one_block_column_per_chunk():
+        out = call_paged_attention(q, k_cache, v_cache, tables, lens)
     assert np.all(np.isfinite(out)), (
         "non-finite output: the running max must be the max over EVERY block read so far; rescaling the "
         "sums by exp(old max - new max) overflows when the new max is the current block's only")
@@ -1075,7 +1092,8 @@ def test_paged_attention_reads_a_last_block_that_is_exactly_full(extra_columns):
 
 @pytest.mark.exercise4
 def test_paged_attention_never_copies_the_whole_kv_of_the_batch():
-    batch, n_head, head_dim, block_size, context = 8, 4, 16, 16, 2048
+    # Long contexts: the whole K/V (64 MiB) dwarfs any chunk buffer a kernel may keep (a few MiB).
+    batch, n_head, head_dim, block_size, context = 8, 4, 16, 16, 16384
     rng = np.random.default_rng(5)
     num_blocks = batch * context // block_size
     k_cache = rng.standard_normal((num_blocks, block_size, n_head, head_dim), dtype=np.float32)
@@ -1086,10 +1104,15 @@ def test_paged_attention_never_copies_the_whole_kv_of_the_batch():
     lab.paged_attention(q, k_cache, v_cache, tables, lens)  # warm-up: any one-time allocation
     tracemalloc.start()
     try:
-        lab.paged_attention(q, k_cache, v_cache, tables, lens)
+        # In a fresh thread: buffers a kernel keeps per thread between calls are allocated
+        # (and counted) again, so a buffer the size of the whole K/V cannot hide in one.
+        worker = threading.Thread(target=lab.paged_attention, args=(q, k_cache, v_cache, tables, lens))
+        worker.start()
+        worker.join(60)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+    assert not worker.is_alive(), "paged_attention did not return within 60 s"
     whole = 2 * k_cache.nbytes
     assert peak < whole / 4, (
         f"paged_attention allocated {peak / 2**20:.1f} MiB at its peak for {whole / 2**20:.0f} MiB of K/V: it "
@@ -1462,6 +1485,32 @@ def test_kv_cache_and_engine_refuse_a_kv_dtype_they_do_not_store(tiny_model, dty
 
 
 @pytest.mark.provided
+def test_block_gather_returns_the_named_blocks_token_by_token_and_int8_values_with_their_scales():
+    rng = np.random.default_rng(11)
+    k_cache, v_cache = (rng.standard_normal((9, 4, 2, 8), dtype=np.float32) for _ in range(2))
+    ids = np.array([[7, 2], [0, 5]])
+    k, v, k_s, v_s = lab.BlockGather(k_cache, v_cache, None, None, 3, 2).gather(ids)
+    assert k_s is None and v_s is None and k.shape == (2, 8, 2, 8) and k.dtype == np.float32
+    for i in range(2):
+        for t in range(8):
+            assert np.array_equal(k[i, t], k_cache[ids[i, t // 4], t % 4]), "token t of row i is block ids[i, t // bs]"
+            assert np.array_equal(v[i, t], v_cache[ids[i, t // 4], t % 4]), "V is gathered like K"
+    (kq, ks), (vq, vs) = lab.quantize_int8(k_cache), lab.quantize_int8(v_cache)
+    k8, v8, k8_s, v8_s = lab.BlockGather(kq, vq, ks, vs, 3, 2).gather(ids)
+    assert k8.dtype == np.float32 and k8_s.shape == (2, 8, 2)
+    np.testing.assert_array_equal(k8 * k8_s[..., None], lab.dequantize_int8(kq[ids], ks[ids]).reshape(k8.shape),
+                                  err_msg="int8: values cast to float32, times their scales, are the dequantised K")
+    np.testing.assert_array_equal(v8 * v8_s[..., None], lab.dequantize_int8(vq[ids], vs[ids]).reshape(v8.shape))
+
+
+@pytest.mark.provided
+def test_block_gather_refuses_more_ids_than_its_buffers_hold():
+    cache = np.zeros((4, 2, 1, 2), np.float32)
+    with pytest.raises(ValueError, match="exceed"):
+        lab.BlockGather(cache, cache, None, None, 1, 2).gather(np.zeros((1, 3), np.int64))
+
+
+@pytest.mark.provided
 def test_int8_cache_copy_on_write_copies_values_and_scales(tiny_model):
     cache = lab.KVCache(tiny_model.config, 6, 4, dtype="int8")
     rng = np.random.default_rng(5)
@@ -1478,8 +1527,8 @@ def test_int8_cache_copy_on_write_copies_values_and_scales(tiny_model):
 
 @pytest.mark.exercise4
 @settings(max_examples=40)
-@given(paged_batches())
-def test_paged_attention_on_int8_blocks_is_dense_attention_on_their_dequantised_values(case):
+@given(paged_batches(), st.booleans())
+def test_paged_attention_on_int8_blocks_is_dense_attention_on_their_dequantised_values(case, small_chunks):
     batch, block_size, lens, n_head, head_dim, _, padding, extra_columns, seed = case
     # Stale slots and spare blocks: zeros, then quantised; their scales huge so a read shows.
     q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size, n_head, head_dim, seed, 0.0,
@@ -1487,7 +1536,8 @@ def test_paged_attention_on_int8_blocks_is_dense_attention_on_their_dequantised_
     (kq, ks), (vq, vs) = lab.quantize_int8(k_cache), lab.quantize_int8(v_cache)
     kq[ks == 0], vq[vs == 0] = 100, -100
     ks[ks == 0], vs[vs == 0] = 1e30, 1e30
-    with np.errstate(all="ignore"):
+    chunks = one_block_column_per_chunk() if small_chunks else contextlib.nullcontext()
+    with np.errstate(all="ignore"), chunks:
         out = lab.paged_attention(q, kq, vq, tables, np.array(lens), k_scale=ks, v_scale=vs)
     assert out.dtype == np.float32 and np.all(np.isfinite(out)), "read a stale slot or a spare block"
     for b in range(batch):

@@ -2,7 +2,9 @@
 """Benchmarks of the lab's mechanisms, measured side by side on this machine.
 
     python tools/bench.py                      # all of them, on solution.py
-    python tools/bench.py attention            # one: attention, decode, kv-int8, batching, speculative, serving
+    python tools/bench.py attention            # one: attention, decode, kv-int8, batching, speculative, serving,
+                                               #   vs-transformers (needs torch + transformers, never a dependency)
+    python tools/bench.py blas-threads         # not in "all": 1 vs 2 OpenBLAS threads; serving-threads likewise
     python tools/bench.py attention --module lab   # time YOUR kernel (lab.py) instead
 
 `python solution.py bench [which]` runs this file. It imports the module it measures (never the
@@ -14,7 +16,9 @@ ratios measured in one run are what to compare, not absolute times from another 
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib
+import json
 import math
 import os
 import re
@@ -33,6 +37,11 @@ from serving import api_server, benchmark_serving, cli, datasets, scenarios, sim
 
 lab = None  # the module under test (solution or lab): `use_module` sets it before any benchmark runs
 
+# The clock the in-process benchmarks read: wall time, or with --cpu-time this process's CPU
+# seconds, which a machine shared with other work does not inflate by time-slicing (right only
+# for single-threaded work: pin OPENBLAS_NUM_THREADS=1 and torch to one thread).
+clock = time.perf_counter
+
 
 def use_module(name: str) -> None:
     """Measure the module `name` (imported from the repository's root)."""
@@ -47,9 +56,9 @@ def _best_side_by_side(fns: dict, repeats: int = 5) -> dict:
     best = {name: math.inf for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            best[name] = min(best[name], time.perf_counter() - start)
+            best[name] = min(best[name], clock() - start)
     return best
 
 
@@ -107,6 +116,40 @@ def _per_token_loop_attention(q, k_cache, v_cache, block_tables, context_lens, p
     return out
 
 
+def _chunk_columns(q, k_cache) -> int:
+    """Block columns per step of the kernel: as many as fit in PAGED_ATTENTION_CHUNK_BYTES."""
+    batch, n_head, head_dim = q.shape
+    return max(1, lab.PAGED_ATTENTION_CHUNK_BYTES // (batch * k_cache.shape[1] * n_head * head_dim * 4))
+
+
+def _table_floors(q, k_cache, v_cache, block_tables):
+    """Two floors of a kernel that reads K/V through block tables, as functions to time.
+
+    `gather`: only the gathers, the same block columns into the same reused buffers as the
+    kernel (`BlockGather`, PAGED_ATTENTION_CHUNK_BYTES of K a step): what reading through a table
+    costs in NumPy before any arithmetic. `gather_matmuls`: those gathers plus the two batched
+    matmuls per chunk (scores, weighted values) on the gathered buffer, without the online
+    softmax's max, exp and rescaling. Every context is full length (the bench's case).
+    """
+    batch, n_head, head_dim = q.shape
+    step = _chunk_columns(q, k_cache)
+    columns = lab.BlockGather(k_cache, v_cache, None, None, batch, step)
+    qv = q[..., None]
+
+    def gather():
+        for j in range(0, block_tables.shape[1], step):
+            columns.gather(block_tables[:, j:j + step])
+
+    def gather_matmuls():
+        acc = np.zeros((batch, n_head, 1, head_dim), np.float32)
+        for j in range(0, block_tables.shape[1], step):
+            k, v, _, _ = columns.gather(block_tables[:, j:j + step])
+            scores = np.matmul(k.transpose(0, 2, 1, 3), qv)
+            acc += np.matmul(scores.transpose(0, 1, 3, 2), v.transpose(0, 2, 1, 3))
+        return acc
+    return gather, gather_matmuls
+
+
 def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, head_dim: int = 64,
                     block_size: int = 16, loop_seqs: int = 4, repeats: int = 9, seed: int = 0,
                     log=print) -> str:
@@ -136,7 +179,8 @@ def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, 
     v_dense = v_cache[block_tables].reshape(batch, -1, n_head, head_dim)[:, :context_len].copy()
     kv_bytes = k_dense.nbytes + v_dense.nbytes
     say(f"bench attention: batch {batch}, context {context_len}, {n_head} heads x {head_dim}, "
-        f"block size {block_size}, shuffled physical blocks, K+V read {kv_bytes / 2**20:.0f} MiB per call")
+        f"block size {block_size}, shuffled physical blocks, K+V read {kv_bytes / 2**20:.0f} MiB per call, "
+        f"clock {clock.__name__}")
 
     # Head-major (batch, head, token, dim), what Hugging Face's cache holds: each (sequence,
     # head) is one contiguous (T, D) matrix, the best layout for a per-head matrix-vector product.
@@ -158,15 +202,25 @@ def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, 
         f"{float(np.abs(out_paged - heads()).max()):.1e}, max |int8 - float32| "
         f"{float(np.abs(int8() - out_paged).max()):.1e}")
 
-    t = _best_side_by_side({"paged": paged, "dense": dense, "heads": heads, "int8": int8}, repeats)
+    gather, gather_matmuls = _table_floors(q, k_cache, v_cache, block_tables)
+    t = _best_side_by_side({"paged": paged, "dense": dense, "heads": heads, "int8": int8, "gather": gather,
+                            "floor": gather_matmuls}, repeats)
     say(f"  paged {t['paged'] * 1e3:.1f} ms, contiguous {t['dense'] * 1e3:.1f} ms: "
         f"paged / contiguous = {t['paged'] / t['dense']:.2f}x (goal <= 1.3x)")
     say(f"  head-major contiguous (batch, head, token, dim) {t['heads'] * 1e3:.1f} ms: "
         f"paged / head-major = {t['paged'] / t['heads']:.2f}x (goal <= 1.5x), token-major "
         f"contiguous / head-major = {t['dense'] / t['heads']:.2f}x")
+    say(f"  the floor of any NumPy kernel that reads blocks through the table: gathering the same blocks "
+        f"column by column into a reused buffer (BlockGather, {_chunk_columns(q, k_cache)} columns a step) "
+        f"{t['gather'] * 1e3:.1f} ms = {t['gather'] / t['heads']:.2f}x head-major on its own")
+    say(f"    gather + head-major compute {(t['gather'] + t['heads']) * 1e3:.1f} ms: paged / that = "
+        f"{t['paged'] / (t['gather'] + t['heads']):.2f}x (goal <= 1.15x); tighter, gather + the two matmuls on "
+        f"the gathered buffer {t['floor'] * 1e3:.1f} ms: paged / that = {t['paged'] / t['floor']:.2f}x "
+        f"(the rest is the online softmax's bookkeeping)")
     say(f"  paged on int8 blocks {t['int8'] * 1e3:.1f} ms = {t['int8'] / t['paged']:.2f}x the float32 "
-        f"kernel: reads {int8_bytes / 2**20:.0f} MiB instead of {kv_bytes / 2**20:.0f} MiB, but NumPy "
-        f"dequantises the blocks read into a float32 copy first (a GPU kernel does it in registers)")
+        f"kernel (goal <= 0.9x): reads {int8_bytes / 2**20:.0f} MiB instead of {kv_bytes / 2**20:.0f} MiB; "
+        f"each column is cast to float32 inside the gather into the reused buffer, the scales multiply "
+        f"the scores and probabilities")
 
     for per_head, seqs in ((False, min(loop_seqs, batch)), (True, 1)):
         sub = (q[:seqs], k_cache, v_cache, block_tables[:seqs], context_lens[:seqs])
@@ -575,10 +629,19 @@ def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
     ])
 
 
-def _serve_in_subprocess() -> tuple[subprocess.Popen, str]:
+def _blas_env(blas_threads: int | None) -> dict[str, str]:
+    """This process's environment, with OPENBLAS_NUM_THREADS set for a child (None: as it is).
+    OpenBLAS reads it once, when NumPy is imported: it must be set before the child starts."""
+    env = dict(os.environ)
+    if blas_threads is not None:
+        env["OPENBLAS_NUM_THREADS"] = str(blas_threads)
+    return env
+
+
+def _serve_in_subprocess(blas_threads: int | None = None) -> tuple[subprocess.Popen, str]:
     """`python <module under test> serve --port 0` (the default model) in a child process, and its URL."""
     proc = subprocess.Popen([sys.executable, lab.__file__, "serve", "--port", "0"],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, env=_blas_env(blas_threads))
     found = re.search(r"http://\S+", proc.stdout.readline())  # its first line, or "" if it died
     if not found:
         proc.kill()
@@ -586,7 +649,8 @@ def _serve_in_subprocess() -> tuple[subprocess.Popen, str]:
     return proc, found.group(0)
 
 
-def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: int = 16, repeats: int = 5) -> str:
+def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: int = 16, repeats: int = 5,
+                  blas_threads: int | None = None) -> str:
     """`python tools/bench.py serving`: the same model and requests (a) offline through
     `generate` and (b) through `python solution.py serve` in a child process (its own core, as
     a server has) from this process's load generator, all sent at once (saturation), best of
@@ -599,7 +663,7 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
              for r, s in zip(requests[:num_alone], sampling)]
     payloads = [benchmark_serving.completion_payload(r, "") for r in requests]
     offline, runs = 0.0, []
-    proc, url = _serve_in_subprocess()
+    proc, url = _serve_in_subprocess(blas_threads)
     try:
         for _ in range(repeats):  # interleaved, so that a noisy moment of the machine hits both
             start = time.perf_counter()
@@ -621,13 +685,306 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
     c = model.config
     return "\n".join([
         f"== Serving over HTTP: {num_prompts} {workload} requests ({num_tokens} output tokens), model "
-        f"{c.n_layer} layers x n_embd {c.n_embd}, n_positions {c.n_positions} ==",
+        f"{c.n_layer} layers x n_embd {c.n_embd}, n_positions {c.n_positions}; server OPENBLAS_NUM_THREADS="
+        f"{_blas_env(blas_threads).get('OPENBLAS_NUM_THREADS', 'unset')}, this process "
+        f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset')} ==",
         f"offline generate:        {offline:8.0f} output tokens/s",
         f"through the server:      {served['output_throughput']:8.0f} output tokens/s "
         f"({served['completed']}/{num_prompts} completed) = {served['output_throughput'] / offline:.0%} of offline",
         f"TTFT of a lone request:  engine {ttft_offline * 1e3:.2f} ms, through the server {ttft_served * 1e3:.2f} ms: "
         f"the server adds {(ttft_served - ttft_offline) * 1e3:.2f} ms (one decode step: {step * 1e3:.2f} ms)",
     ])
+
+
+_STEP_PROBE = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+lab = __import__(sys.argv[2])
+result = {}
+for name, config in json.loads(sys.argv[3]).items():
+    model = lab.ToyTransformer(lab.ModelConfig(**config), seed=0)
+    for batch in (1, 8, 32):
+        engine = lab.LLMEngine(model, max_num_seqs=batch)
+        rng = np.random.default_rng(0)
+        for _ in range(batch):
+            engine.add_request(rng.integers(0, config["vocab_size"], 64).tolist(), lab.SamplingParams(max_tokens=40))
+        while engine.scheduler.waiting or engine.num_steps < 2:
+            engine.step()
+        best = float("inf")
+        for _ in range(20):
+            start = time.perf_counter()
+            engine.step()
+            best = min(best, time.perf_counter() - start)
+        result[f"{name} batch {batch}"] = best
+print(json.dumps(result))
+"""
+
+
+def bench_blas_threads(rounds: int = 3) -> str:
+    """`python tools/bench.py blas-threads`: an engine decode step (best of 20, context ~64-100)
+    in fresh child processes with OPENBLAS_NUM_THREADS=1 and =2, in alternating rounds, for the
+    server's default model and the vs-transformers one: which thread count should `serve` use?"""
+    models = {"serve model": dict(cli.SERVE_MODEL), "n_embd 512 x 6": VS_TRANSFORMERS_MODEL}
+    best: dict[int, dict[str, float]] = {1: {}, 2: {}}
+    for _ in range(rounds):
+        for threads in (1, 2):
+            out = subprocess.run([sys.executable, "-c", _STEP_PROBE, str(ROOT), lab.__name__, json.dumps(models)],
+                                 env=_blas_env(threads), capture_output=True, text=True, check=True, timeout=600)
+            for key, t in json.loads(out.stdout).items():
+                best[threads][key] = min(best[threads].get(key, math.inf), t)
+    lines = [f"bench blas-threads: engine decode step, best of 20 x {rounds} rounds, {os.cpu_count()} CPUs "
+             f"(load average {os.getloadavg()[0]:.1f} at the end)"]
+    for key in best[1]:
+        t1, t2 = best[1][key], best[2][key]
+        lines.append(f"  {key:24s} 1 thread {t1 * 1e3:7.2f} ms, 2 threads {t2 * 1e3:7.2f} ms: 2 / 1 = {t2 / t1:.2f}x")
+    return "\n".join(lines)
+
+
+
+# --- the engine against Hugging Face transformers' generate (PyTorch eager, CPU) ----------
+
+VS_TRANSFORMERS_MODEL = dict(vocab_size=4096, n_positions=512, n_embd=512, n_layer=6, n_head=8)
+VS_TRANSFORMERS_INSTALL = (
+    "bench vs-transformers needs torch and transformers, which are never dependencies of the lab: "
+    "install them beside it, e.g. `python -m venv /tmp/torch && /tmp/torch/bin/pip install numpy torch "
+    "transformers` (a CPU wheel is enough), then run `/tmp/torch/bin/python tools/bench.py vs-transformers`")
+
+
+def _vs_transformers_workload(num_requests: int = 64, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt, max_tokens) pairs: prompts of 32-96 tokens; one request in eight asks for 192-256
+    output tokens, the others for 8-32 (a chat mix: most answers short, a few long)."""
+    rng = np.random.default_rng(seed)
+    vocab = VS_TRANSFORMERS_MODEL["vocab_size"]
+    requests = []
+    for i in range(num_requests):
+        prompt = rng.integers(0, vocab, int(rng.integers(32, 97))).tolist()
+        max_tokens = int(rng.integers(192, 257)) if i % 8 == 0 else int(rng.integers(8, 33))
+        requests.append((prompt, max_tokens))
+    return requests
+
+
+def _hf_gpt2(torch, transformers, model):
+    """A transformers GPT2LMHeadModel holding exactly the lab model's weights (both use GPT-2's
+    Conv1D (in, out) layout and checkpoint names), in eval mode, never stopping at an EOS."""
+    c = model.config
+    config = transformers.GPT2Config(vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd,
+                                     n_layer=c.n_layer, n_head=c.n_head, layer_norm_epsilon=c.layer_norm_epsilon,
+                                     activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0, tie_word_embeddings=True, bos_token_id=None,
+                                     eos_token_id=None, pad_token_id=0)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    state = {f"transformer.{name}": torch.from_numpy(w.copy()) for name, w in model.weights.items()}
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if not m.endswith("attn.bias") and not m.endswith("masked_bias")]:
+        raise RuntimeError(f"the GPT-2 weights did not map onto transformers: missing {missing}, "
+                           f"unexpected {unexpected}")
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return hf
+
+
+def _hf_generate(torch, hf, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy `generate` of a static batch: left-padded prompts, every row runs max_new_tokens."""
+    width = max(map(len, prompts))
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    with torch.inference_mode():
+        out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                          min_new_tokens=max_new_tokens, do_sample=False, num_beams=1)
+    return [row[width:].tolist() for row in out]
+
+
+def _engine_breakdown(model, batch: int, prompt_len: int = 64, steps: int = 16) -> dict[str, float]:
+    """Seconds per decode step of the engine at `batch` running sequences, split by where the
+    time goes: weight GEMMs (the same products on random rows, measured apart), attention
+    (`paged_attention`), the rest of the forward (LayerNorm, GELU, embedding, K/V writes, the
+    batch layout: NumPy calls and Python), sampling, and the engine's own scheduling and
+    bookkeeping (everything of `step()` outside the model call)."""
+    timers = collections.Counter()
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            start = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                timers[name] += clock() - start
+        return wrapper
+
+    rng = np.random.default_rng(batch)
+    engine = lab.LLMEngine(model, max_num_seqs=batch)
+    for _ in range(batch):
+        engine.add_request(rng.integers(0, model.config.vocab_size, prompt_len).tolist(),
+                           lab.SamplingParams(max_tokens=steps + 8))
+    while engine.scheduler.waiting or engine.num_steps < 2:  # every prompt prefilled, then decode only
+        engine.step()
+    engine.step()
+    saved = lab.paged_attention, lab.sample_token
+    lab.paged_attention, lab.sample_token = timed("attention", lab.paged_attention), timed("sampling", lab.sample_token)
+    engine.model = model_wrapper = _TimedForward(model, timed)
+    engine._run_model = timed("model call", engine._run_model)
+    try:
+        start = clock()
+        for _ in range(steps):
+            engine.step()
+        total = clock() - start
+    finally:
+        lab.paged_attention, lab.sample_token = saved
+    del model_wrapper
+    x = rng.standard_normal((batch, model.config.n_embd), dtype=np.float32)
+    h = rng.standard_normal((batch, 4 * model.config.n_embd), dtype=np.float32)
+
+    def weight_gemms():
+        for layer in model.layers:
+            x @ layer["attn.c_attn.weight"], x @ layer["attn.c_proj.weight"]
+            x @ layer["mlp.c_fc.weight"], h @ layer["mlp.c_proj.weight"]
+        return x @ model.weights["wte.weight"].T
+
+    weights = _timeit(weight_gemms, 5)
+    per = {name: t / steps for name, t in timers.items()}
+    forward_rest = per["forward"] - per["attention"] - weights
+    return {"step": total / steps, "weights": weights, "attention": per["attention"],
+            "rest of forward": max(0.0, forward_rest), "sampling": per["sampling"],
+            "scheduling": total / steps - per["model call"],
+            "model call rest": per["model call"] - per["forward"] - per["sampling"]}
+
+
+class _TimedForward:
+    """The model with its `forward` timed (everything else passed through)."""
+
+    def __init__(self, model, timed):
+        self._model, self.forward = model, timed("forward", model.forward)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def _greedy_divergence(torch, hf, model, prompt, ours, theirs) -> tuple[int, float, float]:
+    """Where two greedy outputs of the same weights first differ: (position, how far apart the
+    two chosen tokens' logits are there, the max |logit difference| of the two implementations
+    on that row). Float32 rounding flips a greedy choice only where the gap is within the error."""
+    i = next(j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+    context = prompt + ours[:i]
+    lab_row = model.forward_dense(context)[-1]
+    with torch.inference_mode():
+        hf_row = hf(torch.tensor([context])).logits[0, -1].numpy()
+    gap = abs(float(lab_row[ours[i]] - lab_row[theirs[i]]))
+    return i, gap, float(np.abs(lab_row - hf_row).max())
+
+
+def bench_vs_transformers(num_requests: int = 64, static_batch: int = 8, decode_tokens: int = 128,
+                          log=print) -> str:
+    """`python tools/bench.py vs-transformers`: the engine against what users run instead.
+
+    The same GPT-2 weights (VS_TRANSFORMERS_MODEL, random) in the lab's engine and in
+    transformers' GPT2LMHeadModel (PyTorch eager, CPU, one intra-op thread like OpenBLAS here).
+    The workload (`_vs_transformers_workload`) runs greedy through (a) `LLMEngine.generate`,
+    all requests at once, (b) `generate` one request at a time, (c) `generate` in static
+    batches of `static_batch` (arrival order, left-padded, each batch runs to its longest
+    request). Outputs are compared token by token before any time is reported. Useful
+    tokens/s counts each request's own max_tokens (what a static batch computes beyond them is
+    waste). Then the batch-1 decode step of both, and where the engine's step time goes.
+    """
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        if log is not None:
+            log(VS_TRANSFORMERS_INSTALL)
+        return VS_TRANSFORMERS_INSTALL
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if log is not None:
+            log(line)
+
+    torch.set_num_threads(1)
+    transformers.logging.set_verbosity_error()
+    model = lab.ToyTransformer(lab.ModelConfig(**VS_TRANSFORMERS_MODEL), seed=0)
+    hf = _hf_gpt2(torch, transformers, model)
+    requests = _vs_transformers_workload(num_requests)
+    useful = sum(m for _, m in requests)
+    c = model.config
+    say(f"bench vs-transformers: GPT-2 n_embd {c.n_embd}, {c.n_layer} layers, {c.n_head} heads, vocab "
+        f"{c.vocab_size}, the same float32 weights in both; {num_requests} requests, prompts 32-96 tokens, "
+        f"1 in 8 asking 192-256 output tokens, the rest 8-32 ({useful} useful tokens), greedy; torch "
+        f"{torch.__version__} ({torch.get_num_threads()} thread), transformers {transformers.__version__}, "
+        f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, clock {clock.__name__}")
+
+    # Correctness first: the logits of one prompt agree, then every greedy output, token by token.
+    prompt = requests[0][0]
+    with torch.inference_mode():
+        hf_logits = hf(torch.tensor([prompt])).logits[0].numpy()
+    logit_err = float(np.abs(hf_logits - model.forward_dense(prompt)).max())
+
+    start = clock()
+    ours = lab.LLMEngine(model).generate([p for p, _ in requests],
+                                         [lab.SamplingParams(max_tokens=m) for _, m in requests])
+    t_engine = clock() - start
+    say(f"  engine (continuous batching, all {num_requests} at once): {t_engine:.1f} s = {useful / t_engine:.0f} "
+        f"useful tokens/s; max |logit difference| to transformers on one prompt {logit_err:.1e}")
+
+    start = clock()
+    one_by_one = [_hf_generate(torch, hf, [p], m)[0] for p, m in requests]
+    t_single = clock() - start
+    say(f"  transformers generate, one request at a time: {t_single:.1f} s = {useful / t_single:.0f} useful tokens/s")
+
+    start = clock()
+    static, computed = [], 0
+    for i in range(0, num_requests, static_batch):
+        group = requests[i:i + static_batch]
+        longest = max(m for _, m in group)
+        outs = _hf_generate(torch, hf, [p for p, _ in group], longest)
+        static += [out[:m] for out, (_, m) in zip(outs, group)]
+        computed += longest * len(group)
+    t_static = clock() - start
+    say(f"  transformers generate, static batches of {static_batch}: {t_static:.1f} s = {useful / t_static:.0f} "
+        f"useful tokens/s ({computed} tokens computed, {useful / computed:.0%} of them useful)")
+
+    same_single = sum(o.output_token_ids == h for o, h in zip(ours, one_by_one))
+    same_static = sum(o.output_token_ids == h for o, h in zip(ours, static))
+    ties = [_greedy_divergence(torch, hf, model, p, o.output_token_ids, h)
+            for (p, _), o, h in zip(requests, ours, one_by_one) if o.output_token_ids != h]
+    say(f"  identical greedy outputs: engine vs one at a time {same_single}/{num_requests}, vs static batches "
+        f"{same_static}/{num_requests}")
+    for position, gap, err in ties:
+        say(f"    a request diverges at output token {position}: there the two tokens' logits are {gap:.3f} apart, "
+            f"and the two float32 implementations' logits differ by up to {err:.3f} (a near tie, not a bug)")
+    if any(gap > 2 * err for _, gap, err in ties):
+        raise AssertionError("the engine's greedy outputs differ from transformers' generate on the same "
+                             "weights where the logits are no near tie")
+    say(f"  engine / generate one at a time = {t_single / t_engine:.2f}x (goal >= 4x), engine / static "
+        f"batches of {static_batch} = {t_static / t_engine:.2f}x (goal >= 5x)")
+
+    # Batch 1: a decode step = (time of 1 + n tokens - time of 1 token) / n, sampling included.
+    prompt = requests[1][0]
+    one = lab.SamplingParams(max_tokens=1)
+    many = lab.SamplingParams(max_tokens=1 + decode_tokens)
+    fns = {"engine 1": lambda: lab.LLMEngine(model).generate([prompt], one),
+           "engine n": lambda: lab.LLMEngine(model).generate([prompt], many),
+           "hf 1": lambda: _hf_generate(torch, hf, [prompt], 1),
+           "hf n": lambda: _hf_generate(torch, hf, [prompt], 1 + decode_tokens)}
+    t = _best_side_by_side(fns, 3)
+    step_engine = (t["engine n"] - t["engine 1"]) / decode_tokens
+    step_hf = (t["hf n"] - t["hf 1"]) / decode_tokens
+    weight_bytes = sum(w.nbytes for name, w in model.weights.items() if name != "wpe.weight")
+    say(f"  batch-1 decode step: engine {step_engine * 1e3:.2f} ms, transformers {step_hf * 1e3:.2f} ms: "
+        f"engine / transformers = {step_engine / step_hf:.2f}x (goal <= 0.8x); the weights are "
+        f"{weight_bytes / 2**20:.0f} MiB, {weight_bytes / step_engine / 1e9:.1f} GB/s for the engine")
+
+    say("  where an engine decode step goes (ms per step; weights = the step's GEMMs timed on their own):")
+    keys = ("weights", "attention", "rest of forward", "sampling", "model call rest", "scheduling")
+    say("    batch " + "".join(f"{k:>17}" for k in ("step",) + keys))
+    for batch in (1, 8, 32, 64):
+        b = _engine_breakdown(model, batch)
+        say(f"    {batch:5d} " + "".join(f"{b[k] * 1e3:17.2f}" for k in ("step",) + keys))
+    return "\n".join(lines)
 
 
 # Each benchmark prints its lines as it measures them (progress, on a slow machine).
@@ -638,17 +995,27 @@ BENCHMARKS = {
     "batching": lambda: print(bench_batching()),
     "speculative": lambda: print(bench_speculative()),
     "serving": lambda: print(bench_serving()),
+    "vs-transformers": lambda: bench_vs_transformers(log=print),
+    "blas-threads": lambda: print(bench_blas_threads()),
+    "serving-threads": lambda: [print(bench_serving(blas_threads=n)) for n in (1, 2)],
 }
+
+NOT_IN_ALL = ("blas-threads", "serving-threads")  # what-if measurements, each minutes long
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", nargs="?", choices=(*BENCHMARKS, "all"), default="all")
     parser.add_argument("--module", default="solution", help="the module to measure: solution or lab")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time in-process benchmarks by this process's CPU seconds, not wall time "
+                             "(a shared machine; single-threaded work only)")
     args = parser.parse_args(argv)
+    global clock
+    clock = time.process_time if args.cpu_time else time.perf_counter
     use_module(args.module)
     try:
-        for name in BENCHMARKS if args.which == "all" else [args.which]:
+        for name in [n for n in BENCHMARKS if n not in NOT_IN_ALL] if args.which == "all" else [args.which]:
             BENCHMARKS[name]()
     except NotImplementedError as exc:
         parser.exit(1, f"bench: {exc} is still a stub in {lab.__name__}.py: write it first\n")

@@ -91,11 +91,12 @@ def test_the_chapter_stays_a_chapter_and_each_reading_map_says_where():
     solution, lab_text = (ROOT / "solution.py").read_text(), (ROOT / "lab.py").read_text()
     titles = [int(m.group(1)) for line in solution.split("\n") if (m := re.match(r"# (\d+)\. ", line))]
     assert titles == sorted(titles), f"sections must come in their numbered order, found {titles}"
-    # The fence: the mechanisms, their checks, and the sampler vLLM's API needs (issue 17); what a
-    # student need not read (server, simulator, scenarios, command line) lives in serving/.
-    assert solution.count("\n") <= 2900 and lab_text.count("\n") <= 2600, (
-        f"solution.py has {solution.count(chr(10))} lines (at most 2,900) and lab.py {lab_text.count(chr(10))} "
-        "(at most 2,600): what a student need not read belongs in serving/ or tools/")
+    # The fence: the mechanisms, their checks, the sampler vLLM's API needs and the kernel's
+    # provided gather; what a student need not read (server, simulator, scenarios, command
+    # line) lives in serving/.
+    assert solution.count("\n") <= 3000 and lab_text.count("\n") <= 2700, (
+        f"solution.py has {solution.count(chr(10))} lines (at most 3,000) and lab.py {lab_text.count(chr(10))} "
+        "(at most 2,700): what a student need not read belongs in serving/ or tools/")
     for name, text in (("solution.py", solution), ("lab.py", lab_text)):
         assert load_make_lab().refresh_reading_map(text) == text, (
             f"the reading map in {name}'s docstring names stale line ranges: run python tools/make_lab.py")
