@@ -4119,6 +4119,8 @@ def test_cli_stack_measures_what_prefix_sharing_saves_on_the_lab_engine():
     (("speculate", "--alpha", "1.5"), "alpha"),
     (("stack", "--priority", "cheap"), "--priority"),
     (("frobnicate",), "invalid choice"),
+    (("speculate", "--target", "."), "--target and --draft go together"),
+    (("loadtest", "--url", "http://127.0.0.1:9", "--num-prompts", "1", "--timeout", "2"), "http://127.0.0.1:9"),
 ])
 def test_cli_bad_options_exit_2_with_one_line(args, says):
     proc = run_cli(*args)

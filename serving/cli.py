@@ -240,6 +240,9 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
             print(status_report(lab))
     except ValueError as exc:
         parser.exit(2, f"{prog} {args.command or ''}: error: {exc}\n".replace("  ", " "))
+    except OSError as exc:  # the network said no: a port in use, a server that is not there
+        where = args.url if args.command == "loadtest" else f"{getattr(args, 'host', '')}:{getattr(args, 'port', '')}"
+        parser.exit(2, f"{prog} {args.command}: error: {where}: {exc}\n")
     except NotImplementedError as exc:
         parser.exit(1, f"{prog}: {exc} is still a stub: write it (see `python {prog} status`)\n")
     return 0
