@@ -8,12 +8,12 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
 
    section                                     lines        what it holds
    0. Conventions                              43-85        checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          86-378       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   379-969      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      970-1884     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1885-2207    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2208-2569    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2570-2603    the list of exercises, and `__main__`
+   1. Paged KV-cache (PagedAttention)          86-380       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   381-971      a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      972-1888     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1889-2211    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2212-2573    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2574-2607    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -321,7 +321,9 @@ class BlockTable:
         does that once the K/V is computed).
 
         Returns how many leading tokens already have K/V (`num_computed_tokens`): the reused
-        blocks' tokens. On OutOfBlocksError nothing changes: no lookup, no allocation.
+        blocks' tokens. On OutOfBlocksError nothing changes: no lookup, no allocation. Count
+        before acting: a reused block that was cached but free (evictable) is one of
+        `num_free_blocks` too, so the fresh blocks must fit in what is left after reviving it.
         (Checked before your code: the table is empty and `token_ids` is a list of ints.)
         """
         if self.block_ids:
@@ -1396,7 +1398,9 @@ class Scheduler:
         """After the step ran: advance every scheduled sequence by its tokens and register the
         blocks that are now computed (`block_table.cache_full_blocks(num_computed_tokens)`:
         a request admitted in the very next step already finds them), append the token sampled
-        for each sequence that `plan.completes`, and retire the ones that are done NOW (their
+        for each sequence that `plan.completes` (ask it before advancing the sequence: it
+        compares the tokens computed BEFORE this step plus the step's with the sequence's
+        length), and retire the ones that are done NOW (their
         blocks go back to the pool before the next step is planned): `seq.check_stop()` gives
         the reason ("stop" for EOS or a stop token, checked first: a stop token that is also the
         max_tokens-th token finishes as "stop"; "length" at `max_tokens` outputs; None: it goes

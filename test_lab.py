@@ -1964,6 +1964,22 @@ def test_preemption_takes_the_newest_frees_its_blocks_and_keeps_its_tokens():
 
 
 @pytest.mark.exercise5
+def test_preemption_takes_the_newest_running_sequence_even_when_an_older_one_is_the_one_asking():
+    allocator = lab.BlockAllocator(3, 4)
+    scheduler = lab.Scheduler(allocator, max_num_seqs=3)
+    a, b, c = (scheduler.add_request(request(rid, n, 4)) for rid, n in (("A", 3), ("B", 4), ("C", 2)))
+    plan = scheduler.schedule()
+    assert plan.scheduled == [a, b, c] and allocator.num_free_blocks == 0, (
+        f"test setup: the three prompts (3, 4 and 2 tokens) fill the 3 blocks of 4 in one step, got {plan}")
+    scheduler.update(plan, {"A": 1, "B": 1, "C": 1})
+    plan = scheduler.schedule()  # A's and C's next token fit their block; B's 5th token needs a second one
+    assert plan.preempted == [c], (
+        f"B needs a block and none is free: the victim is the most recently admitted running sequence (C), "
+        f"not the one asking (B); preempted {[s.request_id for s in plan.preempted]}")
+    assert plan.scheduled == [a, b], f"A and B run once C gave back its block, got {plan.scheduled}"
+
+
+@pytest.mark.exercise5
 def test_a_preempted_sequence_goes_to_the_front_of_the_queue_and_recomputes_prompt_and_output():
     allocator, scheduler, plan, a, b, c = preemption_scene()
     assert list(scheduler.waiting)[:2] == [b, c], "the preempted sequence waits at the FRONT, before C"

@@ -80,6 +80,8 @@ MUTANTS: list[tuple[str, ...]] = [
     ("causal mask off by one inside a prefill chunk", "exercise4",
      "mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None]",
      "mask = np.arange(stop)[None, :] < np.arange(start, stop)[:, None] + (np.arange(start, stop)[:, None] == 0)"),
+    ("preemption takes the sequence asking for a block, not the newest", "exercise5",
+     "victim = self.running.pop()  # the newest", "victim = self.running.pop(self.running.index(seq))  # the newest"),
     ("a preempted sequence goes to the back of the queue", "exercise5",
      "        self.waiting.appendleft(seq)\n        # END SOLUTION",
      "        self.waiting.append(seq)\n        # END SOLUTION"),
