@@ -423,6 +423,15 @@ MUTANTS: list[tuple[str, ...]] = [
 HINTS = ROOT / "tools" / "mutants_caught.json"  # mutant name -> the test that caught it last time
 
 
+def _pytest_env(module: str, pythonpath: str) -> dict:
+    """The suite's environment for one mutant. Bytecode is written even where the caller asked
+    for none (CI does): pytest keeps its rewritten test_lab.py there, and rewriting its asserts
+    takes longer than most mutants' tests."""
+    env = dict(os.environ, LAB_MODULE=module, PYTHONPATH=pythonpath, HYPOTHESIS_PROFILE="ci")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def _pytest(project: Path, env: dict, selection: list[str]) -> tuple[int, list[str], str]:
     proc = subprocess.run([sys.executable, "-m", "pytest", *selection, "-x", "-q", "-rf", "-p", "no:cacheprovider"],
                           cwd=project, env=env, capture_output=True, text=True)
@@ -441,9 +450,11 @@ def run(name: str, marker: str, path: str, source: str, workdir: Path, hint: str
         project, pythonpath = ROOT, f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     else:  # a scratch copy of the project, with this one file mutated
         module, project, pythonpath = "solution", workdir / "project", os.environ.get("PYTHONPATH", "")
-        shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(".git", "__pycache__", ".hypothesis"))
+        # __pycache__ comes along: it holds test_lab.py with pytest's assertions already rewritten
+        # (about 4 s to redo per process), valid in the copy because copytree keeps mtimes.
+        shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(".git", ".hypothesis"))
         (project / path).write_text(source)
-    env = dict(os.environ, LAB_MODULE=module, PYTHONPATH=pythonpath, HYPOTHESIS_PROFILE="ci")
+    env = _pytest_env(module, pythonpath)
     if hint:
         code, failed, _ = _pytest(project, env, [f"test_lab.py::{hint}"])
         if code == 1 and failed:
@@ -464,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [(name, marker, old, new, where[0] if where else "solution.py")
               for name, marker, old, new, *where in MUTANTS if args.k in name]
     survivors, caught_by = 0, {}
+    # Once, before the workers start: pytest rewrites test_lab.py's asserts into __pycache__.
+    _pytest(ROOT, _pytest_env("solution", os.environ.get("PYTHONPATH", "")), ["test_lab.py", "--collect-only"])
 
     def one(i: int, mutant: tuple) -> tuple[str, bool, str, float]:
         name, marker, old, new, path = mutant
