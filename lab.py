@@ -10,10 +10,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              43-85        checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          86-380       blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   381-971      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      972-1888     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1889-2211    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2212-2573    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2574-2607    the list of exercises, and `__main__`
+   3. Continuous batching                      972-1889     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1890-2212    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2213-2574    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2575-2608    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -1134,6 +1134,7 @@ class SequenceState:
         self.finish_detail: str | None = None
         self.num_preemptions = 0
         self.stop_reason: int | None = None
+        self.stop_token_set = frozenset(request.sampling.stop_token_ids)  # each token's check is O(1)
         self.num_pending_forks = request.sampling.n - 1
         self.group_id = request.request_id  # the request it is a sample of (`Scheduler.fork`)
         # Filled in by whoever runs the steps (engine or simulator): its clock, its sampler.
@@ -1183,7 +1184,7 @@ class SequenceState:
         if count >= s.min_tokens:
             if token == self.eos_token_id and not s.ignore_eos:
                 return "stop"
-            if token in s.stop_token_ids:
+            if token in self.stop_token_set:
                 self.stop_reason = token
                 return "stop"
         return "length" if count >= s.max_tokens else None

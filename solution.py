@@ -8,10 +8,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              41-83        checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          84-496       blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   497-1146     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1147-2116    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     2117-2495    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2496-2898    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2899-2932    the list of exercises, and `__main__`
+   3. Continuous batching                      1147-2117    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     2118-2496    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2497-2899    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2900-2933    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -1309,6 +1309,7 @@ class SequenceState:
         self.finish_detail: str | None = None
         self.num_preemptions = 0
         self.stop_reason: int | None = None
+        self.stop_token_set = frozenset(request.sampling.stop_token_ids)  # each token's check is O(1)
         self.num_pending_forks = request.sampling.n - 1
         self.group_id = request.request_id  # the request it is a sample of (`Scheduler.fork`)
         # Filled in by whoever runs the steps (engine or simulator): its clock, its sampler.
@@ -1358,7 +1359,7 @@ class SequenceState:
         if count >= s.min_tokens:
             if token == self.eos_token_id and not s.ignore_eos:
                 return "stop"
-            if token in s.stop_token_ids:
+            if token in self.stop_token_set:
                 self.stop_reason = token
                 return "stop"
         return "length" if count >= s.max_tokens else None
