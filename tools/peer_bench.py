@@ -21,15 +21,19 @@ import argparse
 import json
 import os
 import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from serving.tokenizer import bytes_to_unicode  # noqa: E402
 
 
 def write_byte_tokenizer(out_dir: str) -> None:
     """A tokenizer directory whose encode(text) is list(text.encode("utf-8")); checks itself."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # scratch venv only
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()  # the character each byte becomes
-    chars = sorted(alphabet, key=lambda c: _byte_of(c))
-    vocab = {c: _byte_of(c) for c in chars}
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}  # GPT-2's table, as ByteLevel uses it
+    assert set(vocab) == set(pre_tokenizers.ByteLevel.alphabet()), "ByteLevel's alphabet is GPT-2's table"
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -45,15 +49,6 @@ def write_byte_tokenizer(out_dir: str) -> None:
         assert loaded.encode(text) == list(text.encode("utf-8")), text
         assert loaded.decode(loaded.encode(text)) == text, text
     print(f"{out_dir}: encode = the UTF-8 bytes, vocabulary 256, decode round-trips")
-
-
-def _byte_of(char: str) -> int:
-    """GPT-2's bytes-to-unicode table, inverted: printable Latin-1 bytes are themselves, the
-    other 68 bytes were moved to 256.. in byte order."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    moved = [b for b in range(256) if b not in kept]
-    code = ord(char)
-    return code if code in kept else moved[code - 256]
 
 
 def write_sharegpt(workload_path: str, out_path: str, seed: int = 1) -> None:
