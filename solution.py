@@ -924,7 +924,7 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
         if k_s is not None:
             scores *= k_s.transpose(0, 2, 1)          # int8: q . (s k) = s (q . k)
         if stale:
-            scores[np.broadcast_to(past_end[:, None, :], scores.shape)] = -np.inf   # mask by position
+            np.copyto(scores, -np.inf, where=past_end[:, None, :])   # mask by position
         m, total, a = run_max[:n], run_sum[:n], acc[:n]   # views: updated in place
         new_max = np.maximum(m, scores.max(axis=-1, keepdims=True))
         # What was summed under the old max is rescaled to the new one (exp(-inf) = 0 at j = 0;

@@ -141,7 +141,7 @@ MUTANTS: list[tuple[str, ...]] = [
      'slots.append(table.slots(start, stop))',
      'slots.append((np.arange(start, stop) % table.block_size) * table.block_size + np.asarray(table.block_ids)[np.arange(start, stop) // table.block_size])'),
     ('paged_attention: softmax over the slots past context_lens', 'exercise4',
-     '            scores[np.broadcast_to(past_end[:, None, :], scores.shape)] = -np.inf   # mask by position\n',
+     '            np.copyto(scores, -np.inf, where=past_end[:, None, :])   # mask by position\n',
      '            pass\n'),
     ('causal mask relative to the chunk, not the absolute position', 'exercise4',
      'mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None]',
