@@ -9,11 +9,11 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    section                                     lines        what it holds
    0. Conventions                              43-85        checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          86-380       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   381-976      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      977-1894     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1895-2217    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2218-2579    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2580-2613    the list of exercises, and `__main__`
+   2. The model and the paged attention path   381-979      a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      980-1897     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1898-2220    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2221-2582    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2583-2616    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -899,17 +899,20 @@ class ToyTransformer:
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(x, layer)
             kv_cache.write(i, batch.slots, k, v)
-            attn = np.empty_like(q)
-            if batch.decode_rows.size:
-                caches, scales = kv_cache.attention_args(i)
-                attn[batch.decode_rows] = paged_attention(
-                    q[batch.decode_rows], *caches, batch.decode_tables, batch.decode_lens, **scales)
-            for prefill_rows, context_slots, mask in batch.prefills:
-                k_ctx, v_ctx = kv_cache.read(i, context_slots)
-                # Per head (q, D) @ (D, k), then (q, k) @ (k, D): BLAS, ~10x einsum's own loops.
-                scores = np.matmul(q[prefill_rows].transpose(1, 0, 2), k_ctx.transpose(1, 2, 0)) * scale
-                probs = _softmax(np.where(mask, scores, -np.inf))
-                attn[prefill_rows] = np.matmul(probs, v_ctx.transpose(1, 0, 2)).transpose(1, 0, 2)
+            caches, scales = kv_cache.attention_args(i)
+            if not batch.prefills:  # decodes only (most steps): row r is decode r, nothing to scatter
+                attn = paged_attention(q, *caches, batch.decode_tables, batch.decode_lens, **scales)
+            else:
+                attn = np.empty_like(q)
+                if batch.decode_rows.size:
+                    attn[batch.decode_rows] = paged_attention(
+                        q[batch.decode_rows], *caches, batch.decode_tables, batch.decode_lens, **scales)
+                for prefill_rows, context_slots, mask in batch.prefills:
+                    k_ctx, v_ctx = kv_cache.read(i, context_slots)
+                    # Per head (q, D) @ (D, k), then (q, k) @ (k, D): BLAS, ~10x einsum's own loops.
+                    scores = np.matmul(q[prefill_rows].transpose(1, 0, 2), k_ctx.transpose(1, 2, 0)) * scale
+                    probs = _softmax(np.where(mask, scores, -np.inf))
+                    attn[prefill_rows] = np.matmul(probs, v_ctx.transpose(1, 0, 2)).transpose(1, 0, 2)
             x = self._finish_layer(x, attn, layer)
         return self._logits(x if rows is None else x[rows])
 
