@@ -10,10 +10,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              43-85        checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          86-380       blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   381-983      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      984-1901     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1902-2224    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2225-2586    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2587-2620    the list of exercises, and `__main__`
+   3. Continuous batching                      984-1904     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1905-2227    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2228-2589    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2590-2623    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -1206,10 +1206,13 @@ class SequenceState:
         return CompletionOutput(index, list(self.output_token_ids), self.finish_reason, self.stop_reason, logprobs)
 
     def to_output(self) -> RequestOutput:
-        metrics = RequestMetrics.from_times(self.arrival_time, self.token_times, self.finish_time)
+        # Metrics only for a finished output (a running one has None): built at every step,
+        # they would cost a pass over all the token times per token.
+        metrics = (RequestMetrics.from_times(self.arrival_time, self.token_times, self.finish_time)
+                   if self.finish_reason else None)
         c = self.completion(0)
         return RequestOutput(self.request_id, list(self.prompt_token_ids), c.output_token_ids,
-                             metrics if self.finish_reason else None, self.finish_reason, self.num_preemptions,
+                             metrics, self.finish_reason, self.num_preemptions,
                              self.finish_detail, c.stop_reason, c.logprobs,
                              None if self.prompt_logprobs is None else list(self.prompt_logprobs), [c])
 
