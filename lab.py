@@ -9,11 +9,11 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    section                                     lines        what it holds
    0. Conventions                              43-85        checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          86-380       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   381-983      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      984-1904     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1905-2227    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2228-2589    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2590-2623    the list of exercises, and `__main__`
+   2. The model and the paged attention path   381-979      a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      980-1900     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1901-2223    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2224-2585    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2586-2619    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -827,10 +827,6 @@ class ToyTransformer:
         w = self.weights
         self.layers = [{name.split(".", 2)[2]: w[name] for name in w if name.startswith(f"h.{i}.")}
                        for i in range(config.n_layer)]
-        # The tied LM head as its own (n_embd, vocab) C-contiguous copy: x @ wte.T reads wte
-        # against its row order, and BLAS streams that about 1.6x slower than x @ head (a
-        # decode step reads the head once per token; the copy costs vocab x n_embd floats).
-        self._lm_head = np.ascontiguousarray(w["wte.weight"].T)
 
     # --- the building blocks ---------------------------------------------------------
 
@@ -854,7 +850,7 @@ class ToyTransformer:
 
     def _logits(self, x: np.ndarray) -> np.ndarray:
         w = self.weights
-        return _layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], self.config.layer_norm_epsilon) @ self._lm_head
+        return _layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], self.config.layer_norm_epsilon) @ w["wte.weight"].T
 
     # --- the reference path ----------------------------------------------------------
 
