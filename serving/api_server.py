@@ -9,8 +9,9 @@ vLLM's metric names), so the load generator (`benchmark_serving.py`) and OpenAI'
 library talk to it as to a vLLM deployment.
 
 One thread owns the engine (`async_llm.AsyncLLM`). The asyncio loop speaks HTTP and hands each
-request over; the worker thread adds it, steps the engine and returns the step's outputs; the
-loop routes every new token to the request's queue, whose handler turns tokens into text
+request over; the engine thread adds it and steps the engine for as long as anything is in
+flight, handing each step's outputs back without waiting for the loop; the loop routes every
+new token to the request's queue, whose handler turns tokens into text
 (`output.ChoiceState`: detokenizing, stop strings) and writes it to the socket. The server is
 handed the engine, never the module by name: `sys.modules` gives the module the engine's class
 lives in, so `python lab.py serve` serves the student's own code.
@@ -275,7 +276,6 @@ class CompletionServer:
             await asyncio.gather(*late, return_exceptions=True)
         await engine_task
         await server.wait_closed()
-        self._bridge.worker.shutdown(wait=True)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A persistent connection: requests one after another until either side closes it."""
@@ -398,11 +398,13 @@ class CompletionServer:
                     self._bridge.abort(request_id)
 
     async def _updates(self, gen: GenerateRequest, states: dict, queue: asyncio.Queue, received: float):
-        """(state, Delta) per RequestOutput, until every choice is finished."""
+        """(state, Delta, more) per RequestOutput, until every choice is finished; `more`: another
+        output is already waiting (a stream writes once for all of them, see _stream). A late
+        output of an ended choice gives (None, None, False) when nothing follows it."""
         if not gen.needs_engine:  # echo with max_tokens 0: the prompt is the answer
             for state in states.values():
                 state.finish_reason = "length"
-                yield state, Delta("", [], [], [], "length")
+                yield state, Delta("", [], [], [], "length"), False
             return
         unfinished, first = set(states), True
         while unfinished:
@@ -412,7 +414,9 @@ class CompletionServer:
             if isinstance(item, APIError):
                 raise item
             state = states.get(item.request_id)
-            if state is None or state.finished:
+            if state is None or state.finished:  # a late output of a choice that has ended
+                if queue.empty():
+                    yield None, None, False  # nothing to add: what is held must go out now
                 continue
             if first and item.output_token_ids:
                 self._ttft.observe(time.perf_counter() - received)
@@ -422,7 +426,7 @@ class CompletionServer:
                 unfinished.discard(item.request_id)
                 if not item.finished:  # a stop string, or a prompt-only run: the engine must stop too
                     self._bridge.abort(item.request_id)
-            yield state, delta
+            yield state, delta, not queue.empty()
 
     def _header(self, gen: GenerateRequest, kind: str) -> dict:
         return {"id": gen.response_id, "object": kind, "created": int(time.time()), "model": self.model_name}
@@ -488,37 +492,52 @@ class CompletionServer:
 
     async def _stream(self, gen: GenerateRequest, states: dict, updates, sink: _Sink) -> None:
         """Server-sent events: a chunk per choice per step that moved it (the chat API's first
-        chunk of each choice carries its role), the usage if asked, then [DONE]."""
+        chunk of each choice carries its role), the usage if asked, then [DONE].
+
+        Every chunk goes out as soon as nothing else is waiting: when the engine is ahead of the
+        loop (several steps' outputs queued), their chunks leave in one write, not one each. A
+        write is a system call, and at saturation those calls are what the server spends its
+        time on; the chunks themselves are the same either way."""
         kind = "text_completion" if gen.kind == "completion" else "chat.completion.chunk"
-        header, writer, started = self._header(gen, kind), sink.conn.writer, set()
+        header, writer, started, out = self._header(gen, kind), sink.conn.writer, set(), []
         try:
-            async for state, delta in updates:
-                out = [] if sink.started else [sink.head(200, "text/event-stream")]
-                if gen.kind == "chat" and not started:  # every choice's role first, as vLLM sends them
-                    out += [sink.sse(header | {"choices": [{"index": s.index, "delta": {"role": "assistant",
-                            "content": ""}, "logprobs": None, "finish_reason": None}]}) for s in
-                            sorted(states.values(), key=lambda s: s.index)]
-                    started.add("role")
-                first = state.index not in started
-                if delta.text or delta.token_ids or delta.finish_reason or (first and gen.echo):
-                    started.add(state.index)
-                    event = header | {"choices": [self._choice(gen, state, delta, first)]}
-                    if gen.continuous_usage:
-                        event["usage"] = self._usage(gen, states)
-                    out.append(sink.sse(event))
-                writer.write(b"".join(out))
-                await writer.drain()
+            async for state, delta, more in updates:
+                if state is not None:
+                    out += self._chunks(gen, states, header, state, delta, sink, started)
+                if not more and out:
+                    writer.write(b"".join(out))
+                    out = []
+                    await writer.drain()
         except APIError as exc:
             if not sink.started:
                 raise  # nothing sent yet: a plain error response
-            writer.write(sink.sse(exc.body()) + sink.end())  # ends the stream; not counted a success
+            writer.write(b"".join(out) + sink.sse(exc.body()) + sink.end())  # ends the stream; not a success
             return
         self._count(gen, states)
         if not sink.started:
-            writer.write(sink.head(200, "text/event-stream"))
+            out.append(sink.head(200, "text/event-stream"))
         if gen.include_usage:
-            writer.write(sink.sse(header | {"choices": [], "usage": self._usage(gen, states)}))
-        writer.write(sink.sse("[DONE]") + sink.end())
+            out.append(sink.sse(header | {"choices": [], "usage": self._usage(gen, states)}))
+        writer.write(b"".join(out) + sink.sse("[DONE]") + sink.end())
+
+    def _chunks(self, gen: GenerateRequest, states: dict, header: dict, state: ChoiceState, delta: Delta,
+                sink: _Sink, started: set) -> list[bytes]:
+        """What one update adds to the stream: the head first, the chat API's role chunks before
+        anything else, then the choice's chunk if the update moved it."""
+        out = [] if sink.started else [sink.head(200, "text/event-stream")]
+        if gen.kind == "chat" and not started:  # every choice's role first, as vLLM sends them
+            out += [sink.sse(header | {"choices": [{"index": s.index, "delta": {"role": "assistant",
+                    "content": ""}, "logprobs": None, "finish_reason": None}]}) for s in
+                    sorted(states.values(), key=lambda s: s.index)]
+            started.add("role")
+        first = state.index not in started
+        if delta.text or delta.token_ids or delta.finish_reason or (first and gen.echo):
+            started.add(state.index)
+            event = header | {"choices": [self._choice(gen, state, delta, first)]}
+            if gen.continuous_usage:
+                event["usage"] = self._usage(gen, states)
+            out.append(sink.sse(event))
+        return out
 
     def _metrics(self) -> str:
         return prometheus_text(self.model_name, self._bridge.gauges, self._counters, self._ttft)
