@@ -4978,19 +4978,48 @@ def test_rule8_a_long_stop_token_list_is_refused_before_it_is_scanned(server):
 
 
 @pytest.mark.provided
-def test_rule8_a_large_body_is_parsed_off_the_event_loop(server, monkeypatch):
-    threads, parse = [], api_server.parse_completion_request
+def test_rule8_a_large_body_is_parsed_off_the_event_loop(engine_model, monkeypatch, tmp_path):
+    # The parse of a large body is made to wait until the test has been served a /health: on
+    # the event loop it would hold every other client up until its deadline. The two files
+    # signal across the front end's process.
+    parsing, released, parse = tmp_path / "parsing", tmp_path / "released", api_server.parse_completion_request
 
-    def recorded(*args):
-        threads.append(threading.current_thread())
+    def held_while_large(*args):
+        if len(args[1]) > api_server.INLINE_PARSE_BYTES:
+            parsing.touch()
+            deadline = time.monotonic() + 3 * HTTP_TIMEOUT
+            while not released.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
         return parse(*args)
 
-    monkeypatch.setattr(api_server, "parse_completion_request", recorded)
+    monkeypatch.setattr(api_server, "parse_completion_request", held_while_large)  # before the fork
     body = json.dumps({"prompt": [1] * 100, "max_tokens": 0, "user": "x" * 200_000})  # valid, not run
-    status, _, data = http_call(server, "POST", "/v1/completions", body)
-    assert status == 400 and threads, data[:200]
-    assert threads[0] is not server._thread, (
-        "rule 8: a large body is parsed on a worker thread, so the event loop keeps serving the others")
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4, max_num_seqs=2)
+    with serving.start_server(engine) as srv:
+        big = []
+        sender = threading.Thread(target=lambda: big.append(http_call(srv, "POST", "/v1/completions", body)))
+        sender.start()
+        try:
+            for _ in range(int(HTTP_TIMEOUT / 0.01)):
+                if parsing.exists():
+                    break
+                time.sleep(0.01)
+            assert parsing.exists(), "the large body never reached the parser"
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=HTTP_TIMEOUT / 2)
+            try:
+                conn.request("GET", "/health")
+                status = conn.getresponse().status
+            except TimeoutError:
+                status = None
+            finally:
+                conn.close()
+            assert status == 200, (
+                "rule 8: while a large body was being parsed, GET /health got no answer: a large body "
+                "must be parsed on a worker thread, so that the event loop keeps serving the others")
+        finally:
+            released.touch()
+            sender.join(3 * HTTP_TIMEOUT)
+    assert big and big[0][0] == 400, f"the large request itself must still be answered (400 for max_tokens 0): {big}"
 
 
 @pytest.mark.provided

@@ -29,13 +29,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import multiprocessing
+import os
+import signal
+import socket
 import sys
 import threading
 import time
 import urllib.parse
+import warnings
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
-from .async_llm import AsyncLLM
+from .async_llm import AsyncLLM, EngineCore
 from .chat import parse_chat_request
 from .metrics import TTFT_BUCKETS_S, Histogram, prometheus_text
 from .output import ChoiceState, Delta, LogprobFormatter, prompt_offsets
@@ -48,6 +54,7 @@ READ_TIMEOUT_S = 10.0  # to receive a request's head and body; a silent client i
 KEEP_ALIVE_TIMEOUT_S = 5.0  # an idle persistent connection is closed after this long (uvicorn's default)
 SHUTDOWN_TIMEOUT_S = 10.0
 INLINE_PARSE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop; larger ones on the pool
+FRONTEND_PROCESS = hasattr(os, "fork")  # the front end in a process of its own (False: a thread)
 
 _REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             500: "Internal Server Error", 503: "Service Unavailable"}
@@ -192,35 +199,45 @@ class _Sink:
 
 
 class CompletionServer:
-    """An OpenAI-compatible server for one LLMEngine, on a background thread (see start_server).
+    """An OpenAI-compatible server for one LLMEngine (see start_server): the engine stays in
+    this process, stepped by a thread of its own, and the HTTP front end runs in a forked child
+    process (`async_llm` says why), or in a thread where there is no fork.
 
     `.url`, `.port`, `.model_name`, `.tokenizer`; `.close()` stops accepting, drops idle
-    connections, ends every request in flight (503) and aborts it in the engine, and joins the
-    thread; it is idempotent. A context manager. Not to be closed from inside one of its handlers.
+    connections, ends every request in flight (503) and aborts it in the engine, and waits for
+    both sides to end; it is idempotent. A context manager.
     """
 
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
                  model_name: str | None = None):
         self.engine, self.host = engine, host
-        self.lab = sys.modules[type(engine).__module__]  # the module whose engine this is
         config = engine.model.config
         self.tokenizer = ByteTokenizer(config.vocab_size) if tokenizer is None else tokenizer
         self.model_name = model_name or f"toy-gpt2-{config.n_layer}x{config.n_embd}-v{config.vocab_size}"
-        self.created = int(time.time())
-        self.port = port
-        self._ttft = Histogram(TTFT_BUCKETS_S)
-        self._counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
-        self._connections: dict[asyncio.Task, _Connection] = {}
-        self._stopping = False
-        self._parser = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="parse")
         self._closed, self._close_lock = False, threading.Lock()
-        self._started, self._startup_error = threading.Event(), None
-        self._thread = threading.Thread(target=self._run, args=(port,), name="lab-server", daemon=True)
-        self._thread.start()
-        if not self._started.wait(SHUTDOWN_TIMEOUT_S):
-            raise RuntimeError("the server thread did not start")
-        if self._startup_error is not None:
-            raise self._startup_error
+        sock = socket.create_server((host, port))  # a port in use fails here, in the caller
+        self.port = sock.getsockname()[1]
+        commands_r, commands_w = multiprocessing.Pipe(duplex=False)
+        outputs_r, outputs_w = multiprocessing.Pipe(duplex=False)
+        self._pipes = (commands_r, outputs_w)
+        # The module whose engine this is, so that `python lab.py serve` checks requests with
+        # the student's own code.
+        frontend = _Frontend(sys.modules[type(engine).__module__], config, self.tokenizer, self.model_name)
+        args = (sock, commands_w, outputs_r)
+        if FRONTEND_PROCESS:
+            self._frontend = _ForkedFrontend(frontend.main, args)
+            for end in args:  # the child's now
+                end.close()
+        else:
+            self._frontend = threading.Thread(target=frontend.main, args=(*args, False), name="lab-frontend",
+                                              daemon=True)
+            self._frontend.start()
+        self._core = EngineCore(engine, commands_r, outputs_w)
+        self._core.start()
+        if not self._core.ready.wait(SHUTDOWN_TIMEOUT_S) or self._core.frontend_error:
+            error = self._core.frontend_error or "the server's front end did not start"
+            self.close()
+            raise RuntimeError(error)
 
     @property
     def url(self) -> str:
@@ -231,10 +248,11 @@ class CompletionServer:
             if self._closed:
                 return
             self._closed = True
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(SHUTDOWN_TIMEOUT_S * 3)
-        self._parser.shutdown(wait=False)
+        self._core.send(("close",))
+        self._frontend.join(SHUTDOWN_TIMEOUT_S * 3)
+        self._core.join(SHUTDOWN_TIMEOUT_S)
+        for end in self._pipes:
+            end.close()
 
     def __enter__(self) -> CompletionServer:
         return self
@@ -242,40 +260,90 @@ class CompletionServer:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    # --- the server thread ---
 
-    def _run(self, port: int) -> None:
+class _ForkedFrontend:
+    """`main(*args, True)` in a forked child process; `join` waits for it (and kills it after
+    `timeout`). os.fork rather than multiprocessing: the child closes every descriptor it does
+    not need, multiprocessing's own pipes included."""
+
+    def __init__(self, main, args: tuple):
+        with warnings.catch_warnings():
+            # Python 3.12+ warns that forking a threaded process may copy a lock another thread
+            # holds. The child runs only the front end's own code (asyncio, json, the tokenizer),
+            # which takes no lock of this process's other threads.
+            warnings.filterwarnings("ignore", ".*fork", DeprecationWarning)
+            self.pid = os.fork()
+        if self.pid == 0:  # the child
+            code = 1
+            try:
+                main(*args, True)
+                code = 0
+            finally:
+                os._exit(code)  # never back into the caller's code (a test runner, a command line)
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                return
+            time.sleep(0.005)
+
+
+class _Frontend:
+    """The HTTP side: every connection, request and token, on one asyncio loop; talks to the
+    engine only through `async_llm.AsyncLLM`. Built in the caller's process, run by `main` in
+    the front end's process (or thread)."""
+
+    def __init__(self, lab, config, tokenizer, model_name: str):
+        self.lab, self.config, self.tokenizer, self.model_name = lab, config, tokenizer, model_name
+        self.created = int(time.time())
+        self._ttft = Histogram(TTFT_BUCKETS_S)
+        self._counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
+        self._connections: dict[asyncio.Task, _Connection] = {}
+        self._stopping = False
+
+    def main(self, sock: socket.socket, commands: Connection, outputs: Connection, own_process: bool) -> None:
+        if own_process:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's; it closes the server
+            _close_fds_except(sock, commands, outputs)
         loop = asyncio.new_event_loop()
         try:
-            loop.run_until_complete(self._serve(port))
-        except BaseException as exc:  # noqa: BLE001 - reported to the thread that called start_server
-            self._startup_error = exc
+            loop.run_until_complete(self._serve(sock, commands, outputs))
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller of start_server
+            try:
+                commands.send(("startup_error", f"{type(exc).__name__}: {exc}"))
+            except (OSError, EOFError):
+                pass
         finally:
-            self._started.set()
             loop.close()
+            sock.close()
 
-    async def _serve(self, port: int) -> None:
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        self._bridge = AsyncLLM(self.engine)
-        server = await asyncio.start_server(self._connection, self.host, port)
-        self.port = server.sockets[0].getsockname()[1]
-        engine_task = asyncio.create_task(self._bridge.run())
-        self._started.set()
+    async def _serve(self, sock: socket.socket, commands: Connection, outputs: Connection) -> None:
+        self._stop = asyncio.Event()
+        self._parser = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="parse")
+        self._bridge = AsyncLLM(commands, outputs)
+        self._bridge.on_close = self._stop.set
+        self._bridge.start(asyncio.get_running_loop())
+        server = await asyncio.start_server(self._connection, sock=sock)
+        self._bridge.send(("ready",))
         await self._stop.wait()
         self._stopping = True
         server.close()  # stop accepting
         for task, conn in list(self._connections.items()):
             if conn.idle:  # between requests: nothing to finish, so no reason to wait for it
                 task.cancel()
-        await self._bridge.close()  # in-flight handlers get their 503 and finish
+        self._bridge.close()  # in-flight handlers get their 503 and finish
         pending = list(self._connections)
         if pending:
             _, late = await asyncio.wait(pending, timeout=SHUTDOWN_TIMEOUT_S)
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
-        await engine_task
         await server.wait_closed()
+        self._parser.shutdown(wait=False)
+        self._bridge.send(("bye",))
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A persistent connection: requests one after another until either side closes it."""
@@ -354,7 +422,7 @@ class CompletionServer:
         elif path == "/metrics":
             sink.whole(200, "text/plain; version=0.0.4", self._metrics().encode())
         else:
-            args = (self.lab, request.body, self.engine.model.config, self.tokenizer, self.model_name)
+            args = (self.lab, request.body, self.config, self.tokenizer, self.model_name)
             if len(request.body) <= INLINE_PARSE_BYTES:
                 gen = posts[path](*args)
             else:  # a large body is parsed off the loop, so that other clients' tokens keep flowing
@@ -362,7 +430,7 @@ class CompletionServer:
             await self._generate(gen, conn, sink)
 
     def _model_card(self) -> dict:
-        config = self.engine.model.config
+        config = self.config
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "lab",
                 "root": self.model_name, "parent": None, "max_model_len": config.n_positions,
                 "vocab_size": config.vocab_size, "permission": []}
@@ -541,6 +609,15 @@ class CompletionServer:
 
     def _metrics(self) -> str:
         return prometheus_text(self.model_name, self._bridge.gauges, self._counters, self._ttft)
+
+
+def _close_fds_except(*kept) -> None:
+    """In the forked front end: close every descriptor it inherited but these and stdio, so that
+    a connection or pipe of the caller's (another server's, a test client's) is not held open
+    by this process after the caller closes it."""
+    keep = sorted({0, 1, 2} | {k.fileno() for k in kept})
+    for low, high in zip(keep, keep[1:] + [os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024]):
+        os.closerange(low + 1, high)
 
 
 def _error_response(error: APIError) -> bytes:
