@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import json
 import multiprocessing
 import os
@@ -219,7 +220,7 @@ class CompletionServer:
         self.port = sock.getsockname()[1]
         commands_r, commands_w = multiprocessing.Pipe(duplex=False)
         outputs_r, outputs_w = multiprocessing.Pipe(duplex=False)
-        self._pipes = (commands_r, outputs_w)
+        self._pipes = [commands_r, outputs_w]  # this process's ends, closed by close()
         # The module whose engine this is, so that `python lab.py serve` checks requests with
         # the student's own code.
         frontend = _Frontend(sys.modules[type(engine).__module__], config, self.tokenizer, self.model_name)
@@ -232,6 +233,7 @@ class CompletionServer:
             self._frontend = threading.Thread(target=frontend.main, args=(*args, False), name="lab-frontend",
                                               daemon=True)
             self._frontend.start()
+            self._pipes += args[1:]  # the front end's too (it closes the socket itself)
         self._core = EngineCore(engine, commands_r, outputs_w)
         self._core.start()
         if not self._core.ready.wait(SHUTDOWN_TIMEOUT_S) or self._core.frontend_error:
@@ -274,6 +276,10 @@ class _ForkedFrontend:
             warnings.filterwarnings("ignore", ".*fork", DeprecationWarning)
             self.pid = os.fork()
         if self.pid == 0:  # the child
+            # The caller's objects came along (a test's clients, another server's pipes). The
+            # collector must never finalize one: it would close a descriptor number that
+            # `_close_fds_except` has freed and this process has since reused.
+            gc.freeze()
             code = 1
             try:
                 main(*args, True)

@@ -11,11 +11,11 @@ Here the engine stays where the caller made it (the caller keeps the object it p
 and can look at it afterwards), and the front end is the forked child:
 
 - `EngineCore` (the caller's process): one thread steps the engine for as long as anything is
-  in flight, never waiting for the front end, and sends each step's outputs as deltas (the new
-  tokens only); a second thread receives the front end's commands.
+  in flight, taking the front end's commands between steps and never waiting for the front
+  end, and sends each step's outputs as deltas (the new tokens only).
 - `AsyncLLM` (the front end's process, vLLM's name for the client side): `submit` and `abort`
-  send commands; a reader thread turns the deltas back into whole outputs on the event loop,
-  one queue per request.
+  send commands; the event loop reads the deltas as they arrive and turns them back into
+  whole outputs, one queue per request.
 
 Front end -> engine: ("ready",), ("add", Request), ("abort", request_id),
 ("answered", [request_id, ...]) after a failure, ("bye",) at the end.
@@ -32,6 +32,7 @@ from multiprocessing.connection import Connection
 
 from .protocol import APIError
 
+READ_BATCH = 16  # engine messages handled per wakeup of the front end's loop
 GAUGES = {"running": 0, "waiting": 0, "kv_usage": 0.0, "preemptions": 0, "queries": 0, "hits": 0}
 
 
@@ -55,11 +56,13 @@ class StreamedOutput:
 
 class EngineCore:
     """Owns the engine in the caller's process; talks to the front end through `commands`
-    (received) and `outputs` (sent).
+    (received) and `outputs` (sent), from one thread.
 
-    Only the engine thread calls the engine. After a failed step it tells the front end, waits
-    for its answer (the requests it failed), and steps again only for a new command, so an
-    engine that stays broken costs nothing until somebody asks it for something.
+    The thread reads whatever commands have arrived, steps, sends the step's outputs, and
+    blocks on the pipe only when nothing is in flight. After a failed step it tells the front
+    end, waits for its answer (the requests it failed), and steps again only for a new command,
+    so an engine that stays broken costs nothing until somebody asks it for something. It ends
+    when the front end says goodbye or its end of the pipe closes.
     """
 
     def __init__(self, engine, commands: Connection, outputs: Connection):
@@ -67,22 +70,17 @@ class EngineCore:
         self.ready = threading.Event()  # the front end accepts connections (or has died)
         self.frontend_error: str | None = None
         self._inbox: list[tuple] = []  # ("add", Request) / ("abort", request_id), in order
-        self._inbox_lock, self._send_lock = threading.Lock(), threading.Lock()
-        self._wakeup, self._answered = threading.Event(), threading.Event()
-        self._closing = False
-        self._sent: dict[str, int] = {}  # tokens already sent, per request in the engine
         self._to_abort: set[str] = set()  # failed by the front end, still in the engine
-        self._threads = [threading.Thread(target=self._read_commands, name="engine-commands", daemon=True),
-                         threading.Thread(target=self._engine_loop, name="engine", daemon=True)]
+        self._sent: dict[str, int] = {}  # tokens already sent, per request in the engine
+        self._answered = self._gone = False
+        self._send_lock = threading.Lock()  # `close` sends from the caller's thread
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        self._thread.start()
 
     def join(self, timeout: float) -> None:
-        self._end()
-        for thread in self._threads:
-            thread.join(timeout)
+        self._thread.join(timeout)
 
     def send(self, message: tuple) -> bool:
         """To the front end; False once it has gone."""
@@ -93,80 +91,77 @@ class EngineCore:
         except (OSError, EOFError):
             return False
 
-    def _end(self) -> None:
-        self._closing = True
-        self._answered.set()  # nobody will answer a failure any more
-        self._wakeup.set()
-
-    # --- the command thread ---
-
-    def _read_commands(self) -> None:
+    def _receive(self, block: bool) -> None:
+        """Handle every message that has arrived; with `block`, wait for the first."""
         try:
-            while True:
-                message = self.commands.recv()
-                kind = message[0]
-                if kind == "ready":
-                    self.ready.set()
-                elif kind == "startup_error":
-                    self.frontend_error = message[1]
-                    self.ready.set()
-                elif kind == "answered":
-                    self._drop_failed(set(message[1]))
-                    self._answered.set()
-                elif kind == "bye":
-                    break
-                else:
-                    with self._inbox_lock:
-                        self._inbox.append(message)
-                    self._wakeup.set()
-        except (OSError, EOFError):  # the front end died
-            if not self.ready.is_set():
-                self.frontend_error = "the front end process ended before it accepted connections"
-        finally:
+            while not self._gone and (block or self.commands.poll()):
+                block = False
+                self._on_message(self.commands.recv())
+        except (OSError, EOFError):  # the front end has gone
+            self._gone = True
+
+    def _on_message(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "ready":
             self.ready.set()
-            self._end()
+        elif kind == "startup_error":
+            self.frontend_error = message[1]
+            self.ready.set()
+        elif kind == "answered":
+            self._drop_failed(set(message[1]))
+            self._answered = True
+        elif kind == "bye":
+            self._gone = True
+        else:
+            self._inbox.append(message)
 
     def _drop_failed(self, failed: set[str]) -> None:
         """A request the front end failed must not run: drop its add if it has not reached the
         engine yet, else abort it (by `_flush`, before any new command)."""
-        with self._inbox_lock:
-            pending = {arg.request_id for kind, arg in self._inbox if kind == "add"} & failed
-            self._inbox = [(kind, arg) for kind, arg in self._inbox
-                           if (arg if kind == "abort" else arg.request_id) not in failed]
-            self._to_abort |= failed - pending
-        self._wakeup.set()
+        pending = {arg.request_id for kind, arg in self._inbox if kind == "add"} & failed
+        self._inbox = [(kind, arg) for kind, arg in self._inbox
+                       if (arg if kind == "abort" else arg.request_id) not in failed]
+        self._to_abort |= failed - pending
 
     def _take_commands(self, new: bool = True) -> list[tuple]:
         """The aborts the front end's failures asked for, then (with `new`) the commands in order."""
-        with self._inbox_lock:
-            commands = [("abort", request_id) for request_id in self._to_abort]
-            self._to_abort = set()
-            if new:
-                commands, self._inbox = commands + self._inbox, []
+        commands = [("abort", request_id) for request_id in self._to_abort]
+        self._to_abort = set()
+        if new:
+            commands, self._inbox = commands + self._inbox, []
         return commands
 
     # --- the engine thread ---
 
+    def _run(self) -> None:
+        try:
+            self._engine_loop()
+        finally:
+            if not self.ready.is_set():
+                self.frontend_error = self.frontend_error or "the front end ended before it accepted connections"
+            self.ready.set()
+
+    def _has_work(self, stalled: bool) -> bool:
+        return bool(self._inbox or self._to_abort) or (not stalled and self.engine.has_unfinished())
+
     def _engine_loop(self) -> None:
         stalled = False
-        while not self._closing:
-            with self._inbox_lock:
-                idle = not self._inbox and not self._to_abort and (stalled or not self.engine.has_unfinished())
-            if idle:
-                self._wakeup.wait()
-                self._wakeup.clear()  # a command sent after this is seen by the check above
+        while not self._gone:
+            self._receive(block=not self._has_work(stalled))
+            if self._gone or not self._has_work(stalled):
                 continue
             stalled = False
             try:
                 rejected, outputs = self._step(self._take_commands())
             except Exception as exc:  # the engine failed: the front end fails what is in flight
-                self._answered.clear()
+                self._answered = False
                 if self.send(("failed", f"the engine failed: {type(exc).__name__}: {exc}")):
-                    self._answered.wait()
+                    while not (self._answered or self._gone):
+                        self._receive(block=True)
                 stalled = not self._flush()
                 continue
             if not self.send(("outputs", rejected, [self._delta(out) for out in outputs], self._gauges())):
-                self._end()
+                self._gone = True
         self._to_abort |= set(self._sent)  # the front end has gone: nobody waits for these
         self._flush()
 
@@ -219,8 +214,8 @@ class AsyncLLM:
     """The front end's side: hands requests to the EngineCore and routes its outputs back,
     request by request.
 
-    Contract: every method runs on the event loop, except the reader thread, which only
-    receives and hands each message to the loop. `submit` returns the request's queue, which
+    Contract: every method runs on the event loop; the engine's messages are read there too,
+    as they arrive. `submit` returns the request's queue, which
     receives a StreamedOutput per step that gave it a token and ends with a finished one, or
     receives one `APIError` (rejected by the engine, engine failure, shutdown).
     """
@@ -234,8 +229,9 @@ class AsyncLLM:
         self.on_close = None  # called on the loop when the engine asks the front end to stop
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the engine's messages on `loop` as they arrive."""
         self._loop = loop
-        threading.Thread(target=self._read_outputs, name="frontend-outputs", daemon=True).start()
+        loop.add_reader(self.outputs.fileno(), self._read_outputs)
 
     def send(self, message: tuple) -> None:
         try:
@@ -261,19 +257,16 @@ class AsyncLLM:
             self.send(("abort", request_id))
 
     def _read_outputs(self) -> None:
-        """The reader thread: every message goes to the loop, in order; the end of the pipe
-        (the engine's process has gone) stops the front end."""
+        """Handle the messages that have arrived, a few at a time (the loop has sockets to
+        serve too); the end of the pipe (the engine's process has gone) stops the front end."""
         try:
-            while True:
-                message = self.outputs.recv()
-                self._loop.call_soon_threadsafe(self._on_message, message)
-                if message[0] == "close":
+            for _ in range(READ_BATCH):
+                if not self.outputs.poll():
                     return
-        except (OSError, EOFError, RuntimeError):  # RuntimeError: the loop has closed
-            try:
-                self._loop.call_soon_threadsafe(self._on_message, ("close",))
-            except RuntimeError:
-                pass
+                self._on_message(self.outputs.recv())
+        except (OSError, EOFError):
+            self._loop.remove_reader(self.outputs.fileno())
+            self._on_message(("close",))
 
     def _on_message(self, message: tuple) -> None:
         kind = message[0]
