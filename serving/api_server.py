@@ -349,7 +349,7 @@ class _Frontend:
             await asyncio.gather(*late, return_exceptions=True)
         await server.wait_closed()
         self._parser.shutdown(wait=False)
-        self._bridge.send(("bye",))
+        self._bridge.finish(SHUTDOWN_TIMEOUT_S)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A persistent connection: requests one after another until either side closes it."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import queue
 import threading
 from multiprocessing.connection import Connection
 
@@ -215,7 +216,7 @@ class AsyncLLM:
     request by request.
 
     Contract: every method runs on the event loop; the engine's messages are read there too,
-    as they arrive. `submit` returns the request's queue, which
+    as they arrive, and commands leave through a sender thread. `submit` returns the request's queue, which
     receives a StreamedOutput per step that gave it a token and ends with a finished one, or
     receives one `APIError` (rejected by the engine, engine failure, shutdown).
     """
@@ -227,17 +228,37 @@ class AsyncLLM:
         self.closing = False
         self.gauges = dict(GAUGES)  # as of the last step (an idle server reports an idle engine)
         self.on_close = None  # called on the loop when the engine asks the front end to stop
+        self._outbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_commands, name="frontend-commands", daemon=True)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Read the engine's messages on `loop` as they arrive."""
+        """Read the engine's messages on `loop` as they arrive; send commands from a thread."""
         self._loop = loop
         loop.add_reader(self.outputs.fileno(), self._read_outputs)
+        self._sender.start()
 
     def send(self, message: tuple) -> None:
-        try:
-            self.commands.send(message)
-        except (OSError, EOFError):  # the engine's process has gone: fail what is in flight
-            self._fail_all(APIError("the engine has stopped", 503, "server_error"), answer=False)
+        """Queue a command for the engine. A thread writes it, so that the loop never blocks on
+        a full pipe: while the engine is busy writing a step's outputs to this loop, a loop
+        blocked on writing commands to the engine would wait for it forever."""
+        self._outbox.put(message)
+
+    def finish(self, timeout: float) -> None:
+        """Say goodbye to the engine and wait until every command before it is written."""
+        self.send(("bye",))
+        self._sender.join(timeout)
+
+    def _send_commands(self) -> None:
+        while True:
+            message = self._outbox.get()
+            try:
+                self.commands.send(message)
+            except (OSError, EOFError):  # the engine's process has gone: fail what is in flight
+                self._loop.call_soon_threadsafe(self._fail_all, APIError("the engine has stopped", 503,
+                                                                         "server_error"), False)
+                return
+            if message[0] == "bye":
+                return
 
     def submit(self, request, queue: asyncio.Queue | None = None) -> asyncio.Queue:
         """Queue `request` for the engine; its outputs go to `queue` (a new one by default; several
