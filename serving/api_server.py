@@ -85,7 +85,7 @@ class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
         self.buffer = bytearray()
-        self.idle = True  # waiting for a request (close() may drop it at once)
+        self.idle = True  # waiting for a request or its body (a shutdown may drop it at once)
 
     async def fill(self) -> bool:
         """Read what has arrived into the buffer; False at end of stream."""
@@ -250,7 +250,9 @@ class CompletionServer:
             if self._closed:
                 return
             self._closed = True
-        self._core.send(("close",))
+        # From a thread: a front end that has stopped reading (stuck, or stopped by a signal)
+        # would block the write; killing it after the timeout below ends the write too.
+        threading.Thread(target=self._core.send, args=(("close",),), name="lab-close", daemon=True).start()
         self._frontend.join(SHUTDOWN_TIMEOUT_S * 3)
         self._core.join(SHUTDOWN_TIMEOUT_S)
         for end in self._pipes:
@@ -369,6 +371,8 @@ class _Frontend:
                     break
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
             pass  # the client went away, or said too little too slowly, or idled out
+        except asyncio.CancelledError:
+            pass  # shutdown dropped an idle connection: asyncio would log a cancelled handler as an error
         finally:
             writer.close()
             self._connections.pop(asyncio.current_task(), None)
@@ -389,7 +393,9 @@ class _Frontend:
                 raise
             if length and request.headers.get("expect", "").lower() == "100-continue":
                 conn.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for this before a large body
+            conn.idle = True  # until the body is in, there is nothing a shutdown should wait for
             request.body = await asyncio.wait_for(conn.read_exactly(length), READ_TIMEOUT_S)
+            conn.idle = False
             await self._route(request, conn, sink)
         except APIError as exc:
             if sink.started:  # too late for an error response: end the connection
