@@ -4477,6 +4477,43 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_return(e
     assert len(outputs[-1].output_token_ids) < 50, "the abort must come at once, not after the request ran on"
 
 
+
+@pytest.mark.exercise5
+def test_a_failing_engine_step_is_a_500_for_its_requests_and_the_server_keeps_serving(engine_model, monkeypatch):
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
+    with serving.start_server(engine) as srv:
+        complete(srv, prompt=[3, 4], max_tokens=2, temperature=0)  # a stub is named here, not below
+
+        def broken(*args, **kwargs):
+            raise FloatingPointError("planted fault")
+
+        monkeypatch.setattr(engine.model, "forward", broken)  # the engine runs in this process
+        status, _, data = http_call(srv, "POST", "/v1/completions", json.dumps({"prompt": [3, 4], "max_tokens": 3}))
+        assert status == 500 and b"planted fault" in data, (
+            f"a step that raises must answer its requests with a 500 naming the error; got HTTP {status} "
+            f"{data[:200]!r}")
+        monkeypatch.undo()
+        got = complete(srv, prompt=[5, 6], max_tokens=3, temperature=0)
+        assert got["usage"]["completion_tokens"] == 3, "after a failed step the server must go on serving"
+        deadline = time.monotonic() + HTTP_TIMEOUT
+        while time.monotonic() < deadline and engine.has_unfinished():
+            time.sleep(0.01)
+        assert not engine.has_unfinished(), "the failed request must not be left in the engine"
+
+
+@pytest.mark.exercise5
+def test_the_front_end_in_a_thread_answers_as_the_one_in_its_own_process(engine_model, monkeypatch):
+    # Where there is no fork the front end runs in a thread of the engine's process, on the
+    # same pipes: same answers, only slower (async_llm's docstring says why).
+    answers = []
+    for in_process in (True, False):
+        monkeypatch.setattr(api_server, "FRONTEND_PROCESS", in_process)
+        with serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4)) as srv:
+            answers.append([stream_events(srv, prompt=[2 + i, 7], max_tokens=4 + i, temperature=0) for i in range(3)])
+    texts = [[[e["choices"][0]["text"] for e in events[:-1] if e["choices"]] for events in run] for run in answers]
+    assert texts[0] == texts[1], f"the front end in a thread streamed {texts[1]}, in its own process {texts[0]}"
+
+
 # --- the OpenAI API as clients use it ----------------------------------------------------
 
 
@@ -4978,19 +5015,48 @@ def test_rule8_a_long_stop_token_list_is_refused_before_it_is_scanned(server):
 
 
 @pytest.mark.provided
-def test_rule8_a_large_body_is_parsed_off_the_event_loop(server, monkeypatch):
-    threads, parse = [], api_server.parse_completion_request
+def test_rule8_a_large_body_is_parsed_off_the_event_loop(engine_model, monkeypatch, tmp_path):
+    # The parse of a large body is made to wait until the test has been served a /health: on
+    # the event loop it would hold every other client up until its deadline. The two files
+    # signal across the front end's process.
+    parsing, released, parse = tmp_path / "parsing", tmp_path / "released", api_server.parse_completion_request
 
-    def recorded(*args):
-        threads.append(threading.current_thread())
+    def held_while_large(*args):
+        if len(args[1]) > api_server.INLINE_PARSE_BYTES:
+            parsing.touch()
+            deadline = time.monotonic() + 3 * HTTP_TIMEOUT
+            while not released.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
         return parse(*args)
 
-    monkeypatch.setattr(api_server, "parse_completion_request", recorded)
+    monkeypatch.setattr(api_server, "parse_completion_request", held_while_large)  # before the fork
     body = json.dumps({"prompt": [1] * 100, "max_tokens": 0, "user": "x" * 200_000})  # valid, not run
-    status, _, data = http_call(server, "POST", "/v1/completions", body)
-    assert status == 400 and threads, data[:200]
-    assert threads[0] is not server._thread, (
-        "rule 8: a large body is parsed on a worker thread, so the event loop keeps serving the others")
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4, max_num_seqs=2)
+    with serving.start_server(engine) as srv:
+        big = []
+        sender = threading.Thread(target=lambda: big.append(http_call(srv, "POST", "/v1/completions", body)))
+        sender.start()
+        try:
+            for _ in range(int(HTTP_TIMEOUT / 0.01)):
+                if parsing.exists():
+                    break
+                time.sleep(0.01)
+            assert parsing.exists(), "the large body never reached the parser"
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=HTTP_TIMEOUT / 2)
+            try:
+                conn.request("GET", "/health")
+                status = conn.getresponse().status
+            except TimeoutError:
+                status = None
+            finally:
+                conn.close()
+            assert status == 200, (
+                "rule 8: while a large body was being parsed, GET /health got no answer: a large body "
+                "must be parsed on a worker thread, so that the event loop keeps serving the others")
+        finally:
+            released.touch()
+            sender.join(3 * HTTP_TIMEOUT)
+    assert big and big[0][0] == 400, f"the large request itself must still be answered (400 for max_tokens 0): {big}"
 
 
 @pytest.mark.provided

@@ -8,8 +8,7 @@ is handed the module (or an engine of it), so `python lab.py serve` serves the s
     protocol.py             request parsing, response objects               vllm/entrypoints/openai/protocol.py
     chat.py                 chat messages and the plain chat template       vllm/entrypoints/chat_utils.py
     output.py               tokens to text: detokenizing, stop strings      vllm/v1/engine/output_processor.py
-    tokenizer.py            ByteTokenizer, IncrementalDetokenizer           vllm/transformers_utils/tokenizer.py
-    async_llm.py            one thread owns the engine; outputs routed      vllm/v1/engine/async_llm.py
+    async_llm.py            engine thread <-pipes-> HTTP front end process  vllm/v1/engine/async_llm.py, core.py
     metrics.py              Prometheus text under vLLM's names              vllm/v1/metrics/
     benchmark_serving.py    open-loop load generator, vLLM's latencies      vllm/benchmarks/serve.py
     datasets.py             synthetic traffic and load-test workloads       vllm/benchmarks/datasets.py
@@ -18,7 +17,7 @@ is handed the module (or an engine of it), so `python lab.py serve` serves the s
     sizing.py               the capacity plan printout, KV waste            (none)
     stacks.py               vLLM vs TensorRT-LLM vs SGLang, as data         (none)
     model_loader.py         a GPT-2 checkpoint from disk (safetensors)      vllm/model_executor/model_loader/
-    tokenizer.py            GPT-2's byte-level BPE, the byte tokenizer      vllm/transformers_utils/tokenizer.py
+    tokenizer.py            GPT-2's BPE, ByteTokenizer, detokenizing        vllm/transformers_utils/tokenizer.py
     checkpoint_commands.py  generate / speculate / serve on checkpoints     (none)
     report.py               one HTML page of figures drawn from real runs   (none)
 """

@@ -9,8 +9,9 @@ vLLM's metric names), so the load generator (`benchmark_serving.py`) and OpenAI'
 library talk to it as to a vLLM deployment.
 
 One thread owns the engine (`async_llm.AsyncLLM`). The asyncio loop speaks HTTP and hands each
-request over; the worker thread adds it, steps the engine and returns the step's outputs; the
-loop routes every new token to the request's queue, whose handler turns tokens into text
+request over; the engine thread adds it and steps the engine for as long as anything is in
+flight, handing each step's outputs back without waiting for the loop; the loop routes every
+new token to the request's queue, whose handler turns tokens into text
 (`output.ChoiceState`: detokenizing, stop strings) and writes it to the socket. The server is
 handed the engine, never the module by name: `sys.modules` gives the module the engine's class
 lives in, so `python lab.py serve` serves the student's own code.
@@ -27,14 +28,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import json
+import multiprocessing
+import os
+import signal
+import socket
 import sys
 import threading
 import time
 import urllib.parse
+import warnings
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
-from .async_llm import AsyncLLM
+from .async_llm import AsyncLLM, EngineCore
 from .chat import parse_chat_request
 from .metrics import TTFT_BUCKETS_S, Histogram, prometheus_text
 from .output import ChoiceState, Delta, LogprobFormatter, prompt_offsets
@@ -47,6 +55,7 @@ READ_TIMEOUT_S = 10.0  # to receive a request's head and body; a silent client i
 KEEP_ALIVE_TIMEOUT_S = 5.0  # an idle persistent connection is closed after this long (uvicorn's default)
 SHUTDOWN_TIMEOUT_S = 10.0
 INLINE_PARSE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop; larger ones on the pool
+FRONTEND_PROCESS = hasattr(os, "fork")  # the front end in a process of its own (False: a thread)
 
 _REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             500: "Internal Server Error", 503: "Service Unavailable"}
@@ -76,7 +85,7 @@ class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
         self.buffer = bytearray()
-        self.idle = True  # waiting for a request (close() may drop it at once)
+        self.idle = True  # waiting for a request or its body (a shutdown may drop it at once)
 
     async def fill(self) -> bool:
         """Read what has arrived into the buffer; False at end of stream."""
@@ -191,35 +200,46 @@ class _Sink:
 
 
 class CompletionServer:
-    """An OpenAI-compatible server for one LLMEngine, on a background thread (see start_server).
+    """An OpenAI-compatible server for one LLMEngine (see start_server): the engine stays in
+    this process, stepped by a thread of its own, and the HTTP front end runs in a forked child
+    process (`async_llm` says why), or in a thread where there is no fork.
 
     `.url`, `.port`, `.model_name`, `.tokenizer`; `.close()` stops accepting, drops idle
-    connections, ends every request in flight (503) and aborts it in the engine, and joins the
-    thread; it is idempotent. A context manager. Not to be closed from inside one of its handlers.
+    connections, ends every request in flight (503) and aborts it in the engine, and waits for
+    both sides to end; it is idempotent. A context manager.
     """
 
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
                  model_name: str | None = None):
         self.engine, self.host = engine, host
-        self.lab = sys.modules[type(engine).__module__]  # the module whose engine this is
         config = engine.model.config
         self.tokenizer = ByteTokenizer(config.vocab_size) if tokenizer is None else tokenizer
         self.model_name = model_name or f"toy-gpt2-{config.n_layer}x{config.n_embd}-v{config.vocab_size}"
-        self.created = int(time.time())
-        self.port = port
-        self._ttft = Histogram(TTFT_BUCKETS_S)
-        self._counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
-        self._connections: dict[asyncio.Task, _Connection] = {}
-        self._stopping = False
-        self._parser = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="parse")
         self._closed, self._close_lock = False, threading.Lock()
-        self._started, self._startup_error = threading.Event(), None
-        self._thread = threading.Thread(target=self._run, args=(port,), name="lab-server", daemon=True)
-        self._thread.start()
-        if not self._started.wait(SHUTDOWN_TIMEOUT_S):
-            raise RuntimeError("the server thread did not start")
-        if self._startup_error is not None:
-            raise self._startup_error
+        sock = socket.create_server((host, port))  # a port in use fails here, in the caller
+        self.port = sock.getsockname()[1]
+        commands_r, commands_w = multiprocessing.Pipe(duplex=False)
+        outputs_r, outputs_w = multiprocessing.Pipe(duplex=False)
+        self._pipes = [commands_r, outputs_w]  # this process's ends, closed by close()
+        # The module whose engine this is, so that `python lab.py serve` checks requests with
+        # the student's own code.
+        frontend = _Frontend(sys.modules[type(engine).__module__], config, self.tokenizer, self.model_name)
+        args = (sock, commands_w, outputs_r)
+        if FRONTEND_PROCESS:
+            self._frontend = _ForkedFrontend(frontend.main, args)
+            for end in args:  # the child's now
+                end.close()
+        else:
+            self._frontend = threading.Thread(target=frontend.main, args=(*args, False), name="lab-frontend",
+                                              daemon=True)
+            self._frontend.start()
+            self._pipes += args[1:]  # the front end's too (it closes the socket itself)
+        self._core = EngineCore(engine, commands_r, outputs_w)
+        self._core.start()
+        if not self._core.ready.wait(SHUTDOWN_TIMEOUT_S) or self._core.frontend_error:
+            error = self._core.frontend_error or "the server's front end did not start"
+            self.close()
+            raise RuntimeError(error)
 
     @property
     def url(self) -> str:
@@ -230,10 +250,13 @@ class CompletionServer:
             if self._closed:
                 return
             self._closed = True
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(SHUTDOWN_TIMEOUT_S * 3)
-        self._parser.shutdown(wait=False)
+        # From a thread: a front end that has stopped reading (stuck, or stopped by a signal)
+        # would block the write; killing it after the timeout below ends the write too.
+        threading.Thread(target=self._core.send, args=(("close",),), name="lab-close", daemon=True).start()
+        self._frontend.join(SHUTDOWN_TIMEOUT_S * 3)
+        self._core.join(SHUTDOWN_TIMEOUT_S)
+        for end in self._pipes:
+            end.close()
 
     def __enter__(self) -> CompletionServer:
         return self
@@ -241,41 +264,94 @@ class CompletionServer:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    # --- the server thread ---
 
-    def _run(self, port: int) -> None:
+class _ForkedFrontend:
+    """`main(*args, True)` in a forked child process; `join` waits for it (and kills it after
+    `timeout`). os.fork rather than multiprocessing: the child closes every descriptor it does
+    not need, multiprocessing's own pipes included."""
+
+    def __init__(self, main, args: tuple):
+        with warnings.catch_warnings():
+            # Python 3.12+ warns that forking a threaded process may copy a lock another thread
+            # holds. The child runs only the front end's own code (asyncio, json, the tokenizer),
+            # which takes no lock of this process's other threads.
+            warnings.filterwarnings("ignore", ".*fork", DeprecationWarning)
+            self.pid = os.fork()
+        if self.pid == 0:  # the child
+            # The caller's objects came along (a test's clients, another server's pipes). The
+            # collector must never finalize one: it would close a descriptor number that
+            # `_close_fds_except` has freed and this process has since reused.
+            gc.freeze()
+            code = 1
+            try:
+                main(*args, True)
+                code = 0
+            finally:
+                os._exit(code)  # never back into the caller's code (a test runner, a command line)
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                return
+            time.sleep(0.005)
+
+
+class _Frontend:
+    """The HTTP side: every connection, request and token, on one asyncio loop; talks to the
+    engine only through `async_llm.AsyncLLM`. Built in the caller's process, run by `main` in
+    the front end's process (or thread)."""
+
+    def __init__(self, lab, config, tokenizer, model_name: str):
+        self.lab, self.config, self.tokenizer, self.model_name = lab, config, tokenizer, model_name
+        self.created = int(time.time())
+        self._ttft = Histogram(TTFT_BUCKETS_S)
+        self._counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
+        self._connections: dict[asyncio.Task, _Connection] = {}
+        self._stopping = False
+
+    def main(self, sock: socket.socket, commands: Connection, outputs: Connection, own_process: bool) -> None:
+        if own_process:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's; it closes the server
+            _close_fds_except(sock, commands, outputs)
         loop = asyncio.new_event_loop()
         try:
-            loop.run_until_complete(self._serve(port))
-        except BaseException as exc:  # noqa: BLE001 - reported to the thread that called start_server
-            self._startup_error = exc
+            loop.run_until_complete(self._serve(sock, commands, outputs))
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller of start_server
+            try:
+                commands.send(("startup_error", f"{type(exc).__name__}: {exc}"))
+            except (OSError, EOFError):
+                pass
         finally:
-            self._started.set()
             loop.close()
+            sock.close()
 
-    async def _serve(self, port: int) -> None:
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        self._bridge = AsyncLLM(self.engine)
-        server = await asyncio.start_server(self._connection, self.host, port)
-        self.port = server.sockets[0].getsockname()[1]
-        engine_task = asyncio.create_task(self._bridge.run())
-        self._started.set()
+    async def _serve(self, sock: socket.socket, commands: Connection, outputs: Connection) -> None:
+        self._stop = asyncio.Event()
+        self._parser = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="parse")
+        self._bridge = AsyncLLM(commands, outputs)
+        self._bridge.on_close = self._stop.set
+        self._bridge.start(asyncio.get_running_loop())
+        server = await asyncio.start_server(self._connection, sock=sock)
+        self._bridge.send(("ready",))
         await self._stop.wait()
         self._stopping = True
         server.close()  # stop accepting
         for task, conn in list(self._connections.items()):
             if conn.idle:  # between requests: nothing to finish, so no reason to wait for it
                 task.cancel()
-        await self._bridge.close()  # in-flight handlers get their 503 and finish
+        self._bridge.close()  # in-flight handlers get their 503 and finish
         pending = list(self._connections)
         if pending:
             _, late = await asyncio.wait(pending, timeout=SHUTDOWN_TIMEOUT_S)
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
-        await engine_task
         await server.wait_closed()
-        self._bridge.worker.shutdown(wait=True)
+        self._parser.shutdown(wait=False)
+        self._bridge.finish(SHUTDOWN_TIMEOUT_S)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A persistent connection: requests one after another until either side closes it."""
@@ -295,6 +371,8 @@ class CompletionServer:
                     break
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
             pass  # the client went away, or said too little too slowly, or idled out
+        except asyncio.CancelledError:
+            pass  # shutdown dropped an idle connection: asyncio would log a cancelled handler as an error
         finally:
             writer.close()
             self._connections.pop(asyncio.current_task(), None)
@@ -315,7 +393,9 @@ class CompletionServer:
                 raise
             if length and request.headers.get("expect", "").lower() == "100-continue":
                 conn.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for this before a large body
+            conn.idle = True  # until the body is in, there is nothing a shutdown should wait for
             request.body = await asyncio.wait_for(conn.read_exactly(length), READ_TIMEOUT_S)
+            conn.idle = False
             await self._route(request, conn, sink)
         except APIError as exc:
             if sink.started:  # too late for an error response: end the connection
@@ -354,7 +434,7 @@ class CompletionServer:
         elif path == "/metrics":
             sink.whole(200, "text/plain; version=0.0.4", self._metrics().encode())
         else:
-            args = (self.lab, request.body, self.engine.model.config, self.tokenizer, self.model_name)
+            args = (self.lab, request.body, self.config, self.tokenizer, self.model_name)
             if len(request.body) <= INLINE_PARSE_BYTES:
                 gen = posts[path](*args)
             else:  # a large body is parsed off the loop, so that other clients' tokens keep flowing
@@ -362,7 +442,7 @@ class CompletionServer:
             await self._generate(gen, conn, sink)
 
     def _model_card(self) -> dict:
-        config = self.engine.model.config
+        config = self.config
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "lab",
                 "root": self.model_name, "parent": None, "max_model_len": config.n_positions,
                 "vocab_size": config.vocab_size, "permission": []}
@@ -398,11 +478,13 @@ class CompletionServer:
                     self._bridge.abort(request_id)
 
     async def _updates(self, gen: GenerateRequest, states: dict, queue: asyncio.Queue, received: float):
-        """(state, Delta) per RequestOutput, until every choice is finished."""
+        """(state, Delta, more) per RequestOutput, until every choice is finished; `more`: another
+        output is already waiting (a stream writes once for all of them, see _stream). A late
+        output of an ended choice gives (None, None, False) when nothing follows it."""
         if not gen.needs_engine:  # echo with max_tokens 0: the prompt is the answer
             for state in states.values():
                 state.finish_reason = "length"
-                yield state, Delta("", [], [], [], "length")
+                yield state, Delta("", [], [], [], "length"), False
             return
         unfinished, first = set(states), True
         while unfinished:
@@ -412,7 +494,9 @@ class CompletionServer:
             if isinstance(item, APIError):
                 raise item
             state = states.get(item.request_id)
-            if state is None or state.finished:
+            if state is None or state.finished:  # a late output of a choice that has ended
+                if queue.empty():
+                    yield None, None, False  # nothing to add: what is held must go out now
                 continue
             if first and item.output_token_ids:
                 self._ttft.observe(time.perf_counter() - received)
@@ -422,7 +506,7 @@ class CompletionServer:
                 unfinished.discard(item.request_id)
                 if not item.finished:  # a stop string, or a prompt-only run: the engine must stop too
                     self._bridge.abort(item.request_id)
-            yield state, delta
+            yield state, delta, not queue.empty()
 
     def _header(self, gen: GenerateRequest, kind: str) -> dict:
         return {"id": gen.response_id, "object": kind, "created": int(time.time()), "model": self.model_name}
@@ -488,40 +572,64 @@ class CompletionServer:
 
     async def _stream(self, gen: GenerateRequest, states: dict, updates, sink: _Sink) -> None:
         """Server-sent events: a chunk per choice per step that moved it (the chat API's first
-        chunk of each choice carries its role), the usage if asked, then [DONE]."""
+        chunk of each choice carries its role), the usage if asked, then [DONE].
+
+        Every chunk goes out as soon as nothing else is waiting: when the engine is ahead of the
+        loop (several steps' outputs queued), their chunks leave in one write, not one each. A
+        write is a system call, and at saturation those calls are what the server spends its
+        time on; the chunks themselves are the same either way."""
         kind = "text_completion" if gen.kind == "completion" else "chat.completion.chunk"
-        header, writer, started = self._header(gen, kind), sink.conn.writer, set()
+        header, writer, started, out = self._header(gen, kind), sink.conn.writer, set(), []
         try:
-            async for state, delta in updates:
-                out = [] if sink.started else [sink.head(200, "text/event-stream")]
-                if gen.kind == "chat" and not started:  # every choice's role first, as vLLM sends them
-                    out += [sink.sse(header | {"choices": [{"index": s.index, "delta": {"role": "assistant",
-                            "content": ""}, "logprobs": None, "finish_reason": None}]}) for s in
-                            sorted(states.values(), key=lambda s: s.index)]
-                    started.add("role")
-                first = state.index not in started
-                if delta.text or delta.token_ids or delta.finish_reason or (first and gen.echo):
-                    started.add(state.index)
-                    event = header | {"choices": [self._choice(gen, state, delta, first)]}
-                    if gen.continuous_usage:
-                        event["usage"] = self._usage(gen, states)
-                    out.append(sink.sse(event))
-                writer.write(b"".join(out))
-                await writer.drain()
+            async for state, delta, more in updates:
+                if state is not None:
+                    out += self._chunks(gen, states, header, state, delta, sink, started)
+                if not more and out:
+                    writer.write(b"".join(out))
+                    out = []
+                    await writer.drain()
         except APIError as exc:
             if not sink.started:
                 raise  # nothing sent yet: a plain error response
-            writer.write(sink.sse(exc.body()) + sink.end())  # ends the stream; not counted a success
+            writer.write(b"".join(out) + sink.sse(exc.body()) + sink.end())  # ends the stream; not a success
             return
         self._count(gen, states)
         if not sink.started:
-            writer.write(sink.head(200, "text/event-stream"))
+            out.append(sink.head(200, "text/event-stream"))
         if gen.include_usage:
-            writer.write(sink.sse(header | {"choices": [], "usage": self._usage(gen, states)}))
-        writer.write(sink.sse("[DONE]") + sink.end())
+            out.append(sink.sse(header | {"choices": [], "usage": self._usage(gen, states)}))
+        writer.write(b"".join(out) + sink.sse("[DONE]") + sink.end())
+
+    def _chunks(self, gen: GenerateRequest, states: dict, header: dict, state: ChoiceState, delta: Delta,
+                sink: _Sink, started: set) -> list[bytes]:
+        """What one update adds to the stream: the head first, the chat API's role chunks before
+        anything else, then the choice's chunk if the update moved it."""
+        out = [] if sink.started else [sink.head(200, "text/event-stream")]
+        if gen.kind == "chat" and not started:  # every choice's role first, as vLLM sends them
+            out += [sink.sse(header | {"choices": [{"index": s.index, "delta": {"role": "assistant",
+                    "content": ""}, "logprobs": None, "finish_reason": None}]}) for s in
+                    sorted(states.values(), key=lambda s: s.index)]
+            started.add("role")
+        first = state.index not in started
+        if delta.text or delta.token_ids or delta.finish_reason or (first and gen.echo):
+            started.add(state.index)
+            event = header | {"choices": [self._choice(gen, state, delta, first)]}
+            if gen.continuous_usage:
+                event["usage"] = self._usage(gen, states)
+            out.append(sink.sse(event))
+        return out
 
     def _metrics(self) -> str:
         return prometheus_text(self.model_name, self._bridge.gauges, self._counters, self._ttft)
+
+
+def _close_fds_except(*kept) -> None:
+    """In the forked front end: close every descriptor it inherited but these and stdio, so that
+    a connection or pipe of the caller's (another server's, a test client's) is not held open
+    by this process after the caller closes it."""
+    keep = sorted({0, 1, 2} | {k.fileno() for k in kept})
+    for low, high in zip(keep, keep[1:] + [os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024]):
+        os.closerange(low + 1, high)
 
 
 def _error_response(error: APIError) -> bytes:

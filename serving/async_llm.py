@@ -1,133 +1,342 @@
-"""One worker thread owns the engine; the event loop hands it requests and routes its outputs.
+"""The engine and the HTTP front end in two processes, joined by two pipes.
 
-vLLM's `AsyncLLM` (`vllm/v1/engine/async_llm.py`) does this job with the engine core in another
-process; here it is a thread, because the NumPy engine releases the GIL in its matmuls.
+vLLM V1 splits a server the same way: the engine core busy-loops in a process of its own, and
+the API server (HTTP, tokenizing, detokenizing, one JSON event per token) runs in another, so
+that the two never take turns on one interpreter lock. A thread would not do: in CPython only
+one thread runs Python at a time, and a small model's step is mostly Python, so an HTTP loop
+in the engine's process adds its time to every step instead of overlapping it
+(`tools/bench.py serving` measures both).
+
+Here the engine stays where the caller made it (the caller keeps the object it passed in,
+and can look at it afterwards), and the front end is the forked child:
+
+- `EngineCore` (the caller's process): one thread steps the engine for as long as anything is
+  in flight, taking the front end's commands between steps and never waiting for the front
+  end, and sends each step's outputs as deltas (the new tokens only).
+- `AsyncLLM` (the front end's process, vLLM's name for the client side): `submit` and `abort`
+  send commands; the event loop reads the deltas as they arrive and turns them back into
+  whole outputs, one queue per request.
+
+Front end -> engine: ("ready",), ("add", Request), ("abort", request_id),
+("answered", [request_id, ...]) after a failure, ("bye",) at the end.
+Engine -> front end: ("outputs", {rejected id: message}, [delta, ...], gauges),
+("failed", message) when a step raised, ("close",) to shut down.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import dataclasses
+import queue
+import threading
+from multiprocessing.connection import Connection
 
 from .protocol import APIError
 
+READ_BATCH = 16  # engine messages handled per wakeup of the front end's loop
+GAUGES = {"running": 0, "waiting": 0, "kv_usage": 0.0, "preemptions": 0, "queries": 0, "hits": 0}
 
-class AsyncLLM:
-    """Hands requests to the engine and routes its outputs back, request by request.
 
-    Contract: only `self.worker` (one thread) ever calls the engine; everything else here runs
-    on the event loop. `submit` returns the request's queue, which receives a RequestOutput per
-    step that gave it a token and ends with a finished one, or receives one `APIError`
-    (rejected by the engine, engine failure, shutdown). An error in a step fails the requests
-    then in flight (500) and the bridge goes on serving.
+@dataclasses.dataclass
+class StreamedOutput:
+    """What the front end knows of a request after a step: its output so far (the fields of
+    the engine's RequestOutput that serving reads)."""
+
+    request_id: str
+    output_token_ids: list[int]
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    finish_detail: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class EngineCore:
+    """Owns the engine in the caller's process; talks to the front end through `commands`
+    (received) and `outputs` (sent), from one thread.
+
+    The thread reads whatever commands have arrived, steps, sends the step's outputs, and
+    blocks on the pipe only when nothing is in flight. After a failed step it tells the front
+    end, waits for its answer (the requests it failed), and steps again only for a new command,
+    so an engine that stays broken costs nothing until somebody asks it for something. It ends
+    when the front end says goodbye or its end of the pipe closes.
     """
 
-    def __init__(self, engine):
-        self.engine = engine
-        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")
-        self.streams: dict[str, asyncio.Queue] = {}
-        self.inbox: list[tuple[str, object]] = []  # ("add", Request) or ("abort", request_id), in order
-        self.wakeup = asyncio.Event()
-        self.closing = False
-        # As of the last step (so an idle server reports an idle engine without touching it).
-        self.gauges = {"running": 0, "waiting": 0, "kv_usage": 0.0, "preemptions": 0, "queries": 0, "hits": 0}
+    def __init__(self, engine, commands: Connection, outputs: Connection):
+        self.engine, self.commands, self.outputs = engine, commands, outputs
+        self.ready = threading.Event()  # the front end accepts connections (or has died)
+        self.frontend_error: str | None = None
+        self._inbox: list[tuple] = []  # ("add", Request) / ("abort", request_id), in order
+        self._to_abort: set[str] = set()  # failed by the front end, still in the engine
+        self._sent: dict[str, int] = {}  # tokens already sent, per request in the engine
+        self._answered = self._gone = False
+        self._send_lock = threading.Lock()  # `close` sends from the caller's thread
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
-    def submit(self, request, queue: asyncio.Queue | None = None) -> asyncio.Queue:
-        """Queue `request` for the engine; its outputs go to `queue` (a new one by default; several
-        requests may share one, as the choices of one response do: outputs carry their request_id)."""
-        queue = asyncio.Queue() if queue is None else queue
-        if self.closing:  # the loop that would feed the queue has stopped
-            queue.put_nowait(APIError("the server is shutting down", 503, "server_error"))
-            return queue
-        self.streams[request.request_id] = queue
-        self._send(("add", request))
-        return queue
+    def start(self) -> None:
+        self._thread.start()
 
-    def abort(self, request_id: str) -> None:
-        if self.streams.pop(request_id, None) is not None:
-            self._send(("abort", request_id))
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
 
-    def _send(self, command: tuple[str, object]) -> None:
-        self.inbox.append(command)
-        self.wakeup.set()
+    def send(self, message: tuple) -> bool:
+        """To the front end; False once it has gone."""
+        try:
+            with self._send_lock:
+                self.outputs.send(message)
+            return True
+        except (OSError, EOFError):
+            return False
 
-    async def run(self) -> None:
-        """Step while anything is in flight; sleep on `wakeup` when idle."""
-        loop, busy = asyncio.get_running_loop(), False
-        while not self.closing:
-            if not (busy or self.inbox):
-                self.wakeup.clear()
-                await self.wakeup.wait()
+    def _receive(self, block: bool) -> None:
+        """Handle every message that has arrived; with `block`, wait for the first."""
+        try:
+            while not self._gone and (block or self.commands.poll()):
+                block = False
+                self._on_message(self.commands.recv())
+        except (OSError, EOFError):  # the front end has gone
+            self._gone = True
+
+    def _on_message(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "ready":
+            self.ready.set()
+        elif kind == "startup_error":
+            self.frontend_error = message[1]
+            self.ready.set()
+        elif kind == "answered":
+            self._drop_failed(set(message[1]))
+            self._answered = True
+        elif kind == "bye":
+            self._gone = True
+        else:
+            self._inbox.append(message)
+
+    def _drop_failed(self, failed: set[str]) -> None:
+        """A request the front end failed must not run: drop its add if it has not reached the
+        engine yet, else abort it (by `_flush`, before any new command)."""
+        pending = {arg.request_id for kind, arg in self._inbox if kind == "add"} & failed
+        self._inbox = [(kind, arg) for kind, arg in self._inbox
+                       if (arg if kind == "abort" else arg.request_id) not in failed]
+        self._to_abort |= failed - pending
+
+    def _take_commands(self, new: bool = True) -> list[tuple]:
+        """The aborts the front end's failures asked for, then (with `new`) the commands in order."""
+        commands = [("abort", request_id) for request_id in self._to_abort]
+        self._to_abort = set()
+        if new:
+            commands, self._inbox = commands + self._inbox, []
+        return commands
+
+    # --- the engine thread ---
+
+    def _run(self) -> None:
+        try:
+            self._engine_loop()
+        finally:
+            if not self.ready.is_set():
+                self.frontend_error = self.frontend_error or "the front end ended before it accepted connections"
+            self.ready.set()
+
+    def _has_work(self, stalled: bool) -> bool:
+        return bool(self._inbox or self._to_abort) or (not stalled and self.engine.has_unfinished())
+
+    def _engine_loop(self) -> None:
+        stalled = False
+        while not self._gone:
+            self._receive(block=not self._has_work(stalled))
+            if self._gone or not self._has_work(stalled):
                 continue
-            commands, self.inbox = self.inbox, []
+            stalled = False
             try:
-                rejected, outputs, busy = await loop.run_in_executor(self.worker, self._step, commands)
-            except Exception as exc:  # the engine failed: fail what is in flight, keep serving
-                busy = await self._fail_all(APIError(f"the engine failed: {type(exc).__name__}: {exc}",
-                                                       500, "server_error"))
+                rejected, outputs = self._step(self._take_commands())
+            except Exception as exc:  # the engine failed: the front end fails what is in flight
+                self._answered = False
+                if self.send(("failed", f"the engine failed: {type(exc).__name__}: {exc}")):
+                    while not (self._answered or self._gone):
+                        self._receive(block=True)
+                stalled = not self._flush()
                 continue
-            for request_id, message in rejected.items():
-                self._finish(request_id, APIError(message))
-            for out in outputs:
-                if out.finish_reason == "rejected":
-                    message = f"request {out.request_id!r} rejected: {out.finish_detail}"
-                    self._finish(out.request_id, APIError(message))
-                elif out.request_id in self.streams:
-                    self.streams[out.request_id].put_nowait(out)
-                    if out.finished:
-                        del self.streams[out.request_id]
+            if not self.send(("outputs", rejected, [self._delta(out) for out in outputs], self._gauges())):
+                self._gone = True
+        self._to_abort |= set(self._sent)  # the front end has gone: nobody waits for these
+        self._flush()
 
-    def _step(self, commands: list[tuple[str, object]]) -> tuple[dict[str, str], list, bool]:
-        """In the worker: apply the commands, run one step, read the gauges."""
+    def _step(self, commands: list[tuple]) -> tuple[dict[str, str], list]:
         rejected = {}
         for kind, arg in commands:
             if kind == "add":
                 try:
                     self.engine.add_request(arg)
+                    self._sent[arg.request_id] = 0
                 except ValueError as exc:
                     rejected[arg.request_id] = str(exc)
             else:
                 self.engine.abort_request(arg)
-        outputs = self.engine.step() if self.engine.has_unfinished() else []
-        self.gauges = self._read_gauges()
-        return rejected, outputs, self.engine.has_unfinished()
+        return rejected, (self.engine.step() if self.engine.has_unfinished() else [])
 
-    def _read_gauges(self) -> dict[str, float]:
+    def _flush(self) -> bool:
+        """Abort what the front end failed, and let one step hand out the aborted outputs
+        (nobody waits for them); whether the engine survived it. New commands wait."""
+        try:
+            _, outputs = self._step(self._take_commands(new=False))
+        except Exception:  # noqa: BLE001 - a broken engine stays broken; each new request gets its 500
+            return False
+        for out in outputs:
+            if out.finished:
+                self._sent.pop(out.request_id, None)
+        return True
+
+    def _delta(self, out) -> tuple:
+        """What the front end needs of a RequestOutput: the tokens (and logprobs) it has not
+        had yet, the prompt's logprobs once, and how the request finished. Sending whole
+        outputs would pickle every token of every request at every step."""
+        sent = self._sent.pop(out.request_id, 0) if out.finished else self._sent.get(out.request_id, 0)
+        if not out.finished:
+            self._sent[out.request_id] = len(out.output_token_ids)
+        logprobs = getattr(out, "logprobs", None)
+        return (out.request_id, out.output_token_ids[sent:], None if logprobs is None else logprobs[sent:],
+                getattr(out, "prompt_logprobs", None) if sent == 0 else None, out.finish_reason,
+                getattr(out, "stop_reason", None), getattr(out, "finish_detail", None))
+
+    def _gauges(self) -> dict[str, float]:
         engine, allocator = self.engine, self.engine.allocator
         return {"running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting),
                 "kv_usage": 1.0 - allocator.num_free_blocks / allocator.num_blocks,
                 "preemptions": engine.num_preemptions, "queries": allocator.stats.queries,
                 "hits": allocator.stats.hits}
 
+
+class AsyncLLM:
+    """The front end's side: hands requests to the EngineCore and routes its outputs back,
+    request by request.
+
+    Contract: every method runs on the event loop; the engine's messages are read there too,
+    as they arrive, and commands leave through a sender thread. `submit` returns the request's queue, which
+    receives a StreamedOutput per step that gave it a token and ends with a finished one, or
+    receives one `APIError` (rejected by the engine, engine failure, shutdown).
+    """
+
+    def __init__(self, commands: Connection, outputs: Connection):
+        self.commands, self.outputs = commands, outputs
+        self.streams: dict[str, asyncio.Queue] = {}
+        self._so_far: dict[str, StreamedOutput] = {}
+        self.closing = False
+        self.gauges = dict(GAUGES)  # as of the last step (an idle server reports an idle engine)
+        self.on_close = None  # called on the loop when the engine asks the front end to stop
+        self._outbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_commands, name="frontend-commands", daemon=True)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the engine's messages on `loop` as they arrive; send commands from a thread."""
+        self._loop = loop
+        loop.add_reader(self.outputs.fileno(), self._read_outputs)
+        self._sender.start()
+
+    def send(self, message: tuple) -> None:
+        """Queue a command for the engine. A thread writes it, so that the loop never blocks on
+        a full pipe: while the engine is busy writing a step's outputs to this loop, a loop
+        blocked on writing commands to the engine would wait for it forever."""
+        self._outbox.put(message)
+
+    def finish(self, timeout: float) -> None:
+        """Say goodbye to the engine and wait until every command before it is written."""
+        self.send(("bye",))
+        self._sender.join(timeout)
+
+    def _send_commands(self) -> None:
+        while True:
+            message = self._outbox.get()
+            try:
+                self.commands.send(message)
+            except (OSError, EOFError):  # the engine's process has gone: fail what is in flight
+                self._loop.call_soon_threadsafe(self._fail_all, APIError("the engine has stopped", 503,
+                                                                         "server_error"), False)
+                return
+            if message[0] == "bye":
+                return
+
+    def submit(self, request, queue: asyncio.Queue | None = None) -> asyncio.Queue:
+        """Queue `request` for the engine; its outputs go to `queue` (a new one by default; several
+        requests may share one, as the choices of one response do: outputs carry their request_id)."""
+        queue = asyncio.Queue() if queue is None else queue
+        if self.closing:
+            queue.put_nowait(APIError("the server is shutting down", 503, "server_error"))
+            return queue
+        self.streams[request.request_id] = queue
+        self._so_far[request.request_id] = StreamedOutput(request.request_id, [])
+        self.send(("add", request))
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        if self.streams.pop(request_id, None) is not None:
+            self._so_far.pop(request_id, None)
+            self.send(("abort", request_id))
+
+    def _read_outputs(self) -> None:
+        """Handle the messages that have arrived, a few at a time (the loop has sockets to
+        serve too); the end of the pipe (the engine's process has gone) stops the front end."""
+        try:
+            for _ in range(READ_BATCH):
+                if not self.outputs.poll():
+                    return
+                self._on_message(self.outputs.recv())
+        except (OSError, EOFError):
+            self._loop.remove_reader(self.outputs.fileno())
+            self._on_message(("close",))
+
+    def _on_message(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "outputs":
+            _, rejected, deltas, self.gauges = message
+            for request_id, error in rejected.items():
+                self._finish(request_id, APIError(error))
+            for delta in deltas:
+                self._deliver(*delta)
+        elif kind == "failed":
+            self._fail_all(APIError(message[1], 500, "server_error"))
+        elif kind == "close" and self.on_close is not None:
+            self.on_close()
+
+    def _deliver(self, request_id, tokens, logprobs, prompt_logprobs, finish_reason, stop_reason, detail) -> None:
+        so_far = self._so_far.get(request_id)
+        if so_far is None:  # aborted, or failed: nobody waits for it
+            return
+        if finish_reason == "rejected":
+            self._finish(request_id, APIError(f"request {request_id!r} rejected: {detail}"))
+            return
+        so_far.output_token_ids += tokens
+        if logprobs is not None:
+            so_far.logprobs = (so_far.logprobs or []) + list(logprobs)
+        if prompt_logprobs is not None:
+            so_far.prompt_logprobs = prompt_logprobs
+        so_far.finish_reason, so_far.stop_reason, so_far.finish_detail = finish_reason, stop_reason, detail
+        # A copy per step: the queue may hold several steps of one request, each as it was then.
+        self.streams[request_id].put_nowait(dataclasses.replace(so_far, output_token_ids=list(so_far.output_token_ids)))
+        if so_far.finished:
+            del self.streams[request_id], self._so_far[request_id]
+
     def _finish(self, request_id: str, error: APIError) -> None:
+        self._so_far.pop(request_id, None)
         queue = self.streams.pop(request_id, None)
         if queue is not None:
             queue.put_nowait(error)
 
-    async def _fail_all(self, error: APIError) -> bool:
-        """Send `error` to every request in flight and abort them; whether the engine is still busy."""
+    def _fail_all(self, error: APIError, answer: bool = True) -> list[str]:
+        """Send `error` to every request in flight; with `answer`, tell the engine which they
+        were (it drops or aborts them)."""
         request_ids = list(self.streams)
         for request_id in request_ids:
             self._finish(request_id, error)
-        # A request submitted while the failing step ran is failed too: its add must not follow.
-        failed = set(request_ids)
-        self.inbox = [(kind, arg) for kind, arg in self.inbox if not (kind == "add" and arg.request_id in failed)]
-        return await asyncio.get_running_loop().run_in_executor(self.worker, self._abort_and_flush, request_ids)
+        if answer:
+            self.send(("answered", request_ids))
+        return request_ids
 
-    def _abort_and_flush(self, request_ids: list[str]) -> bool:
-        """In the worker: abort, then let one step hand out the aborted outputs."""
-        try:
-            for request_id in request_ids:
-                self.engine.abort_request(request_id)
-            if self.engine.has_unfinished():
-                self.engine.step()
-            self.gauges = self._read_gauges()
-        except Exception:  # noqa: BLE001 - a broken engine stays broken; each new request gets its 500
-            pass
-        return self.engine.has_unfinished()
-
-    async def close(self) -> None:
-        """Stop stepping, then end every request in flight with a 503 and abort it in the engine."""
+    def close(self) -> None:
+        """Stop taking requests and end every request in flight with a 503 (the engine aborts them)."""
         self.closing = True
-        self.wakeup.set()
-        await self._fail_all(APIError("the server is shutting down", 503, "server_error"))
+        self._fail_all(APIError("the server is shutting down", 503, "server_error"))

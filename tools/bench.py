@@ -698,10 +698,24 @@ def _blas_env(blas_threads: int | None) -> dict[str, str]:
     return env
 
 
-def _serve_in_subprocess(blas_threads: int | None = None) -> tuple[subprocess.Popen, str]:
-    """`python <module under test> serve --port 0` (the default model) in a child process, and its URL."""
-    proc = subprocess.Popen([sys.executable, lab.__file__, "serve", "--port", "0"],
-                            stdout=subprocess.PIPE, text=True, env=_blas_env(blas_threads))
+# A server in a child process, as `python solution.py serve` runs one, with the front end in a
+# process of its own (what `serve` does) or in a thread of the engine's process (what it did
+# before: the two then take turns on one interpreter lock).
+_SERVE_PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+lab = __import__(sys.argv[2])
+from serving import api_server
+api_server.FRONTEND_PROCESS = sys.argv[3] == "process"
+api_server.serve(lab.LLMEngine(lab.ToyTransformer(lab.ModelConfig(**json.loads(sys.argv[4])))), port=0)
+"""
+
+
+def _serve_in_subprocess(config: dict, frontend: str = "process", blas_threads: int | None = 1,
+                         ) -> tuple[subprocess.Popen, str]:
+    """A server for a model of `config` in a child process, and its URL."""
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE_PROBE, str(ROOT), lab.__name__, frontend,
+                             json.dumps(config)], stdout=subprocess.PIPE, text=True, env=_blas_env(blas_threads))
     found = re.search(r"http://\S+", proc.stdout.readline())  # its first line, or "" if it died
     if not found:
         proc.kill()
@@ -709,51 +723,65 @@ def _serve_in_subprocess(blas_threads: int | None = None) -> tuple[subprocess.Po
     return proc, found.group(0)
 
 
-def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: int = 16, repeats: int = 5,
-                  blas_threads: int | None = None) -> str:
-    """`python tools/bench.py serving`: the same model and requests (a) offline through
-    `generate` and (b) through `python solution.py serve` in a child process (its own core, as
-    a server has) from this process's load generator, all sent at once (saturation), best of
-    `repeats` each; then requests one at a time, for the server's own TTFT overhead (medians)."""
-    model = lab.ToyTransformer(lab.ModelConfig(**cli.SERVE_MODEL))
-    requests = datasets.make_workload(lab, workload, num_prompts, 0, model.config.n_positions, model.config.vocab_size)
-    sampling = [lab.SamplingParams(max_tokens=r.max_tokens) for r in requests]
-    num_tokens = sum(r.max_tokens for r in requests)
-    alone = [lab.LLMEngine(model).generate([r.prompt_token_ids], [s])[0].metrics
-             for r, s in zip(requests[:num_alone], sampling)]
-    payloads = [benchmark_serving.completion_payload(r, "") for r in requests]
-    offline, runs = 0.0, []
-    proc, url = _serve_in_subprocess(blas_threads)
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
     try:
-        for _ in range(repeats):  # interleaved, so that a noisy moment of the machine hits both
-            start = time.perf_counter()
-            lab.LLMEngine(model).generate([r.prompt_token_ids for r in requests], sampling)
-            offline = max(offline, num_tokens / (time.perf_counter() - start))
-            runs.append(benchmark_serving.summarize_load(lab, *benchmark_serving.run_load(url, payloads, math.inf)))
-        served = max(runs, key=lambda s: s["output_throughput"])
-        served_alone = [benchmark_serving.stream_metrics(lab, benchmark_serving.stream_completion(url, p, 60.0))
-                        for p in payloads[:num_alone]]
-    finally:
-        proc.terminate()
+        proc.wait(api_server.SHUTDOWN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+SERVING_MODELS = {"the server's default": {}, "n_embd 256 x 4 layers": {"n_embd": 256, "n_layer": 4}}
+
+
+def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: int = 16, repeats: int = 5,
+                  blas_threads: int | None = 1, log=print) -> None:
+    """`python tools/bench.py serving`: for each model, the same requests (a) offline through
+    `generate`, (b) through a server whose front end has a process of its own (what `serve`
+    runs) and (c) through one whose front end is a thread of the engine's process, all sent at
+    once (saturation) from this process's load generator, in turns, best of `repeats` each; then
+    requests one at a time, for the TTFT the server adds (medians)."""
+    log(f"== Serving over HTTP: {num_prompts} {workload} requests, all sent at once; servers in child processes "
+        f"with OPENBLAS_NUM_THREADS={_blas_env(blas_threads).get('OPENBLAS_NUM_THREADS', 'unset')}, this process "
+        f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset')} ==")
+    log(f"{'model':24s} {'offline tok/s':>14s} {'own process':>18s} {'thread':>18s}")
+    for name, changes in SERVING_MODELS.items():
+        config = dict(cli.SERVE_MODEL, **changes)
+        model = lab.ToyTransformer(lab.ModelConfig(**config))
+        requests = datasets.make_workload(lab, workload, num_prompts, 0, model.config.n_positions,
+                                          model.config.vocab_size)
+        sampling = [lab.SamplingParams(max_tokens=r.max_tokens) for r in requests]
+        num_tokens = sum(r.max_tokens for r in requests)
+        payloads = [benchmark_serving.completion_payload(r, "") for r in requests]
+        servers = {frontend: _serve_in_subprocess(config, frontend, blas_threads) for frontend in ("process", "thread")}
+        offline, served = 0.0, {frontend: 0.0 for frontend in servers}
         try:
-            proc.wait(api_server.SHUTDOWN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            for _ in range(repeats):  # in turns, so that a noisy moment of the machine hits all three
+                start = time.perf_counter()
+                lab.LLMEngine(model).generate([r.prompt_token_ids for r in requests], sampling)
+                offline = max(offline, num_tokens / (time.perf_counter() - start))
+                for frontend, (_, url) in servers.items():
+                    load = benchmark_serving.run_load(url, payloads, math.inf)
+                    summary = benchmark_serving.summarize_load(lab, *load)
+                    if summary["completed"] != num_prompts:
+                        raise RuntimeError(f"{frontend}: {summary['completed']}/{num_prompts} requests completed")
+                    served[frontend] = max(served[frontend], summary["output_throughput"])
+            if not changes:  # the lone request's TTFT, on the default model and the server `serve` runs
+                alone = [lab.LLMEngine(model).generate([r.prompt_token_ids], [s])[0].metrics
+                         for r, s in zip(requests[:num_alone], sampling)]
+                served_alone = [benchmark_serving.stream_metrics(lab, benchmark_serving.stream_completion(
+                    servers["process"][1], p, 60.0)) for p in payloads[:num_alone]]
+        finally:
+            for proc, _ in servers.values():
+                _stop(proc)
+        log(f"{name:24s} {offline:14.0f} " + " ".join(
+            f"{served[f]:8.0f} = {served[f] / offline:4.0%}  " for f in ("process", "thread")))
     ttft_offline = float(np.median([m.ttft for m in alone]))
     ttft_served = float(np.median([m.ttft for m in served_alone]))
     step = float(np.median([gap for m in alone for gap in m.itl]))
-    c = model.config
-    return "\n".join([
-        f"== Serving over HTTP: {num_prompts} {workload} requests ({num_tokens} output tokens), model "
-        f"{c.n_layer} layers x n_embd {c.n_embd}, n_positions {c.n_positions}; server OPENBLAS_NUM_THREADS="
-        f"{_blas_env(blas_threads).get('OPENBLAS_NUM_THREADS', 'unset')}, this process "
-        f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset')} ==",
-        f"offline generate:        {offline:8.0f} output tokens/s",
-        f"through the server:      {served['output_throughput']:8.0f} output tokens/s "
-        f"({served['completed']}/{num_prompts} completed) = {served['output_throughput'] / offline:.0%} of offline",
-        f"TTFT of a lone request:  engine {ttft_offline * 1e3:.2f} ms, through the server {ttft_served * 1e3:.2f} ms: "
-        f"the server adds {(ttft_served - ttft_offline) * 1e3:.2f} ms (one decode step: {step * 1e3:.2f} ms)",
-    ])
+    log(f"TTFT of a lone request (default model, own-process front end): engine {ttft_offline * 1e3:.2f} ms, "
+        f"through the server {ttft_served * 1e3:.2f} ms: the server adds {(ttft_served - ttft_offline) * 1e3:.2f} ms "
+        f"(one decode step: {step * 1e3:.2f} ms)")
 
 
 _STEP_PROBE = """
@@ -1054,10 +1082,10 @@ BENCHMARKS = {
     "kv-int8": lambda: bench_kv_int8(log=print),
     "batching": lambda: print(bench_batching()),
     "speculative": lambda: print(bench_speculative()),
-    "serving": lambda: print(bench_serving()),
+    "serving": lambda: bench_serving(log=print),
     "vs-transformers": lambda: bench_vs_transformers(log=print),
     "blas-threads": lambda: print(bench_blas_threads()),
-    "serving-threads": lambda: [print(bench_serving(blas_threads=n)) for n in (1, 2)],
+    "serving-threads": lambda: [bench_serving(blas_threads=n, log=print) for n in (1, 2)],
 }
 
 NOT_IN_ALL = ("blas-threads", "serving-threads")  # what-if measurements, each minutes long

@@ -295,6 +295,12 @@ MUTANTS: list[tuple[str, ...]] = [
      "release = len(self.text)", "serving/output.py"),
     ("stop string searched only in the newest token's text", "exercise5",
      "start = max(0, before - self.max_stop + 1)", "start = before", "serving/output.py"),
+    ("engine core sends every token again at every step, not the new ones", "exercise5",
+     "            self._sent[out.request_id] = len(out.output_token_ids)\n", "            pass\n",
+     "serving/async_llm.py"),
+    ("a failed step's requests never answered: the engine core waits for nothing", "exercise5",
+     'if self.send(("failed", f"the engine failed: {type(exc).__name__}: {exc}")):',
+     'if False:', "serving/async_llm.py"),
     ("stop string not aborted in the engine", "exercise5",
      "                if not item.finished:  # a stop string, or a prompt-only run: the engine must stop too\n"
      "                    self._bridge.abort(item.request_id)\n", "", "serving/api_server.py"),
