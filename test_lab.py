@@ -4425,6 +4425,40 @@ def test_metrics_count_every_token_of_a_streamed_request(server):
 
 
 @pytest.mark.exercise5
+def test_metrics_count_the_tokens_of_a_stream_its_client_abandoned(engine_model):
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
+    step = engine.step
+
+    def slow_step():  # 5 ms a step: 100 tokens outlast the client by far
+        time.sleep(0.005)
+        return step()
+
+    engine.step = slow_step
+    with serving.start_server(engine) as srv:
+        body = json.dumps({"prompt": [5] * 20, "max_tokens": 100, "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            reply = b""
+            for _ in range(100):  # until three tokens' events
+                data = sock.recv(4096)
+                reply += data
+                if not data or reply.count(b"data: ") >= 3 or not reply.startswith(b"HTTP/1.1 200"[:len(reply)]):
+                    break
+            reraise_stub(reply.decode(errors="replace"))
+            assert reply.count(b"data: ") >= 3, f"expected three token events, got {reply[:300]!r}"
+        deadline = time.monotonic() + HTTP_TIMEOUT
+        while time.monotonic() < deadline and engine.has_unfinished():
+            time.sleep(0.01)
+        text = http_call(srv, "GET", "/metrics")[2].decode()
+    generated = read_metric(text, "vllm:generation_tokens_total")
+    completed = read_metric(text, "vllm:request_success_total")
+    assert completed == 0 and 3 <= generated < 100, (
+        f"a stream cut off after 3+ tokens left generation_tokens_total = {generated:g} and request_success_total "
+        f"= {completed:g}: generated tokens are counted as they are produced (as vLLM counts them), a request "
+        "only when it completes")
+
+
+@pytest.mark.exercise5
 def test_a_stream_is_server_sent_events_each_ended_by_a_blank_line(server):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
     try:

@@ -502,6 +502,7 @@ class _Frontend:
                 self._ttft.observe(time.perf_counter() - received)
                 first = False
             delta = state.update(item)
+            self._counters["generation_tokens"] += len(delta.token_ids)  # as produced, as vLLM counts them
             if state.finished:
                 unfinished.discard(item.request_id)
                 if not item.finished:  # a stop string, or a prompt-only run: the engine must stop too
@@ -517,7 +518,6 @@ class _Frontend:
     def _count(self, gen: GenerateRequest, states: dict) -> None:
         self._counters["requests"] += 1
         self._counters["prompt_tokens"] += sum(map(len, gen.prompts))
-        self._counters["generation_tokens"] += sum(len(s.token_ids) for s in states.values())
 
     def _prompt_of(self, gen: GenerateRequest, state: ChoiceState) -> tuple[list[int], str]:
         i = state.index // gen.n

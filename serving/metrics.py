@@ -41,7 +41,7 @@ def prometheus_text(model_name: str, gauges: dict[str, float], counters: dict[st
     metric("vllm:prefix_cache_queries_total", "counter", "Prefix-cache lookups (blocks).", gauges["queries"])
     metric("vllm:prefix_cache_hits_total", "counter", "Prefix-cache hits (blocks).", gauges["hits"])
     metric("vllm:prompt_tokens_total", "counter", "Prompt tokens of completed requests.", counters["prompt_tokens"])
-    metric("vllm:generation_tokens_total", "counter", "Generated tokens of completed requests.",
+    metric("vllm:generation_tokens_total", "counter", "Generated tokens, counted as they are produced.",
            counters["generation_tokens"])
     metric("vllm:request_success_total", "counter", "Completed requests.", counters["requests"])
     name = "vllm:time_to_first_token_seconds"
