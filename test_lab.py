@@ -4536,6 +4536,26 @@ def test_a_failing_engine_step_is_a_500_for_its_requests_and_the_server_keeps_se
 
 
 @pytest.mark.exercise5
+def test_a_stream_interval_sends_the_same_tokens_k_to_a_chunk(engine_model):
+    streams = {}
+    for k in (1, 4):
+        with serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4), stream_interval=k) as srv:
+            streams[k] = stream_events(srv, prompt=[3, 9, 4], max_tokens=10, temperature=0, return_token_ids=True)
+    sizes = {k: [len(e["choices"][0]["token_ids"]) for e in events[:-1]] for k, events in streams.items()}
+    tokens = {k: [t for e in events[:-1] for t in e["choices"][0]["token_ids"]] for k, events in streams.items()}
+    assert sizes[4] == [4, 4, 2] and tokens[4] == tokens[1], (
+        f"stream_interval=4 must send the 10 tokens of stream_interval=1 ({tokens[1]}) 4 to a chunk, the last "
+        f"with the rest: got chunks of {sizes[4]} carrying {tokens[4]}")
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("value, error", [(0, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_a_stream_interval_that_is_not_a_positive_int_is_refused(engine_model, value, error):
+    with pytest.raises(error, match="stream_interval"):
+        serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4), stream_interval=value)
+
+
+@pytest.mark.exercise5
 def test_the_front_end_in_a_thread_answers_as_the_one_in_its_own_process(engine_model, monkeypatch):
     # Where there is no fork the front end runs in a thread of the engine's process, on the
     # same pipes: same answers, only slower (async_llm's docstring says why).

@@ -210,7 +210,11 @@ class CompletionServer:
     """
 
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
-                 model_name: str | None = None):
+                 model_name: str | None = None, stream_interval: int = 1):
+        if isinstance(stream_interval, bool) or not isinstance(stream_interval, int):
+            raise TypeError(f"stream_interval must be an int (tokens per streamed chunk), got {stream_interval!r}")
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1 (tokens per streamed chunk), got {stream_interval}")
         self.engine, self.host = engine, host
         config = engine.model.config
         self.tokenizer = ByteTokenizer(config.vocab_size) if tokenizer is None else tokenizer
@@ -223,7 +227,8 @@ class CompletionServer:
         self._pipes = [commands_r, outputs_w]  # this process's ends, closed by close()
         # The module whose engine this is, so that `python lab.py serve` checks requests with
         # the student's own code.
-        frontend = _Frontend(sys.modules[type(engine).__module__], config, self.tokenizer, self.model_name)
+        frontend = _Frontend(sys.modules[type(engine).__module__], config, self.tokenizer, self.model_name,
+                             stream_interval)
         args = (sock, commands_w, outputs_r)
         if FRONTEND_PROCESS:
             self._frontend = _ForkedFrontend(frontend.main, args)
@@ -304,8 +309,9 @@ class _Frontend:
     engine only through `async_llm.AsyncLLM`. Built in the caller's process, run by `main` in
     the front end's process (or thread)."""
 
-    def __init__(self, lab, config, tokenizer, model_name: str):
+    def __init__(self, lab, config, tokenizer, model_name: str, stream_interval: int = 1):
         self.lab, self.config, self.tokenizer, self.model_name = lab, config, tokenizer, model_name
+        self.stream_interval = stream_interval
         self.created = int(time.time())
         self._ttft = Histogram(TTFT_BUCKETS_S)
         self._counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
@@ -577,13 +583,21 @@ class _Frontend:
         Every chunk goes out as soon as nothing else is waiting: when the engine is ahead of the
         loop (several steps' outputs queued), their chunks leave in one write, not one each. A
         write is a system call, and at saturation those calls are what the server spends its
-        time on; the chunks themselves are the same either way."""
+        time on; the chunks themselves are the same either way. With `stream_interval` k > 1 a
+        choice's chunk carries k tokens (its last one fewer), as SGLang's `--stream-interval`:
+        fewer events and writes for a coarser stream."""
         kind = "text_completion" if gen.kind == "completion" else "chat.completion.chunk"
         header, writer, started, out = self._header(gen, kind), sink.conn.writer, set(), []
+        held: dict[int, Delta] = {}  # per choice, what waits for `stream_interval` tokens
         try:
             async for state, delta, more in updates:
                 if state is not None:
-                    out += self._chunks(gen, states, header, state, delta, sink, started)
+                    if state.index in held:
+                        delta = held.pop(state.index).then(delta)
+                    if len(delta.token_ids) < self.stream_interval and not delta.finish_reason:
+                        held[state.index] = delta
+                    else:
+                        out += self._chunks(gen, states, header, state, delta, sink, started)
                 if not more and out:
                     writer.write(b"".join(out))
                     out = []
@@ -641,18 +655,21 @@ def _error_response(error: APIError) -> bytes:
 
 
 def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
-                 model_name: str | None = None) -> CompletionServer:
+                 model_name: str | None = None, stream_interval: int = 1) -> CompletionServer:
     """Serve `engine` over HTTP from a background thread (port 0: any free port) and return the
     handle once it accepts connections. The server owns the engine until `close()`.
     `tokenizer`: encodes string prompts and decodes outputs (None: a ByteTokenizer of the model's
-    vocabulary); `model_name`: the id clients must name (None: one made of the model's shape)."""
-    return CompletionServer(engine, host, port, tokenizer=tokenizer, model_name=model_name)
+    vocabulary); `model_name`: the id clients must name (None: one made of the model's shape);
+    `stream_interval`: tokens per streamed chunk (1: every token as it comes)."""
+    return CompletionServer(engine, host, port, tokenizer=tokenizer, model_name=model_name,
+                            stream_interval=stream_interval)
 
 
 def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None, *,
-          tokenizer=None, model_name: str | None = None) -> None:
+          tokenizer=None, model_name: str | None = None, stream_interval: int = 1) -> None:
     """`python solution.py serve`: run the server until Ctrl-C (or for `duration` seconds)."""
-    with start_server(engine, host, port, tokenizer=tokenizer, model_name=model_name) as server:
+    with start_server(engine, host, port, tokenizer=tokenizer, model_name=model_name,
+                      stream_interval=stream_interval) as server:
         print(f"serving {server.model_name} at {server.url}  (POST /v1/completions /v1/chat/completions, "
               f"GET /v1/models /health /metrics; Ctrl-C stops)", flush=True)
         try:

@@ -125,6 +125,8 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     serve.add_argument("--block-size", type=_positive(int), default=16)
     serve.add_argument("--num-blocks", type=_positive(int), help="KV blocks (default: max-num-seqs full sequences)")
     serve.add_argument("--max-num-seqs", type=_positive(int), default=64)
+    serve.add_argument("--stream-interval", type=_positive(int), default=1,
+                       help="tokens per streamed chunk (SGLang's flag): fewer, larger events for more throughput")
     serve.add_argument("--max-num-batched-tokens", type=_positive(int), default=512)
     serve.add_argument("--no-chunked-prefill", action="store_true")
     serve.add_argument("--enable-prefix-caching", action="store_true")
@@ -215,7 +217,8 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
                 model = lab.ToyTransformer(lab.ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}),
                                            seed=args.seed)
                 engine, tokenizer, name = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs, **options), None, None
-            serve(engine, args.host, args.port, args.duration, tokenizer=tokenizer, model_name=name)
+            serve(engine, args.host, args.port, args.duration, tokenizer=tokenizer, model_name=name,
+                  stream_interval=args.stream_interval)
         elif args.command == "loadtest":
             summaries = loadtest(lab, args.url, args.qps, args.num_prompts, args.workload, args.seed,
                                  args.prompt_format, args.model, args.max_model_len, args.slo_ttft_ms,

@@ -36,6 +36,11 @@ class Delta:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
+    def then(self, later: Delta) -> Delta:
+        """This update followed by `later`, as one (a stream that sends every few tokens)."""
+        return Delta(self.text + later.text, self.token_ids + later.token_ids, self.logprobs + later.logprobs,
+                     self.offsets + later.offsets, later.finish_reason, later.stop_reason)
+
 
 class ChoiceState:
     """One choice (one engine request) from its first RequestOutput to its finished one.

@@ -707,15 +707,17 @@ sys.path.insert(0, sys.argv[1])
 lab = __import__(sys.argv[2])
 from serving import api_server
 api_server.FRONTEND_PROCESS = sys.argv[3] == "process"
-api_server.serve(lab.LLMEngine(lab.ToyTransformer(lab.ModelConfig(**json.loads(sys.argv[4])))), port=0)
+api_server.serve(lab.LLMEngine(lab.ToyTransformer(lab.ModelConfig(**json.loads(sys.argv[4])))), port=0,
+                 stream_interval=int(sys.argv[5]))
 """
 
 
 def _serve_in_subprocess(config: dict, frontend: str = "process", blas_threads: int | None = 1,
-                         ) -> tuple[subprocess.Popen, str]:
+                         stream_interval: int = 1) -> tuple[subprocess.Popen, str]:
     """A server for a model of `config` in a child process, and its URL."""
     proc = subprocess.Popen([sys.executable, "-c", _SERVE_PROBE, str(ROOT), lab.__name__, frontend,
-                             json.dumps(config)], stdout=subprocess.PIPE, text=True, env=_blas_env(blas_threads))
+                             json.dumps(config), str(stream_interval)], stdout=subprocess.PIPE, text=True,
+                            env=_blas_env(blas_threads))
     found = re.search(r"http://\S+", proc.stdout.readline())  # its first line, or "" if it died
     if not found:
         proc.kill()
@@ -731,6 +733,7 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
+STREAM_INTERVAL = 8  # `serve --stream-interval`: tokens per streamed chunk, for the third server
 SERVING_MODELS = {"the server's default": {}, "n_embd 256 x 4 layers": {"n_embd": 256, "n_layer": 4}}
 
 
@@ -738,13 +741,15 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
                   blas_threads: int | None = 1, log=print) -> None:
     """`python tools/bench.py serving`: for each model, the same requests (a) offline through
     `generate`, (b) through a server whose front end has a process of its own (what `serve`
-    runs) and (c) through one whose front end is a thread of the engine's process, all sent at
-    once (saturation) from this process's load generator, in turns, best of `repeats` each; then
-    requests one at a time, for the TTFT the server adds (medians)."""
+    runs), (c) through one whose front end is a thread of the engine's process and (d) through
+    (b) streaming STREAM_INTERVAL tokens to a chunk, all sent at once (saturation) from this
+    process's load generator, in turns, best of `repeats` each; then requests one at a time, for
+    the TTFT the server adds (medians)."""
     log(f"== Serving over HTTP: {num_prompts} {workload} requests, all sent at once; servers in child processes "
         f"with OPENBLAS_NUM_THREADS={_blas_env(blas_threads).get('OPENBLAS_NUM_THREADS', 'unset')}, this process "
         f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset')} ==")
-    log(f"{'model':24s} {'offline tok/s':>14s} {'own process':>18s} {'thread':>18s}")
+    log(f"{'model':24s} {'offline tok/s':>14s} {'own process':>18s} {'thread':>18s} "
+        f"{f'own, interval {STREAM_INTERVAL}':>18s}")
     for name, changes in SERVING_MODELS.items():
         config = dict(cli.SERVE_MODEL, **changes)
         model = lab.ToyTransformer(lab.ModelConfig(**config))
@@ -754,6 +759,7 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
         num_tokens = sum(r.max_tokens for r in requests)
         payloads = [benchmark_serving.completion_payload(r, "") for r in requests]
         servers = {frontend: _serve_in_subprocess(config, frontend, blas_threads) for frontend in ("process", "thread")}
+        servers["interval"] = _serve_in_subprocess(config, "process", blas_threads, STREAM_INTERVAL)
         offline, served = 0.0, {frontend: 0.0 for frontend in servers}
         try:
             for _ in range(repeats):  # in turns, so that a noisy moment of the machine hits all three
@@ -775,7 +781,7 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
             for proc, _ in servers.values():
                 _stop(proc)
         log(f"{name:24s} {offline:14.0f} " + " ".join(
-            f"{served[f]:8.0f} = {served[f] / offline:4.0%}  " for f in ("process", "thread")))
+            f"{served[f]:8.0f} = {served[f] / offline:4.0%}  " for f in ("process", "thread", "interval")))
     ttft_offline = float(np.median([m.ttft for m in alone]))
     ttft_served = float(np.median([m.ttft for m in served_alone]))
     step = float(np.median([gap for m in alone for gap in m.itl]))
