@@ -452,7 +452,7 @@ def init_gpt2_weights(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarra
 
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     # x.mean and x.var give the same float32 values, but through Python-level helpers that
-    # cost more than the arithmetic on a decode step's few rows (13 calls a step, per layer 2).
+    # cost more than the arithmetic on a decode step's few rows (two calls a layer, one more a step).
     n = x.shape[-1]
     centred = x - x.sum(axis=-1, keepdims=True) / n
     var = np.square(centred).sum(axis=-1, keepdims=True) / n
@@ -900,7 +900,7 @@ class ToyTransformer:
             q, k, v = self._qkv(x, layer)
             kv_cache.write(i, batch.slots, k, v)
             caches, scales = kv_cache.attention_args(i)
-            if not batch.prefills:  # decodes only (most steps): row r is decode r, nothing to scatter
+            if not batch.prefills:  # decodes only (most steps): every row is a decode, in order, so no scatter
                 attn = paged_attention(q, *caches, batch.decode_tables, batch.decode_lens, **scales)
             else:
                 attn = np.empty_like(q)

@@ -225,6 +225,19 @@ class CompletionServer:
         commands_r, commands_w = multiprocessing.Pipe(duplex=False)
         outputs_r, outputs_w = multiprocessing.Pipe(duplex=False)
         self._pipes = [commands_r, outputs_w]  # this process's ends, closed by close()
+        try:
+            self._start(engine, config, sock, commands_r, commands_w, outputs_r, outputs_w, stream_interval)
+        except BaseException:  # e.g. fork refused: nothing of this server may stay open
+            for end in (sock, commands_r, commands_w, outputs_r, outputs_w):
+                end.close()
+            raise
+        if not self._core.ready.wait(SHUTDOWN_TIMEOUT_S) or self._core.frontend_error:
+            error = self._core.frontend_error or "the server's front end did not start"
+            self.close()
+            raise RuntimeError(error)
+
+    def _start(self, engine, config, sock, commands_r, commands_w, outputs_r, outputs_w, stream_interval) -> None:
+        """Start the front end (forked, or a thread) on its ends, then the engine's thread on ours."""
         # The module whose engine this is, so that `python lab.py serve` checks requests with
         # the student's own code.
         frontend = _Frontend(sys.modules[type(engine).__module__], config, self.tokenizer, self.model_name,
@@ -241,10 +254,6 @@ class CompletionServer:
             self._pipes += args[1:]  # the front end's too (it closes the socket itself)
         self._core = EngineCore(engine, commands_r, outputs_w)
         self._core.start()
-        if not self._core.ready.wait(SHUTDOWN_TIMEOUT_S) or self._core.frontend_error:
-            error = self._core.frontend_error or "the server's front end did not start"
-            self.close()
-            raise RuntimeError(error)
 
     @property
     def url(self) -> str:

@@ -195,8 +195,10 @@ class EngineCore:
         """What the front end needs of a RequestOutput: the tokens (and logprobs) it has not
         had yet, the prompt's logprobs once, and how the request finished. Sending whole
         outputs would pickle every token of every request at every step."""
-        sent = self._sent.pop(out.request_id, 0) if out.finished else self._sent.get(out.request_id, 0)
-        if not out.finished:
+        sent = self._sent.get(out.request_id, 0)
+        if out.finished:
+            self._sent.pop(out.request_id, None)
+        else:
             self._sent[out.request_id] = len(out.output_token_ids)
         logprobs = getattr(out, "logprobs", None)
         return (out.request_id, out.output_token_ids[sent:], None if logprobs is None else logprobs[sent:],
