@@ -6,6 +6,7 @@ Each test checks one idea against an independent reference written plainly here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -4568,6 +4569,34 @@ def test_the_front_end_in_a_thread_answers_as_the_one_in_its_own_process(engine_
     assert texts[0] == texts[1], f"the front end in a thread streamed {texts[1]}, in its own process {texts[0]}"
 
 
+
+
+@pytest.mark.provided
+def test_the_front_ends_commands_never_block_its_loop_and_arrive_in_order():
+    # While the engine writes a step's outputs to the front end, it reads no commands; a loop
+    # that blocked on a full command pipe would then never read those outputs: both would wait.
+    from serving.async_llm import command_pipe
+
+    reader, writer = command_pipe()
+    loop = asyncio.new_event_loop()
+    try:
+        writer.attach(loop, on_gone=lambda: None)
+        messages = [("add", i, bytes(4096)) for i in range(64)]  # 256 KiB: several pipes full
+        # In a thread only to bound a send that blocks; the loop does not run until it is done.
+        sender = threading.Thread(target=lambda: [writer.send(m) for m in messages], daemon=True)
+        sender.start()
+        sender.join(HTTP_TIMEOUT)
+        assert not sender.is_alive(), "send blocked on a full pipe: the front end's loop would stall"
+        received = []
+        drain = threading.Thread(target=lambda: received.extend(reader.recv() for _ in messages), daemon=True)
+        drain.start()
+        loop.run_until_complete(asyncio.wait_for(asyncio.to_thread(drain.join), HTTP_TIMEOUT))
+        assert [m[1] for m in received] == list(range(64)), (
+            "the commands must all arrive, in the order they were sent, once the engine reads again")
+    finally:
+        loop.close()
+        reader.close()
+        writer.close()
 # --- the OpenAI API as clients use it ----------------------------------------------------
 
 

@@ -42,7 +42,7 @@ import warnings
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from .async_llm import AsyncLLM, EngineCore
+from .async_llm import AsyncLLM, CommandWriter, EngineCore, command_pipe
 from .chat import parse_chat_request
 from .metrics import TTFT_BUCKETS_S, Histogram, prometheus_text
 from .output import ChoiceState, Delta, LogprobFormatter, prompt_offsets
@@ -222,7 +222,7 @@ class CompletionServer:
         self._closed, self._close_lock = False, threading.Lock()
         sock = socket.create_server((host, port))  # a port in use fails here, in the caller
         self.port = sock.getsockname()[1]
-        commands_r, commands_w = multiprocessing.Pipe(duplex=False)
+        commands_r, commands_w = command_pipe()
         outputs_r, outputs_w = multiprocessing.Pipe(duplex=False)
         self._pipes = [commands_r, outputs_w]  # this process's ends, closed by close()
         try:
@@ -327,7 +327,7 @@ class _Frontend:
         self._connections: dict[asyncio.Task, _Connection] = {}
         self._stopping = False
 
-    def main(self, sock: socket.socket, commands: Connection, outputs: Connection, own_process: bool) -> None:
+    def main(self, sock: socket.socket, commands: CommandWriter, outputs: Connection, own_process: bool) -> None:
         if own_process:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's; it closes the server
             _close_fds_except(sock, commands, outputs)
@@ -336,6 +336,7 @@ class _Frontend:
             loop.run_until_complete(self._serve(sock, commands, outputs))
         except BaseException as exc:  # noqa: BLE001 - reported to the caller of start_server
             try:
+                commands.detach()
                 commands.send(("startup_error", f"{type(exc).__name__}: {exc}"))
             except (OSError, EOFError):
                 pass
@@ -343,7 +344,7 @@ class _Frontend:
             loop.close()
             sock.close()
 
-    async def _serve(self, sock: socket.socket, commands: Connection, outputs: Connection) -> None:
+    async def _serve(self, sock: socket.socket, commands: CommandWriter, outputs: Connection) -> None:
         self._stop = asyncio.Event()
         self._parser = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="parse")
         self._bridge = AsyncLLM(commands, outputs)

@@ -17,24 +17,144 @@ and can look at it afterwards), and the front end is the forked child:
   send commands; the event loop reads the deltas as they arrive and turns them back into
   whole outputs, one queue per request.
 
-Front end -> engine: ("ready",), ("add", Request), ("abort", request_id),
-("answered", [request_id, ...]) after a failure, ("bye",) at the end.
-Engine -> front end: ("outputs", {rejected id: message}, [delta, ...], gauges),
-("failed", message) when a step raised, ("close",) to shut down.
+Front end -> engine, through a `command_pipe`: ("ready",), ("add", Request), ("abort",
+request_id), ("answered", [request_id, ...]) after a failure, ("bye",) at the end.
+Engine -> front end, through a multiprocessing Connection: ("outputs", {rejected id: message},
+[delta, ...], gauges), ("failed", message) when a step raised, ("close",) to shut down.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import queue
+import os
+import pickle
+import select
+import struct
 import threading
+import time
 from multiprocessing.connection import Connection
 
 from .protocol import APIError
 
 READ_BATCH = 16  # engine messages handled per wakeup of the front end's loop
+_LENGTH = struct.Struct("!Q")  # a command's frame: its pickle's length, then the pickle
 GAUGES = {"running": 0, "waiting": 0, "kv_usage": 0.0, "preemptions": 0, "queries": 0, "hits": 0}
+
+
+def command_pipe() -> tuple[CommandReader, CommandWriter]:
+    """The front end -> engine direction: a plain pipe of length-prefixed pickles. Not a
+    multiprocessing Connection, whose `send` blocks while the pipe is full: the front end's
+    loop writes without ever blocking, and keeps what does not fit until the pipe drains."""
+    read_fd, write_fd = os.pipe()
+    return CommandReader(read_fd), CommandWriter(write_fd)
+
+
+class CommandReader:
+    """The engine's end: `poll` and `recv` as a Connection's (EOFError once the writer has gone)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def poll(self) -> bool:
+        """A command (or the end of the pipe) is there to read."""
+        return bool(select.select([self.fd], [], [], 0)[0])
+
+    def recv(self) -> tuple:
+        (length,) = _LENGTH.unpack(self._read(_LENGTH.size))
+        return pickle.loads(self._read(length))
+
+    def _read(self, n: int) -> bytes:
+        data = bytearray()
+        while len(data) < n:
+            chunk = os.read(self.fd, n - len(data))
+            if not chunk:
+                raise EOFError("the front end closed its end of the pipe")
+            data += chunk
+        return bytes(data)
+
+
+class CommandWriter:
+    """The front end's end. Until `attach`, `send` writes the whole frame and may block (the
+    front end's start-up error, before its loop runs). Once attached to a loop, `send` writes
+    what the pipe takes now and leaves the rest to the loop's writer callback, in order."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._unsent = bytearray()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_gone = None
+        self._waiting = False  # a writer callback is registered for what is unsent
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def attach(self, loop: asyncio.AbstractEventLoop, on_gone) -> None:
+        """From now on never block; `on_gone()` (on the loop) once the engine's end has closed."""
+        os.set_blocking(self.fd, False)
+        self._loop, self._on_gone = loop, on_gone
+
+    def detach(self) -> None:
+        """Back to blocking writes: the loop has ended (what is unsent goes first)."""
+        if self.fd >= 0:
+            os.set_blocking(self.fd, True)
+        self._loop = None
+
+    def send(self, message: tuple) -> None:
+        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+        if self._loop is None:
+            self._unsent += _LENGTH.pack(len(data)) + data
+            while self._unsent:
+                del self._unsent[:os.write(self.fd, self._unsent)]
+            return
+        if self.fd < 0:  # the engine has gone: nobody reads commands any more
+            return
+        self._unsent += _LENGTH.pack(len(data)) + data
+        if not self._waiting:
+            self._write()
+
+    def _write(self) -> None:
+        try:
+            del self._unsent[:os.write(self.fd, self._unsent)]
+        except BlockingIOError:  # the pipe is full: the engine is busy, and reads between steps
+            pass
+        except OSError:  # the engine's process has gone
+            self._unsent.clear()
+            self._wait_writable(False)
+            self.close()
+            self._on_gone()
+            return
+        self._wait_writable(bool(self._unsent))
+
+    def _wait_writable(self, wait: bool) -> None:
+        if wait != self._waiting:
+            (self._loop.add_writer(self.fd, self._write) if wait else self._loop.remove_writer(self.fd))
+            self._waiting = wait
+
+    def flush(self, timeout: float, outputs: Connection, on_output) -> None:
+        """Write what is unsent, for at most `timeout` seconds, handing whatever arrives on
+        `outputs` meanwhile to `on_output()` (an engine blocked writing its outputs to a front end
+        that has stopped reading would never read this)."""
+        deadline = time.monotonic() + timeout
+        while self._unsent and self.fd >= 0 and (left := deadline - time.monotonic()) > 0:
+            readable, writable, _ = select.select([outputs], [self.fd], [], left)
+            if readable:
+                on_output()
+            if writable:
+                self._write()
 
 
 @dataclasses.dataclass
@@ -66,7 +186,7 @@ class EngineCore:
     when the front end says goodbye or its end of the pipe closes.
     """
 
-    def __init__(self, engine, commands: Connection, outputs: Connection):
+    def __init__(self, engine, commands: CommandReader, outputs: Connection):
         self.engine, self.commands, self.outputs = engine, commands, outputs
         self.ready = threading.Event()  # the front end accepts connections (or has died)
         self.frontend_error: str | None = None
@@ -218,49 +338,36 @@ class AsyncLLM:
     request by request.
 
     Contract: every method runs on the event loop; the engine's messages are read there too,
-    as they arrive, and commands leave through a sender thread. `submit` returns the request's queue, which
+    as they arrive, and commands are written there, never blocking. `submit` returns the request's queue, which
     receives a StreamedOutput per step that gave it a token and ends with a finished one, or
     receives one `APIError` (rejected by the engine, engine failure, shutdown).
     """
 
-    def __init__(self, commands: Connection, outputs: Connection):
+    def __init__(self, commands: CommandWriter, outputs: Connection):
         self.commands, self.outputs = commands, outputs
         self.streams: dict[str, asyncio.Queue] = {}
         self._so_far: dict[str, StreamedOutput] = {}
         self.closing = False
         self.gauges = dict(GAUGES)  # as of the last step (an idle server reports an idle engine)
         self.on_close = None  # called on the loop when the engine asks the front end to stop
-        self._outbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
-        self._sender = threading.Thread(target=self._send_commands, name="frontend-commands", daemon=True)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Read the engine's messages on `loop` as they arrive; send commands from a thread."""
+        """Read the engine's messages on `loop` as they arrive, and write commands there."""
         self._loop = loop
         loop.add_reader(self.outputs.fileno(), self._read_outputs)
-        self._sender.start()
+        # Never blocking matters: while the engine is busy writing a step's outputs to this
+        # loop, a loop blocked on writing a command to the engine would wait for it forever.
+        self.commands.attach(loop, lambda: self._fail_all(APIError("the engine has stopped", 503, "server_error"),
+                                                          answer=False))
 
     def send(self, message: tuple) -> None:
-        """Queue a command for the engine. A thread writes it, so that the loop never blocks on
-        a full pipe: while the engine is busy writing a step's outputs to this loop, a loop
-        blocked on writing commands to the engine would wait for it forever."""
-        self._outbox.put(message)
+        """A command for the engine, written now, or as soon as the pipe has room."""
+        self.commands.send(message)
 
     def finish(self, timeout: float) -> None:
         """Say goodbye to the engine and wait until every command before it is written."""
         self.send(("bye",))
-        self._sender.join(timeout)
-
-    def _send_commands(self) -> None:
-        while True:
-            message = self._outbox.get()
-            try:
-                self.commands.send(message)
-            except (OSError, EOFError):  # the engine's process has gone: fail what is in flight
-                self._loop.call_soon_threadsafe(self._fail_all, APIError("the engine has stopped", 503,
-                                                                         "server_error"), False)
-                return
-            if message[0] == "bye":
-                return
+        self.commands.flush(timeout, self.outputs, self._read_outputs)
 
     def submit(self, request, queue: asyncio.Queue | None = None) -> asyncio.Queue:
         """Queue `request` for the engine; its outputs go to `queue` (a new one by default; several

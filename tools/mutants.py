@@ -301,6 +301,11 @@ MUTANTS: list[tuple[str, ...]] = [
     ("a failed step's requests never answered: the engine core waits for nothing", "exercise5",
      'if self.send(("failed", f"the engine failed: {type(exc).__name__}: {exc}")):',
      'if False:', "serving/async_llm.py"),
+    ("the front end's loop writes its commands blocking", "provided",
+     "        os.set_blocking(self.fd, False)\n        self._loop, self._on_gone = loop, on_gone",
+     "        self._on_gone = on_gone", "serving/async_llm.py"),
+    ("a command that does not fit the pipe is dropped, not kept for later", "provided",
+     "        self._wait_writable(bool(self._unsent))", "        self._unsent.clear()", "serving/async_llm.py"),
     ("stop string not aborted in the engine", "exercise5",
      "                if not item.finished:  # a stop string, or a prompt-only run: the engine must stop too\n"
      "                    self._bridge.abort(item.request_id)\n", "", "serving/api_server.py"),
