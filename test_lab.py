@@ -4572,6 +4572,15 @@ def test_the_front_end_in_a_thread_answers_as_the_one_in_its_own_process(engine_
 
 
 @pytest.mark.provided
+def test_every_unsupported_field_may_be_absent_or_null():
+    # refuse_unsupported looks only at the fields a request has: that is right only while each
+    # table allows None (absent) for every field.
+    for table in (protocol.UNSUPPORTED_COMMON, protocol.UNSUPPORTED_COMPLETION, protocol.UNSUPPORTED_CHAT):
+        assert all(None in allowed for allowed in table.values()), (
+            f"a field whose absence is refused: {[n for n, a in table.items() if None not in a]}")
+
+
+@pytest.mark.provided
 def test_the_front_ends_commands_never_block_its_loop_and_arrive_in_order():
     # While the engine writes a step's outputs to the front end, it reads no commands; a loop
     # that blocked on a full command pipe would then never read those outputs: both would wait.
@@ -5149,7 +5158,90 @@ def test_rule8_a_huge_prompt_is_refused_by_its_length(server):
     assert http_call(server, "GET", "/health")[0] == 200
 
 
-# --- the load generator: its statistics on hand-made streams, then end to end -------------
+# --- the load generator: its client on canned responses, its statistics on hand-made ------
+# --- streams, then end to end -------------------------------------------------------------
+
+
+def canned_server(response: bytes, piece: int = 7, stall: bool = False):
+    """A one-request server on 127.0.0.1 that reads the request, writes `response` in pieces of
+    `piece` bytes (so that chunk and line boundaries fall anywhere), then closes; with `stall`
+    it keeps the connection open, silent, instead of closing. Returns (url, thread)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(HTTP_TIMEOUT)
+
+    def serve():
+        with listener, listener.accept()[0] as conn:
+            conn.settimeout(HTTP_TIMEOUT)
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(65536)
+            head, _, body = request.partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+            while len(body) < length:
+                body += conn.recv(65536)
+            for i in range(0, len(response), piece):
+                conn.sendall(response[i:i + piece])
+            if stall:
+                conn.recv(1)  # until the client gives up and closes
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", thread
+
+
+def sse_body(events):
+    return b"".join(b"data: " + (e if isinstance(e, bytes) else json.dumps(e).encode()) + b"\n\n" for e in events)
+
+
+def chunked(body: bytes, size: int = 11) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + size]), body[i:i + size])
+                    for i in range(0, len(body), size)) + b"0\r\n\r\n"
+
+
+STREAM_EVENTS = [{"choices": [{"text": t, "index": 0}]} for t in "abc"] + [
+    {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3}}, b"[DONE]"]
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("framing", ["chunked", "close-delimited"])
+def test_the_load_generators_client_reads_a_stream_whatever_its_framing(framing):
+    body = sse_body(STREAM_EVENTS)
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            if framing == "chunked" else b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+    url, thread = canned_server(head + (chunked(body) if framing == "chunked" else body))
+    result = benchmark_serving.stream_completion(url, {"prompt": [1, 2], "max_tokens": 3}, HTTP_TIMEOUT)
+    thread.join(HTTP_TIMEOUT)
+    assert result.error is None, f"a {framing} stream read in 7-byte pieces: {result.error}"
+    assert (len(result.chunk_times), result.num_output_tokens, result.num_prompt_tokens) == (3, 3, 2), (
+        f"3 token events and the usage: got {len(result.chunk_times)} chunks, {result.num_output_tokens} "
+        f"tokens, {result.num_prompt_tokens} prompt tokens")
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("response, says", [
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 27\r\n\r\n{\"error\": {\"message\": \"no\"}}", "HTTP 400"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(sse_body(STREAM_EVENTS[:2])),
+     "without data: [DONE]"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(sse_body(STREAM_EVENTS[:2]))[:40],
+     "mid-response"),
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP response"),
+], ids=["an error status", "a stream without [DONE]", "a connection closed mid-chunk", "not HTTP"])
+def test_the_load_generators_client_reports_a_failed_request_and_never_raises(response, says):
+    url, thread = canned_server(response)
+    result = benchmark_serving.stream_completion(url, {"prompt": [1, 2], "max_tokens": 3}, HTTP_TIMEOUT)
+    thread.join(HTTP_TIMEOUT)
+    assert result.error is not None and says in result.error, f"expected an error saying {says!r}, got {result.error!r}"
+
+
+@pytest.mark.provided
+def test_the_load_generators_client_gives_up_at_its_timeout():
+    url, thread = canned_server(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", stall=True)
+    start = time.perf_counter()
+    result = benchmark_serving.stream_completion(url, {"prompt": [1, 2], "max_tokens": 3}, 0.3)
+    waited = time.perf_counter() - start
+    thread.join(HTTP_TIMEOUT)
+    assert result.error is not None and "Timeout" in result.error, f"a silent server must time out: {result.error!r}"
+    assert waited < 0.3 + 2.0, f"the client waited {waited:.1f} s on a 0.3 s timeout"
 
 
 def hand_made(send, chunks, tokens=None, error=None):

@@ -8,8 +8,11 @@ times of its streamed chunks, as in vLLM's benchmark:
   TTFT = first chunk - send;  E2E = last chunk - send;
   TPOT = (E2E - TTFT) / (output tokens - 1);  ITL = the gaps between consecutive chunks.
 The formulas' one home is the chapter's `RequestMetrics.from_times`; the module is handed in.
-The client is the standard library's http.client, one thread per request, every read under a
-timeout, so the same command measures this lab's server and a vLLM deployment.
+The client is a plain HTTP/1.1 client on a socket (`_Response`), one thread per request, every
+read under a deadline, so the same command measures this lab's server and a vLLM deployment. Not
+the standard library's http.client: its response parsing cost about 0.5-1 ms per request on the
+project's VM, which a TTFT of a few milliseconds would have counted as the server's, and its
+per-line reads cost the load generator CPU that the server under test needs at saturation.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import dataclasses
 import http.client
 import json
 import math
+import socket
 import threading
 import time
 import urllib.parse
@@ -143,31 +147,104 @@ def server_model_card(url: str, timeout: float = 10.0) -> dict:
     return data[0]
 
 
+class _Response:
+    """One HTTP/1.1 response read from `sock`, every read before `deadline` (perf_counter
+    seconds): the status and headers, then the body as lines, with the chunked transfer
+    encoding undone. The body ends where the headers say: the last chunk, Content-Length
+    bytes, or (neither given) the server closing the connection."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock, self.deadline, self.buffer = sock, deadline, bytearray()
+
+    def head(self) -> tuple[int, dict[str, str]]:
+        status_line, *lines = self._through(b"\r\n\r\n").decode("latin-1").split("\r\n")
+        version, _, rest = status_line.partition(" ")
+        if not version.startswith("HTTP/") or not rest[:3].isdigit():
+            raise ValueError(f"not an HTTP response: {status_line[:80]!r}")
+        self.headers = {name.strip().lower(): value.strip()
+                        for name, _, value in (line.partition(":") for line in lines)}
+        return int(rest[:3]), self.headers
+
+    def lines(self):
+        """The body's lines, each with its b"\\n" (the last one may have none)."""
+        pending = b""
+        for piece in self._body():
+            pending += piece
+            *lines, pending = pending.split(b"\n")
+            yield from (line + b"\n" for line in lines)
+            if len(pending) > MAX_RESPONSE_BYTES:
+                raise ValueError(f"a response line is over {MAX_RESPONSE_BYTES} bytes")
+        if pending:
+            yield pending
+
+    def _body(self):
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":
+            while size := int(self._through(b"\r\n").split(b";")[0], 16):  # the last chunk has size 0
+                yield self._exactly(size)
+                self._exactly(2)  # the chunk's CRLF
+        elif "content-length" in self.headers:
+            yield self._exactly(int(self.headers["content-length"]))
+        else:
+            while self.buffer or self._fill():
+                yield bytes(self.buffer)
+                self.buffer.clear()
+
+    def _fill(self) -> bool:
+        """Wait for more bytes; False at the end of the stream."""
+        left = self.deadline - time.perf_counter()
+        if left <= 0:
+            raise TimeoutError("the response took longer than the timeout")
+        self.sock.settimeout(left)
+        data = self.sock.recv(65536)
+        self.buffer += data
+        return bool(data)
+
+    def _through(self, end: bytes) -> bytes:
+        """The bytes before `end`; `end` is consumed too."""
+        while (at := self.buffer.find(end)) < 0:
+            if len(self.buffer) > MAX_RESPONSE_BYTES:
+                raise ValueError(f"a response line is over {MAX_RESPONSE_BYTES} bytes")
+            if not self._fill():
+                raise ConnectionError("the server closed the connection mid-response")
+        data = bytes(self.buffer[:at])
+        del self.buffer[:at + len(end)]
+        return data
+
+    def _exactly(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            if not self._fill():
+                raise ConnectionError("the server closed the connection mid-response")
+        data = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return data
+
+
 def stream_completion(url: str, payload: dict, timeout: float) -> StreamResult:
     """POST one streaming completion and time its chunks. Never raises for a failed request:
     the error is in `.error`. Bounded: at most max_tokens + 16 events, `timeout` seconds in all."""
     parts = urllib.parse.urlsplit(url)
     result = StreamResult(send_time=time.perf_counter())
     deadline = result.send_time + timeout
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    body = json.dumps(payload).encode()
+    request = (f"POST {parts.path.rstrip('/')}/v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
     try:
-        conn.request("POST", parts.path.rstrip("/") + "/v1/completions", json.dumps(payload),
-                     {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            result.error = f"HTTP {resp.status}: {resp.read(4096).decode(errors='replace')}"
-            return result
-        for _ in range(2 * (payload.get("max_tokens") or 16) + 32):  # event lines and blank lines
-            line = resp.readline(MAX_RESPONSE_BYTES)
-            if not line or time.perf_counter() > deadline:
-                break
-            if _read_event(line.strip(), result):
+        with socket.create_connection((parts.hostname, parts.port or 80), timeout=timeout) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(request.encode("latin-1") + body)
+            response = _Response(sock, deadline)
+            status, _ = response.head()
+            lines = response.lines()
+            if status != 200:
+                text = b"".join(line for _, line in zip(range(64), lines))[:4096]
+                result.error = f"HTTP {status}: {text.decode(errors='replace')}"
                 return result
+            for _, line in zip(range(2 * (payload.get("max_tokens") or 16) + 32), lines):  # events and blank lines
+                if _read_event(line.strip(), result):
+                    return result
         result.error = result.error or "the stream ended without data: [DONE]"
-    except (OSError, http.client.HTTPException, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        conn.close()
     return result
 
 
