@@ -66,6 +66,8 @@ class _ClientGone(Exception):
 
 
 _CLIENT_GONE = object()  # put in a request's queue when its client disconnects
+# One encoder for every event: json.dumps with any non-default argument builds a new one per call.
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass
@@ -195,7 +197,7 @@ class _Sink:
 
     def sse(self, event: dict | str) -> bytes:
         """One server-sent event: `data: {json}` and a blank line."""
-        data = event if isinstance(event, str) else json.dumps(event, separators=(",", ":"))
+        data = event if isinstance(event, str) else _COMPACT_JSON.encode(event)
         return self.piece(f"data: {data}\n\n".encode())
 
 

@@ -174,6 +174,11 @@ class StreamedOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def snapshot(self) -> StreamedOutput:
+        """A copy that later tokens leave as it is (cheaper than dataclasses.replace, per token)."""
+        return StreamedOutput(self.request_id, list(self.output_token_ids), self.logprobs, self.prompt_logprobs,
+                              self.finish_reason, self.stop_reason, self.finish_detail)
+
 
 class EngineCore:
     """Owns the engine in the caller's process; talks to the front end through `commands`
@@ -425,7 +430,7 @@ class AsyncLLM:
             so_far.prompt_logprobs = prompt_logprobs
         so_far.finish_reason, so_far.stop_reason, so_far.finish_detail = finish_reason, stop_reason, detail
         # A copy per step: the queue may hold several steps of one request, each as it was then.
-        self.streams[request_id].put_nowait(dataclasses.replace(so_far, output_token_ids=list(so_far.output_token_ids)))
+        self.streams[request_id].put_nowait(so_far.snapshot())
         if so_far.finished:
             del self.streams[request_id], self._so_far[request_id]
 

@@ -743,13 +743,14 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
     `generate`, (b) through a server whose front end has a process of its own (what `serve`
     runs), (c) through one whose front end is a thread of the engine's process and (d) through
     (b) streaming STREAM_INTERVAL tokens to a chunk, all sent at once (saturation) from this
-    process's load generator, in turns, best of `repeats` each; then requests one at a time, for
-    the TTFT the server adds (medians)."""
+    process's load generator, in turns, best of `repeats` each; then, for each model, requests
+    one at a time, for the TTFT the server (b) adds (medians), against one decode step."""
     log(f"== Serving over HTTP: {num_prompts} {workload} requests, all sent at once; servers in child processes "
         f"with OPENBLAS_NUM_THREADS={_blas_env(blas_threads).get('OPENBLAS_NUM_THREADS', 'unset')}, this process "
         f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset')} ==")
     log(f"{'model':24s} {'offline tok/s':>14s} {'own process':>18s} {'thread':>18s} "
         f"{f'own, interval {STREAM_INTERVAL}':>18s}")
+    lone = {}  # model name -> (engine TTFT, served TTFT, decode step), medians
     for name, changes in SERVING_MODELS.items():
         config = dict(cli.SERVE_MODEL, **changes)
         model = lab.ToyTransformer(lab.ModelConfig(**config))
@@ -772,22 +773,21 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
                     if summary["completed"] != num_prompts:
                         raise RuntimeError(f"{frontend}: {summary['completed']}/{num_prompts} requests completed")
                     served[frontend] = max(served[frontend], summary["output_throughput"])
-            if not changes:  # the lone request's TTFT, on the default model and the server `serve` runs
-                alone = [lab.LLMEngine(model).generate([r.prompt_token_ids], [s])[0].metrics
-                         for r, s in zip(requests[:num_alone], sampling)]
-                served_alone = [benchmark_serving.stream_metrics(lab, benchmark_serving.stream_completion(
-                    servers["process"][1], p, 60.0)) for p in payloads[:num_alone]]
+            alone = [lab.LLMEngine(model).generate([r.prompt_token_ids], [s])[0].metrics
+                     for r, s in zip(requests[:num_alone], sampling)]
+            served_alone = [benchmark_serving.stream_metrics(lab, benchmark_serving.stream_completion(
+                servers["process"][1], p, 60.0)) for p in payloads[:num_alone]]
+            lone[name] = (float(np.median([m.ttft for m in alone])), float(np.median([m.ttft for m in served_alone])),
+                          float(np.median([gap for m in alone for gap in m.itl])))
         finally:
             for proc, _ in servers.values():
                 _stop(proc)
         log(f"{name:24s} {offline:14.0f} " + " ".join(
             f"{served[f]:8.0f} = {served[f] / offline:4.0%}  " for f in ("process", "thread", "interval")))
-    ttft_offline = float(np.median([m.ttft for m in alone]))
-    ttft_served = float(np.median([m.ttft for m in served_alone]))
-    step = float(np.median([gap for m in alone for gap in m.itl]))
-    log(f"TTFT of a lone request (default model, own-process front end): engine {ttft_offline * 1e3:.2f} ms, "
-        f"through the server {ttft_served * 1e3:.2f} ms: the server adds {(ttft_served - ttft_offline) * 1e3:.2f} ms "
-        f"(one decode step: {step * 1e3:.2f} ms)")
+    for name, (ttft_offline, ttft_served, step) in lone.items():
+        log(f"TTFT of a lone request, {name} (own-process front end): engine {ttft_offline * 1e3:.2f} ms, "
+            f"through the server {ttft_served * 1e3:.2f} ms: the server adds {(ttft_served - ttft_offline) * 1e3:.2f} "
+            f"ms, {(ttft_served - ttft_offline) / step:.1f} decode steps (one: {step * 1e3:.2f} ms)")
 
 
 _STEP_PROBE = """
