@@ -4590,7 +4590,8 @@ def test_the_front_ends_commands_never_block_its_loop_and_arrive_in_order():
     loop = asyncio.new_event_loop()
     try:
         writer.attach(loop, on_gone=lambda: None)
-        messages = [("add", i, bytes(4096)) for i in range(64)]  # 256 KiB: several pipes full
+        # 64 commands (one larger than a whole pipe, read in pieces): several pipes full
+        messages = [("add", i, bytes(300_000 if i == 10 else 4096)) for i in range(64)]
         # In a thread only to bound a send that blocks; the loop does not run until it is done.
         sender = threading.Thread(target=lambda: [writer.send(m) for m in messages], daemon=True)
         sender.start()
