@@ -538,7 +538,11 @@ class _Frontend:
         self._counters["prompt_tokens"] += sum(map(len, gen.prompts))
 
     def _prompt_of(self, gen: GenerateRequest, state: ChoiceState) -> tuple[list[int], str]:
+        """The choice's prompt: its token ids and its text (for a prompt of token ids, decoded the
+        first time echo or logprobs ask for it, not for every request)."""
         i = state.index // gen.n
+        if gen.prompt_texts[i] is None:
+            gen.prompt_texts[i] = self.tokenizer.decode(gen.prompts[i])
         return gen.prompts[i], gen.prompt_texts[i]
 
     def _completion_logprobs(self, gen: GenerateRequest, state: ChoiceState, token_ids, entries, offsets,
@@ -560,11 +564,10 @@ class _Frontend:
         tokens, entries = (state.token_ids, state.logprobs) if delta is None else (delta.token_ids, delta.logprobs)
         offsets = state.offsets if delta is None else delta.offsets
         text = state.text if delta is None else delta.text
-        prompt, prompt_text = self._prompt_of(gen, state)
         fmt = LogprobFormatter(self.tokenizer, gen.return_tokens_as_token_ids)
         choice: dict = {"index": state.index}
         if gen.kind == "completion":
-            choice["text"] = (prompt_text if gen.echo and first else "") + text
+            choice["text"] = (self._prompt_of(gen, state)[1] if gen.echo and first else "") + text
             choice["logprobs"] = self._completion_logprobs(gen, state, tokens, entries, offsets, first)
         else:
             message = {"role": "assistant", "content": text} if delta is None else {"content": text}
@@ -573,10 +576,10 @@ class _Frontend:
         choice["finish_reason"] = state.finish_reason if delta is None else delta.finish_reason
         choice["stop_reason"] = state.stop_reason if delta is None else delta.stop_reason
         if gen.prompt_logprobs is not None and first:
-            choice["prompt_logprobs"] = fmt.prompt_logprobs(prompt, state.prompt_logprobs)
+            choice["prompt_logprobs"] = fmt.prompt_logprobs(self._prompt_of(gen, state)[0], state.prompt_logprobs)
         if gen.return_token_ids:
             if first:
-                choice["prompt_token_ids"] = list(prompt)
+                choice["prompt_token_ids"] = list(self._prompt_of(gen, state)[0])
             choice["token_ids"] = list(tokens)
         return choice
 

@@ -169,7 +169,7 @@ class GenerateRequest:
     kind: str  # "completion" or "chat"
     response_id: str
     prompts: list[list[int]]
-    prompt_texts: list[str]
+    prompt_texts: list[str | None]  # None for a prompt of token ids until its text is needed
     requests: list
     n: int
     stream: bool = False
@@ -433,7 +433,7 @@ def build_request(lab: ModuleType, fields: Fields, kind: str, response_id: str, 
                          else "messages")
             raise APIError(str(exc), param=param) from None
     return GenerateRequest(
-        kind, response_id, prompts, [t if t is not None else tokenizer.decode(p) for t, p in zip(texts, prompts)],
+        kind, response_id, prompts, list(texts),
         requests, n, stream, include_usage, continuous_usage, stop, frozenset(stop_ids),
         f.get("include_stop_str_in_output", (bool,), False, "true or false"),
         f.get("skip_special_tokens", (bool,), True, "true or false"), echo, logprobs, prompt_logprobs,
