@@ -72,8 +72,10 @@ def refresh_reading_map(source: str) -> str:
     return "\n".join(lines)
 
 
-def make_lab(source: str) -> str:
-    """The lab text for a solution text; raises ValueError on unbalanced or misplaced markers."""
+def make_lab(source: str, only: set[str] | None = None) -> str:
+    """The lab text for a solution text; raises ValueError on unbalanced or misplaced markers.
+    With `only` (exercise numbers as strings), the other exercises keep their solutions
+    (tools/check_stubs.py stubs one exercise at a time)."""
     owners = enclosing_functions(source)
     out: list[str] = [HEADER]
     lines = source.splitlines(keepends=True)
@@ -97,7 +99,10 @@ def make_lab(source: str) -> str:
             j += 1
         if j == len(lines):
             raise ValueError(f"solution.py:{i + 1}: BEGIN SOLUTION without END")
-        out.append(f'{indent}raise NotImplementedError("Exercise {exercise}: {owner}")\n')
+        if only is not None and exercise not in only:
+            out += lines[i:j + 1]
+        else:
+            out.append(f'{indent}raise NotImplementedError("Exercise {exercise}: {owner}")\n')
         i = j + 1
     return "".join(out)
 

@@ -95,6 +95,15 @@ def test_make_lab_turns_each_solution_region_into_a_stub_and_keeps_the_rest():
 
 
 @pytest.mark.provided
+def test_make_lab_with_only_one_exercise_stubs_that_one_and_keeps_the_others():
+    source = ("def f(x):\n    # BEGIN SOLUTION: Exercise 1\n    return x\n    # END SOLUTION\n\n\n"
+              "def g(x):\n    # BEGIN SOLUTION: Exercise 2\n    return -x\n    # END SOLUTION\n")
+    lab_text = load_make_lab().make_lab(source, only={"2"})
+    assert "return x\n" in lab_text and 'raise NotImplementedError("Exercise 2: g")' in lab_text
+    assert "Exercise 1: f" not in lab_text and "return -x" not in lab_text
+
+
+@pytest.mark.provided
 @pytest.mark.parametrize("source", [
     "def f():\n    # BEGIN SOLUTION: Exercise 1\n    return 1\n",
     "def f():\n    return 1\n    # END SOLUTION\n",
