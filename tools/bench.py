@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -33,7 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 sys.path.insert(0, str(ROOT))
-from serving import api_server, benchmark_serving, cli, datasets, scenarios, simulator  # noqa: E402
+from serving import api_server, benchmark_serving, cli, datasets, protocol, scenarios, simulator  # noqa: E402
+from serving.tokenizer import ByteTokenizer  # noqa: E402
 
 lab = None  # the module under test (solution or lab): `use_module` sets it before any benchmark runs
 
@@ -733,6 +735,36 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
+def _health_round_trip(url: str) -> float:
+    """Seconds from connecting to the end of a `GET /health` answer: what any request pays for a
+    connection and the HTTP layer before it reaches the engine."""
+    port = int(url.rsplit(":", 1)[1])
+    start = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port), timeout=10.0) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            data = sock.recv(4096)
+            if not data:
+                raise RuntimeError(f"/health: the connection closed after {reply!r}")
+            reply += data
+    if not reply.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"/health answered {reply[:60]!r}")
+    return time.perf_counter() - start
+
+
+def _parse_time(config: dict, payloads: list[dict]) -> float:
+    """Median seconds the front end spends parsing and checking one of `payloads` (in this process)."""
+    model_config, tokenizer = lab.ModelConfig(**config), ByteTokenizer(config["vocab_size"])
+    bodies = [json.dumps(p).encode() for p in payloads]
+    times = []
+    for body in bodies * 4:
+        start = time.perf_counter()
+        protocol.parse_completion_request(lab, body, model_config, tokenizer, "")
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
 STREAM_INTERVAL = 8  # `serve --stream-interval`: tokens per streamed chunk, for the third server
 SERVING_MODELS = {"the server's default": {}, "n_embd 256 x 4 layers": {"n_embd": 256, "n_layer": 4}}
 
@@ -750,7 +782,7 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
         f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset')} ==")
     log(f"{'model':24s} {'offline tok/s':>14s} {'own process':>18s} {'thread':>18s} "
         f"{f'own, interval {STREAM_INTERVAL}':>18s}")
-    lone = {}  # model name -> (engine TTFT, served TTFT, decode step), medians
+    lone = {}  # model name -> (engine TTFT, served TTFT, decode step, /health round trip, parse), medians
     for name, changes in SERVING_MODELS.items():
         config = dict(cli.SERVE_MODEL, **changes)
         model = lab.ToyTransformer(lab.ModelConfig(**config))
@@ -777,17 +809,22 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
                      for r, s in zip(requests[:num_alone], sampling)]
             served_alone = [benchmark_serving.stream_metrics(lab, benchmark_serving.stream_completion(
                 servers["process"][1], p, 60.0)) for p in payloads[:num_alone]]
+            health = [_health_round_trip(servers["process"][1]) for _ in range(num_alone)]
             lone[name] = (float(np.median([m.ttft for m in alone])), float(np.median([m.ttft for m in served_alone])),
-                          float(np.median([gap for m in alone for gap in m.itl])))
+                          float(np.median([gap for m in alone for gap in m.itl])), float(np.median(health)),
+                          _parse_time(config, payloads[:num_alone]))
         finally:
             for proc, _ in servers.values():
                 _stop(proc)
         log(f"{name:24s} {offline:14.0f} " + " ".join(
             f"{served[f]:8.0f} = {served[f] / offline:4.0%}  " for f in ("process", "thread", "interval")))
-    for name, (ttft_offline, ttft_served, step) in lone.items():
+    for name, (ttft_offline, ttft_served, step, health, parse) in lone.items():
         log(f"TTFT of a lone request, {name} (own-process front end): engine {ttft_offline * 1e3:.2f} ms, "
             f"through the server {ttft_served * 1e3:.2f} ms: the server adds {(ttft_served - ttft_offline) * 1e3:.2f} "
-            f"ms, {(ttft_served - ttft_offline) / step:.1f} decode steps (one: {step * 1e3:.2f} ms)")
+            f"ms, {(ttft_served - ttft_offline) / step:.1f} decode steps (one: {step * 1e3:.2f} ms); of which "
+            f"connection + HTTP (a GET /health) {health * 1e3:.2f} ms, parsing and checking {parse * 1e3:.2f} ms, "
+            f"the rest (two hops between the processes, the first chunk) "
+            f"{(ttft_served - ttft_offline - health - parse) * 1e3:.2f} ms")
 
 
 _STEP_PROBE = """
