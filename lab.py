@@ -10,10 +10,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              43-85        checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          86-380       blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   381-979      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      980-1900     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1901-2223    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2224-2585    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2586-2619    the list of exercises, and `__main__`
+   3. Continuous batching                      980-1909     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1910-2232    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2233-2594    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2595-2628    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -1822,11 +1822,9 @@ class LLMEngine:
         num_new = [plan.num_scheduled_tokens[s.request_id] for s in seqs]
         rows, wanted, offset = [], [], 0
         for s, count in zip(seqs, num_new):
-            start = s.num_computed_tokens
-            lo = max(start, len(s.prompt_logprobs) - 1) if s.needs_prompt_logprobs else start + count
-            prompt_rows = range(offset + lo - start, offset + min(start + count, len(s.prompt_token_ids) - 1) - start)
-            wanted.append((prompt_rows, offset + count - 1 if plan.completes(s) else None))
-            rows += [*prompt_rows, *([offset + count - 1] if plan.completes(s) else [])]
+            prompt_rows, last = self._logit_rows(s, offset, count, plan.completes(s))
+            wanted.append((prompt_rows, last))
+            rows += [*prompt_rows, *([] if last is None else [last])]
             offset += count
         logits = self.model.forward(self.kv_cache, [s.block_table for s in seqs], [s.num_computed_tokens for s in seqs],
                                     num_new, logits_indices=np.asarray(rows, dtype=np.int64))
@@ -1846,6 +1844,17 @@ class LLMEngine:
                     x.logprobs += token_logprobs(logits[at[last]], [token], x.sampling.logprobs)
                 sampled[x.request_id] = token
         return sampled
+
+    @staticmethod
+    def _logit_rows(s: SequenceState, offset: int, count: int, samples: bool) -> tuple[range, int | None]:
+        """The rows of the step's batch (where `s`'s `count` new tokens start at row `offset`)
+        whose logits `s` uses: the prompt rows it still owes logprobs for, and its last row if
+        it samples (None if not). The row of prompt position p scores prompt token p + 1, so the
+        rows owed run from the first unscored token's predecessor up to the prompt's last but one."""
+        start = s.num_computed_tokens
+        first_owed = max(start, len(s.prompt_logprobs) - 1) if s.needs_prompt_logprobs else start + count
+        end = min(start + count, len(s.prompt_token_ids) - 1)  # the last prompt row scores an output token
+        return range(offset + first_owed - start, offset + end - start), (offset + count - 1 if samples else None)
 
     def _fork(self, parent: SequenceState, plan: SchedulerOutput, num_computed: int) -> list[SequenceState]:
         """Samples 1..n-1 of the parent's request, once its prompt is computed: each shares the

@@ -265,6 +265,8 @@ MUTANTS: list[tuple[str, ...]] = [
     ("logprobs of the temperature-scaled logits", "exercise5",
      "x.logprobs += token_logprobs(logits[at[last]], [token], x.sampling.logprobs)",
      "x.logprobs += token_logprobs(logits[at[last]] / max(x.sampling.temperature, 1e-3), [token], x.sampling.logprobs)"),
+    ("prompt logprob rows run into the prompt's last row", "exercise5",
+     "end = min(start + count, len(s.prompt_token_ids) - 1)", "end = min(start + count, len(s.prompt_token_ids))"),
     ("prompt logprobs one token late", "exercise5",
      "targets = s.prompt_token_ids[len(s.prompt_logprobs) : len(s.prompt_logprobs) + len(prompt_rows)]",
      "targets = s.prompt_token_ids[len(s.prompt_logprobs) - 1 : len(s.prompt_logprobs) - 1 + len(prompt_rows)]"),
