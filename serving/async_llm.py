@@ -114,16 +114,14 @@ class CommandWriter:
         self._loop = None
 
     def send(self, message: tuple) -> None:
-        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-        if self._loop is None:
-            self._unsent += _LENGTH.pack(len(data)) + data
-            while self._unsent:
-                del self._unsent[:os.write(self.fd, self._unsent)]
-            return
         if self.fd < 0:  # the engine has gone: nobody reads commands any more
             return
+        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
         self._unsent += _LENGTH.pack(len(data)) + data
-        if not self._waiting:
+        if self._loop is None:  # not attached: all of it, now
+            while self._unsent:
+                del self._unsent[:os.write(self.fd, self._unsent)]
+        elif not self._waiting:
             self._write()
 
     def _write(self) -> None:
