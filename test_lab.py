@@ -4428,6 +4428,22 @@ def test_metrics_count_every_token_of_a_streamed_request(server):
         "counts every token it sent, not its last chunk's")
 
 
+def stream_then_hang_up(srv, count: int) -> bytes:
+    """Start a 100-token stream on a raw socket, read until `count` data: events have come (or
+    the server stopped early), then close the connection, as a client that gives up does."""
+    body = json.dumps({"prompt": [5] * 20, "max_tokens": 100, "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        reply = b""
+        for _ in range(100):
+            data = sock.recv(4096)
+            reply += data
+            if not data or reply.count(b"data: ") >= count or not reply.startswith(b"HTTP/1.1 200"[:len(reply)]):
+                break
+    reraise_stub(reply.decode(errors="replace"))
+    return reply
+
+
 @pytest.mark.exercise5
 def test_metrics_count_the_tokens_of_a_stream_its_client_abandoned(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
@@ -4439,17 +4455,8 @@ def test_metrics_count_the_tokens_of_a_stream_its_client_abandoned(engine_model)
 
     engine.step = slow_step
     with serving.start_server(engine) as srv:
-        body = json.dumps({"prompt": [5] * 20, "max_tokens": 100, "stream": True}).encode()
-        with socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-            reply = b""
-            for _ in range(100):  # until three tokens' events
-                data = sock.recv(4096)
-                reply += data
-                if not data or reply.count(b"data: ") >= 3 or not reply.startswith(b"HTTP/1.1 200"[:len(reply)]):
-                    break
-            reraise_stub(reply.decode(errors="replace"))
-            assert reply.count(b"data: ") >= 3, f"expected three token events, got {reply[:300]!r}"
+        reply = stream_then_hang_up(srv, 3)
+        assert reply.count(b"data: ") >= 3, f"expected three token events, got {reply[:300]!r}"
         deadline = time.monotonic() + HTTP_TIMEOUT
         while time.monotonic() < deadline and engine.has_unfinished():
             time.sleep(0.01)
@@ -4497,18 +4504,8 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_return(e
 
     engine.step = slow_recorded_step
     with serving.start_server(engine) as srv:
-        body = json.dumps({"prompt": [5] * 20, "max_tokens": 100, "stream": True}).encode()
-        with socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-            reply = b""
-            for _ in range(100):  # until the first token's event
-                data = sock.recv(4096)
-                reply += data
-                if not data or b"data: " in reply or (len(reply) > 12 and not reply.startswith(b"HTTP/1.1 200")):
-                    break
-            reraise_stub(reply.decode(errors="replace"))
-            assert b"data: " in reply, f"expected the first token as a data: event, got {reply[:200]!r}"
-        # the client has gone (socket closed)
+        reply = stream_then_hang_up(srv, 1)
+        assert b"data: " in reply, f"expected the first token as a data: event, got {reply[:200]!r}"
         deadline = time.monotonic() + HTTP_TIMEOUT
         while time.monotonic() < deadline and engine.allocator.num_free_blocks < 64:
             time.sleep(0.01)

@@ -50,8 +50,8 @@ def command_pipe() -> tuple[CommandReader, CommandWriter]:
     return CommandReader(read_fd), CommandWriter(write_fd)
 
 
-class CommandReader:
-    """The engine's end: `poll` and `recv` as a Connection's (EOFError once the writer has gone)."""
+class _PipeEnd:
+    """One end of a command pipe: its descriptor, closed once (-1 after)."""
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -63,6 +63,10 @@ class CommandReader:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+class CommandReader(_PipeEnd):
+    """The engine's end: `poll` and `recv` as a Connection's (EOFError once the writer has gone)."""
 
     def poll(self) -> bool:
         """A command (or the end of the pipe) is there to read."""
@@ -82,25 +86,17 @@ class CommandReader:
         return bytes(data)
 
 
-class CommandWriter:
+class CommandWriter(_PipeEnd):
     """The front end's end. Until `attach`, `send` writes the whole frame and may block (the
     front end's start-up error, before its loop runs). Once attached to a loop, `send` writes
     what the pipe takes now and leaves the rest to the loop's writer callback, in order."""
 
     def __init__(self, fd: int):
-        self.fd = fd
+        super().__init__(fd)
         self._unsent = bytearray()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_gone = None
         self._waiting = False  # a writer callback is registered for what is unsent
-
-    def fileno(self) -> int:
-        return self.fd
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
     def attach(self, loop: asyncio.AbstractEventLoop, on_gone) -> None:
         """From now on never block; `on_gone()` (on the loop) once the engine's end has closed."""
