@@ -9,11 +9,11 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    section                                     lines        what it holds
    0. Conventions                              43-85        checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          86-380       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   381-1012     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1013-1933    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1934-2256    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2257-2618    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2619-2652    the list of exercises, and `__main__`
+   2. The model and the paged attention path   381-1013     a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      1014-1934    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1935-2257    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2258-2619    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2620-2653    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -607,8 +607,9 @@ class KVCache:
 # Bytes of K (and as many of V) one step of the kernel gathers, as whole block columns (4 at
 # batch 8, 8 heads x 64, block size 16; 1 at batch 32 x 12 heads; a short context at batch 1):
 # NumPy's per-call overhead is paid rarely, and the gathered K and V are still in the CPU's
-# caches when the matmuls read them. Measured in the engine (batch 8-16, 6 layers of weights
-# streaming between the kernel's calls): 1 MiB made a decode step 13% faster than 3 MiB did.
+# caches when the matmuls read them. Measured in the engine, where a layer's weights stream
+# through those caches between two calls: a batch-8 decode step took 0.85-0.87x as long with
+# 1 MiB as with 3 MiB (README, Performance, section 1).
 PAGED_ATTENTION_CHUNK_BYTES = 2**20
 
 
@@ -811,7 +812,7 @@ def _checked_gpt2_weights(config: ModelConfig, weights: dict[str, np.ndarray]) -
             raise ValueError(f"weight {name!r} has shape {value.shape}, expected {expected[key]}")
         # wte in column-major order, so that the tied LM head's wte.T is a row-major (n_embd, vocab)
         # matrix, the (in, out) layout of every other weight: OpenBLAS multiplies a few rows by
-        # it 1.7-1.8x faster than by the transpose of a row-major wte. It is the one copy of
+        # it 1.6-1.8x faster than by the transpose of a row-major wte. It is the one copy of
         # wte (no second one to go stale); the embedding's few rows per step read it strided.
         found[key] = np.asarray(value, dtype=np.float32, order="F" if key == "wte.weight" else "C")
     missing = sorted(set(expected) - set(found))
