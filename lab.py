@@ -9,11 +9,11 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    section                                     lines        what it holds
    0. Conventions                              43-85        checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          86-380       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   381-979      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      980-1909     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1910-2232    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2233-2594    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2595-2628    the list of exercises, and `__main__`
+   2. The model and the paged attention path   381-1013     a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      1014-1943    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1944-2266    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2267-2628    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2629-2662    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -453,15 +453,32 @@ def init_gpt2_weights(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarra
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     # x.mean and x.var give the same float32 values, but through Python-level helpers that
     # cost more than the arithmetic on a decode step's few rows (two calls a layer, one more a step).
+    # The last three steps reuse `out`: a prefill chunk's fresh (T, C) temporaries cost more
+    # than the arithmetic on them.
     n = x.shape[-1]
     centred = x - x.sum(axis=-1, keepdims=True) / n
     var = np.square(centred).sum(axis=-1, keepdims=True) / n
-    return centred / np.sqrt(var + eps) * weight + bias
+    out = np.divide(centred, np.sqrt(var + eps), out=centred)
+    out *= weight
+    out += bias
+    return out
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    # GPT-2's tanh approximation; Python-float constants keep float32 arrays float32.
-    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    # GPT-2's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), written
+    # as x / (1 + exp(-2u)), the same function: NumPy's float32 exp is faster than its tanh, and
+    # the form has no 1 + tanh(u) to cancel for negative x. One array, updated in place; exp
+    # overflows to inf for x below about -10, where x / inf = -0 is the right answer.
+    # Python-float constants keep float32 arrays float32.
+    t = np.multiply(x, 0.044715)
+    t *= x
+    t *= x
+    t += x
+    t *= -2 * 0.7978845608028654
+    with np.errstate(over="ignore"):
+        np.exp(t, out=t)
+    t += 1.0
+    return np.divide(x, t, out=t)
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
@@ -587,10 +604,13 @@ class KVCache:
 # --- paged attention: the kernel that reads K/V through block tables ----------------------
 
 
-# Bytes of K (and as many of V) one step of the kernel gathers, as whole block columns (2 at
-# batch 32, 12 heads x 64, block size 16; a short context at batch 1): NumPy's per-call overhead
-# is paid rarely, and the gathered K and V stay in the CPU's caches for the matmuls that read them.
-PAGED_ATTENTION_CHUNK_BYTES = 3 * 2**20
+# Bytes of K (and as many of V) one step of the kernel gathers, as whole block columns (4 at
+# batch 8, 8 heads x 64, block size 16; 1 at batch 32 x 12 heads; a short context at batch 1):
+# NumPy's per-call overhead is paid rarely, and the gathered K and V are still in the CPU's
+# caches when the matmuls read them. Measured in the engine, where a layer's weights stream
+# through those caches between two calls: a batch-8 decode step took 0.85-0.87x as long with
+# 1 MiB as with 3 MiB (README, Performance, section 1).
+PAGED_ATTENTION_CHUNK_BYTES = 2**20
 
 
 def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale=None, v_scale=None):
@@ -773,7 +793,8 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
 
 
 def _checked_gpt2_weights(config: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Strip a `transformer.` prefix, drop GPT-2's mask buffers, check every name and shape."""
+    """Strip a `transformer.` prefix, drop GPT-2's mask buffers, check every name and shape.
+    Returns float32 arrays, row-major except `wte.weight`, which is column-major (same values)."""
     expected = gpt2_weight_shapes(config)
     found: dict[str, np.ndarray] = {}
     lm_head = None
@@ -789,7 +810,11 @@ def _checked_gpt2_weights(config: ModelConfig, weights: dict[str, np.ndarray]) -
         value = np.asarray(value)
         if value.shape != expected[key]:
             raise ValueError(f"weight {name!r} has shape {value.shape}, expected {expected[key]}")
-        found[key] = np.ascontiguousarray(value, dtype=np.float32)
+        # wte in column-major order, so that the tied LM head's wte.T is a row-major (n_embd, vocab)
+        # matrix, the (in, out) layout of every other weight: OpenBLAS multiplies a few rows by
+        # it 1.6-1.8x faster than by the transpose of a row-major wte. It is the one copy of
+        # wte (no second one to go stale); the embedding's few rows per step read it strided.
+        found[key] = np.asarray(value, dtype=np.float32, order="F" if key == "wte.weight" else "C")
     missing = sorted(set(expected) - set(found))
     if missing:
         raise ValueError(f"missing weight(s) {missing[:4]}{' ...' if len(missing) > 4 else ''}")
@@ -835,15 +860,24 @@ class ToyTransformer:
 
     def _qkv(self, x: np.ndarray, layer: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(T, C) -> q, k, v each (T, H, D)."""
-        qkv = self._ln(x, layer, "ln_1") @ layer["attn.c_attn.weight"] + layer["attn.c_attn.bias"]
+        qkv = self._ln(x, layer, "ln_1") @ layer["attn.c_attn.weight"]
+        qkv += layer["attn.c_attn.bias"]   # in place, as below: no second (T, 3C) array
         T, H, D = x.shape[0], self.config.n_head, self.config.head_dim
         return tuple(qkv.reshape(T, 3, H, D).transpose(1, 0, 2, 3))
 
     def _finish_layer(self, x: np.ndarray, attn: np.ndarray, layer: dict) -> np.ndarray:
         """Residual adds around the attention output projection and the MLP."""
-        x = x + attn.reshape(x.shape) @ layer["attn.c_proj.weight"] + layer["attn.c_proj.bias"]
-        h = _gelu(self._ln(x, layer, "ln_2") @ layer["mlp.c_fc.weight"] + layer["mlp.c_fc.bias"])
-        return x + h @ layer["mlp.c_proj.weight"] + layer["mlp.c_proj.bias"]
+        # Each sum lands in the product's own fresh array (x + y == y + x exactly in floats).
+        y = attn.reshape(x.shape) @ layer["attn.c_proj.weight"]
+        y += x
+        y += layer["attn.c_proj.bias"]
+        x = y
+        h = self._ln(x, layer, "ln_2") @ layer["mlp.c_fc.weight"]
+        h += layer["mlp.c_fc.bias"]
+        y = _gelu(h) @ layer["mlp.c_proj.weight"]
+        y += x
+        y += layer["mlp.c_proj.bias"]
+        return y
 
     def _embed(self, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         return self.weights["wte.weight"][token_ids] + self.weights["wpe.weight"][positions]
