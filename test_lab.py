@@ -5231,7 +5231,8 @@ def test_the_load_generators_client_reads_a_stream_whatever_its_framing(framing)
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(sse_body(STREAM_EVENTS[:2]))[:40],
      "mid-response"),
     (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP response"),
-], ids=["an error status", "a stream without [DONE]", "a connection closed mid-chunk", "not HTTP"])
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffff\r\n", "over the limit"),
+], ids=["an error status", "a stream without [DONE]", "a connection closed mid-chunk", "not HTTP", "a huge chunk"])
 def test_the_load_generators_client_reports_a_failed_request_and_never_raises(response, says):
     url, thread = canned_server(response)
     result = benchmark_serving.stream_completion(url, {"prompt": [1, 2], "max_tokens": 3}, HTTP_TIMEOUT)

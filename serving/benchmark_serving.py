@@ -210,6 +210,8 @@ class _Response:
         return data
 
     def _exactly(self, n: int) -> bytes:
+        if n > MAX_RESPONSE_BYTES:  # a chunk or body this client would hold in memory whole
+            raise ValueError(f"a response chunk of {n} bytes is over the limit of {MAX_RESPONSE_BYTES}")
         while len(self.buffer) < n:
             if not self._fill():
                 raise ConnectionError("the server closed the connection mid-response")
