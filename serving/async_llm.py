@@ -68,9 +68,16 @@ class _PipeEnd:
 class CommandReader(_PipeEnd):
     """The engine's end: `poll` and `recv` as a Connection's (EOFError once the writer has gone)."""
 
+    def __init__(self, fd: int):
+        super().__init__(fd)
+        # poll, not select: select refuses a descriptor numbered 1024 or more, and the engine
+        # runs in the caller's process, which may hold that many files.
+        self._poller = select.poll()
+        self._poller.register(fd, select.POLLIN)
+
     def poll(self) -> bool:
         """A command (or the end of the pipe) is there to read."""
-        return bool(select.select([self.fd], [], [], 0)[0])
+        return bool(self._poller.poll(0))
 
     def recv(self) -> tuple:
         (length,) = _LENGTH.unpack(self._read(_LENGTH.size))
@@ -143,11 +150,14 @@ class CommandWriter(_PipeEnd):
         `outputs` meanwhile to `on_output()` (an engine blocked writing its outputs to a front end
         that has stopped reading would never read this)."""
         deadline = time.monotonic() + timeout
+        poller = select.poll()
+        poller.register(outputs.fileno(), select.POLLIN)
+        poller.register(self.fd, select.POLLOUT)
         while self._unsent and self.fd >= 0 and (left := deadline - time.monotonic()) > 0:
-            readable, writable, _ = select.select([outputs], [self.fd], [], left)
-            if readable:
+            ready = dict(poller.poll(left * 1000))
+            if outputs.fileno() in ready:
                 on_output()
-            if writable:
+            if self.fd in ready:
                 self._write()
 
 
