@@ -823,7 +823,7 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
             f"through the server {ttft_served * 1e3:.2f} ms: the server adds {(ttft_served - ttft_offline) * 1e3:.2f} "
             f"ms, {(ttft_served - ttft_offline) / step:.1f} decode steps (one: {step * 1e3:.2f} ms); of which "
             f"connection + HTTP (a GET /health) {health * 1e3:.2f} ms, parsing and checking {parse * 1e3:.2f} ms, "
-            f"the rest (two hops between the processes, the first chunk) "
+            f"the rest (two hops between the processes, the first chunk, the client reading it) "
             f"{(ttft_served - ttft_offline - health - parse) * 1e3:.2f} ms")
 
 
