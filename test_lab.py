@@ -5184,12 +5184,16 @@ def canned_server(response: bytes, piece: int = 7, stall: bool = False):
         with listener, listener.accept()[0] as conn:
             conn.settimeout(HTTP_TIMEOUT)
             request = b""
-            while b"\r\n\r\n" not in request:
-                request += conn.recv(65536)
+            while b"\r\n\r\n" not in request:  # each recv bounded by the timeout; b"": the client went
+                if not (data := conn.recv(65536)):
+                    return
+                request += data
             head, _, body = request.partition(b"\r\n\r\n")
             length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
             while len(body) < length:
-                body += conn.recv(65536)
+                if not (data := conn.recv(65536)):
+                    return
+                body += data
             for i in range(0, len(response), piece):
                 conn.sendall(response[i:i + piece])
             if stall:
