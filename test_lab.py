@@ -5177,27 +5177,45 @@ def canned_server(response: bytes, piece: int = 7, stall: bool = False):
     """A one-request server on 127.0.0.1 that reads the request, writes `response` in pieces of
     `piece` bytes (so that chunk and line boundaries fall anywhere), then closes; with `stall`
     it keeps the connection open, silent, instead of closing. Returns (url, thread)."""
+    return scripted_server([[response]], piece, stall)
+
+
+def scripted_server(connections: list[list[bytes | None]], piece: int = 7, stall: bool = False):
+    """A server on 127.0.0.1 that accepts one connection after another, one per entry of
+    `connections`, and on each reads a request and writes its next response (in pieces of
+    `piece` bytes), or for None reads the request and closes without an answer; it closes a
+    connection after its last response (with `stall`, the last connection stays open, silent).
+    Returns (url, thread)."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(HTTP_TIMEOUT)
 
+    def read_request(conn, buffered: bytes) -> bytes | None:
+        """The bytes after one request (each recv bounded by the timeout); None: the client went."""
+        while b"\r\n\r\n" not in buffered:
+            if not (data := conn.recv(65536)):
+                return None
+            buffered += data
+        head, _, body = buffered.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+        while len(body) < length:
+            if not (data := conn.recv(65536)):
+                return None
+            body += data
+        return body[length:]
+
     def serve():
-        with listener, listener.accept()[0] as conn:
-            conn.settimeout(HTTP_TIMEOUT)
-            request = b""
-            while b"\r\n\r\n" not in request:  # each recv bounded by the timeout; b"": the client went
-                if not (data := conn.recv(65536)):
-                    return
-                request += data
-            head, _, body = request.partition(b"\r\n\r\n")
-            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
-            while len(body) < length:
-                if not (data := conn.recv(65536)):
-                    return
-                body += data
-            for i in range(0, len(response), piece):
-                conn.sendall(response[i:i + piece])
-            if stall:
-                conn.recv(1)  # until the client gives up and closes
+        with listener:
+            for n, responses in enumerate(connections):
+                with listener.accept()[0] as conn:
+                    conn.settimeout(HTTP_TIMEOUT)
+                    buffered = b""
+                    for response in responses:
+                        if (buffered := read_request(conn, buffered)) is None or response is None:
+                            break
+                        for i in range(0, len(response), piece):
+                            conn.sendall(response[i:i + piece])
+                    if stall and n == len(connections) - 1:
+                        conn.recv(1)  # until the client gives up and closes
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -5247,6 +5265,33 @@ def test_the_load_generators_client_reports_a_failed_request_and_never_raises(re
     result = benchmark_serving.stream_completion(url, {"prompt": [1, 2], "max_tokens": 3}, HTTP_TIMEOUT)
     thread.join(HTTP_TIMEOUT)
     assert result.error is not None and says in result.error, f"expected an error saying {says!r}, got {result.error!r}"
+
+
+KEPT_ALIVE_STREAM = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + chunked(sse_body(STREAM_EVENTS)))
+
+
+@pytest.mark.provided
+def test_the_load_generators_client_reuses_a_kept_alive_connection():
+    url, thread = scripted_server([[KEPT_ALIVE_STREAM, KEPT_ALIVE_STREAM]])  # one connection, two answers
+    with benchmark_serving.LoadClient(url, 3.0) as client:  # a request on another connection waits unaccepted
+        results = [client.run([{"prompt": [1, 2], "max_tokens": 3}])[0] for _ in range(2)]
+    thread.join(HTTP_TIMEOUT)
+    assert [r.error for r in results] == [None, None], (
+        f"the second request must go on the first one's kept-alive connection (the server accepts no "
+        f"other), as vLLM's benchmark reuses its connections: {[r.error for r in results]}")
+
+
+@pytest.mark.provided
+def test_the_load_generators_client_retries_once_on_a_connection_the_server_closed_unanswered():
+    # The first connection answers one request and closes at the next without a word, as a server
+    # whose idle timeout has just run out does: the request must go again, on a new connection.
+    url, thread = scripted_server([[KEPT_ALIVE_STREAM, None], [KEPT_ALIVE_STREAM]])
+    with benchmark_serving.LoadClient(url, 3.0) as client:  # a request on another connection waits unaccepted
+        results = [client.run([{"prompt": [1, 2], "max_tokens": 3}])[0] for _ in range(2)]
+    thread.join(HTTP_TIMEOUT)
+    assert results[1].error is None and len(results[1].chunk_times) == 3, (
+        f"a reused connection closed before any answer is not a failed request: {results[1].error!r}")
 
 
 @pytest.mark.provided

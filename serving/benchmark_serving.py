@@ -17,11 +17,13 @@ bare socket (this client 0.3-0.4 ms), time a TTFT of a few milliseconds counts a
 from __future__ import annotations
 
 import dataclasses
+import errno
 import http.client
 import json
 import math
+import os
+import selectors
 import socket
-import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -33,6 +35,8 @@ from .datasets import WorkloadRequest, make_workload, poisson_arrival_times, sav
 from .metrics import latency_percentiles
 
 MAX_RESPONSE_BYTES = 1 << 20  # one response line or body; a longer one is not a completion stream
+KEEP_ALIVE_REUSE_S = 2.0  # an idle connection is reused for this long (servers close them after 5 s)
+DRAIN_S = 0.5  # after [DONE], how long the end of the response may take before its connection is dropped
 
 
 @dataclasses.dataclass
@@ -146,107 +150,315 @@ def server_model_card(url: str, timeout: float = 10.0) -> dict:
     return data[0]
 
 
-class _Response:
-    """One HTTP/1.1 response read from `sock`, every read before `deadline` (perf_counter
-    seconds): the status and headers, then the body as lines, with the chunked transfer
-    encoding undone. The body ends where the headers say: the last chunk, Content-Length
-    bytes, or (neither given) the server closing the connection."""
+class _ResponseParser:
+    """One HTTP/1.1 response, parsed from the bytes fed to it as they arrive (`feed`): the status
+    and headers, then the body with the chunked transfer encoding undone, cut into lines, each
+    line a server-sent event for `result` (at most `max_lines` of them). The body ends where the
+    headers say: the last chunk, Content-Length bytes, or (neither given) the server closing the
+    connection. Raises ValueError for what is not a completion stream, ConnectionError for a
+    connection closed mid-response."""
 
-    def __init__(self, sock: socket.socket, deadline: float):
-        self.sock, self.deadline, self.buffer = sock, deadline, bytearray()
+    def __init__(self, result: StreamResult, max_lines: int):
+        self.result, self.lines_left = result, max_lines
+        self.buffer = bytearray()
+        self.next = self._head  # what to parse next; returns False when it needs more bytes
+        self.status, self.keep_alive, self.left = 0, False, 0
+        self.ended = False  # the response's framing has ended: the connection may carry another
+        self.decided = False  # `result` is final: [DONE] or an error (the framing may still end)
+        self._line, self._error_text = b"", b""
 
-    def head(self) -> tuple[int, dict[str, str]]:
-        status_line, *lines = self._through(b"\r\n\r\n").decode("latin-1").split("\r\n")
+    def feed(self, data: bytes) -> None:
+        """Parse `data`; b"" is the server closing the connection."""
+        if not data:
+            if self.next != self._to_close:
+                raise ConnectionError("the server closed the connection mid-response")
+            self._body(b"\n" if self._line else b"")  # the last line may have no newline
+            self._end()
+            return
+        self.buffer += data
+        while not self.ended and self.next():
+            pass
+
+    def _head(self) -> bool:
+        if (at := self.buffer.find(b"\r\n\r\n")) < 0:
+            if len(self.buffer) > MAX_RESPONSE_BYTES:
+                raise ValueError(f"a response head is over {MAX_RESPONSE_BYTES} bytes")
+            return False
+        status_line, *lines = self.buffer[:at].decode("latin-1").split("\r\n")
+        del self.buffer[:at + 4]
         version, _, rest = status_line.partition(" ")
         if not version.startswith("HTTP/") or not rest[:3].isdigit():
             raise ValueError(f"not an HTTP response: {status_line[:80]!r}")
-        self.headers = {name.strip().lower(): value.strip()
-                        for name, _, value in (line.partition(":") for line in lines)}
-        return int(rest[:3]), self.headers
+        headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+        self.status = int(rest[:3])
+        self.keep_alive = version == "HTTP/1.1" and "close" not in headers.get("connection", "").lower()
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            self.next = self._chunk_size
+        elif "content-length" in headers:
+            self.left = int(headers["content-length"])
+            self.next = self._sized if self.left else self._end
+        else:  # the body ends when the connection does
+            self.next, self.keep_alive = self._to_close, False
+        return True
 
-    def lines(self):
-        """The body's lines, each with its b"\\n" (the last one may have none)."""
-        pending = b""
-        for piece in self._body():
-            pending += piece
-            *lines, pending = pending.split(b"\n")
-            yield from (line + b"\n" for line in lines)
-            if len(pending) > MAX_RESPONSE_BYTES:
-                raise ValueError(f"a response line is over {MAX_RESPONSE_BYTES} bytes")
-        if pending:
-            yield pending
+    def _chunk_size(self) -> bool:
+        if (at := self.buffer.find(b"\r\n")) < 0:
+            if len(self.buffer) > 64:
+                raise ValueError(f"a chunk size line is over 64 bytes: {bytes(self.buffer[:64])!r}")
+            return False
+        size = int(self.buffer[:at].split(b";")[0], 16)
+        if size > MAX_RESPONSE_BYTES:  # a chunk this client would hold in memory whole
+            raise ValueError(f"a response chunk of {size} bytes is over the limit of {MAX_RESPONSE_BYTES}")
+        del self.buffer[:at + 2]
+        self.left, self.next = size, (self._chunk if size else self._trailer)
+        return True
 
-    def _body(self):
-        if self.headers.get("transfer-encoding", "").lower() == "chunked":
-            while size := int(self._through(b"\r\n").split(b";")[0], 16):  # the last chunk has size 0
-                yield self._exactly(size)
-                self._exactly(2)  # the chunk's CRLF
-        elif "content-length" in self.headers:
-            yield self._exactly(int(self.headers["content-length"]))
+    def _chunk(self) -> bool:
+        if len(self.buffer) < self.left + 2:
+            return False
+        if self.buffer[self.left:self.left + 2] != b"\r\n":
+            raise ValueError("a chunk does not end with CRLF where its size says")
+        self._body(bytes(self.buffer[:self.left]))
+        del self.buffer[:self.left + 2]
+        self.next = self._chunk_size
+        return True
+
+    def _trailer(self) -> bool:
+        """After the last chunk: trailer lines (ignored), then an empty line."""
+        if (at := self.buffer.find(b"\r\n")) < 0:
+            return False
+        del self.buffer[:at + 2]
+        if at == 0:
+            self._end()
+        return True
+
+    def _sized(self) -> bool:
+        piece = bytes(self.buffer[:self.left])
+        del self.buffer[:self.left]
+        self.left -= len(piece)
+        self._body(piece)
+        if not self.left:
+            self._end()
+        return False
+
+    def _to_close(self) -> bool:
+        self._body(bytes(self.buffer))
+        self.buffer.clear()
+        return False
+
+    def _body(self, piece: bytes) -> None:
+        if self.status != 200:  # an error: its status and the start of its text are enough
+            self._error_text = (self._error_text + piece)[:4096]
+            if len(self._error_text) == 4096:
+                self._fail()
+            return
+        *lines, self._line = (self._line + piece).split(b"\n")
+        if len(self._line) > MAX_RESPONSE_BYTES:
+            raise ValueError(f"a response line is over {MAX_RESPONSE_BYTES} bytes")
+        for line in lines:
+            if self.decided:
+                return
+            if not self.lines_left:
+                raise ValueError("more events than max_tokens allows, and no data: [DONE]")
+            self.lines_left -= 1
+            self.decided = _read_event(line.strip(), self.result)
+
+    def _end(self) -> bool:
+        self.ended = True
+        if self.status != 200:
+            self._fail()
+        elif not self.decided:
+            self.result.error = self.result.error or "the stream ended without data: [DONE]"
+        self.decided = True
+        return False
+
+    def _fail(self) -> None:
+        self.result.error = f"HTTP {self.status}: {self._error_text.decode(errors='replace')}"
+        self.decided = True
+
+
+class _Exchange:
+    """One request on one connection: connect (unless the connection is reused), send, read."""
+
+    def __init__(self, client: LoadClient, sock: socket.socket, reused: bool, request: bytes,
+                 result: StreamResult, max_lines: int):
+        self.client, self.sock, self.reused = client, sock, reused
+        self.unsent = memoryview(request)
+        self.result, self.parser = result, _ResponseParser(result, max_lines)
+        self.deadline = result.send_time + client.timeout
+        self.connected, self.received = reused, False
+
+    def ready(self) -> None:
+        """The socket is writable (connecting, sending) or readable (the response)."""
+        try:
+            if not self.connected:
+                if error := self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    raise ConnectionError(f"connecting to the server: {os.strerror(error)}")
+                self.connected = True
+            if self.unsent:
+                self.unsent = self.unsent[self.sock.send(self.unsent):]
+                if not self.unsent:
+                    self.client.selector.modify(self.sock, selectors.EVENT_READ, self)
+                return
+            data = self.sock.recv(65536)
+            self.received = self.received or bool(data)
+            self.parser.feed(data)
+        except (BlockingIOError, InterruptedError):
+            return
+        except (ConnectionError, ValueError, OSError) as exc:
+            if self.reused and not self.received and isinstance(exc, ConnectionError):
+                self.client.retry(self)  # the server had closed the idle connection: a new one
+            else:
+                self.result.error = f"{type(exc).__name__}: {exc}"
+                self.client.finish(self, reuse=False)
+            return
+        if self.parser.ended:
+            self.client.finish(self, reuse=self.parser.keep_alive and not self.parser.buffer)
+        elif self.parser.decided and not self.parser.keep_alive:
+            self.client.finish(self, reuse=False)  # nothing more to learn, and nothing to keep
+        elif self.parser.decided:  # the response's end is still to come: a little longer, for the connection
+            self.deadline = min(self.deadline, time.perf_counter() + DRAIN_S)
+
+
+class LoadClient:
+    """The load generator's HTTP/1.1 client: one thread, non-blocking sockets on a selector, and
+    kept-alive connections reused from request to request, as vLLM's benchmark does (one aiohttp
+    session for every request). A request takes the most recently idle connection, or opens a
+    new one when none is idle, so concurrency is never capped. A connection idle for more than
+    KEEP_ALIVE_REUSE_S is not reused (servers close idle ones: uvicorn and this lab's after 5 s),
+    and a reused one that the server closes before answering is retried once on a new connection.
+    Every request ends within `timeout` seconds of its send. Not the standard library's
+    http.client, nor a thread per request: on the project's VM those cost the client's process
+    0.5-1 ms per TTFT and most of a core at saturation, time and CPU a server on the same
+    machine would be charged for."""
+
+    def __init__(self, url: str, timeout: float):
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port, self.path = parts.hostname, parts.port or 80, parts.path.rstrip("/")
+        self.netloc, self.timeout = parts.netloc, timeout
+        self.address: tuple | None = None  # resolved at the first new connection
+        self.selector = selectors.DefaultSelector()
+        self.idle: list[tuple[socket.socket, float]] = []  # (connection, idle since), most recent last
+        self.active: set[_Exchange] = set()  # sending or reading
+
+    def __enter__(self) -> LoadClient:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for exchange in list(self.active):
+            if not exchange.parser.decided:
+                exchange.result.error = "the client closed before the response ended"
+            self.finish(exchange, reuse=False)
+        for sock, _ in self.idle:
+            sock.close()
+        self.idle.clear()
+        self.selector.close()
+
+    def run(self, payloads: Sequence[dict], arrivals: Sequence[float] | None = None) -> list[StreamResult]:
+        """POST each of `payloads` as a streaming completion at its arrival time (seconds from now;
+        None: all at once) and time its chunks; returns the results in order. Never raises for a
+        failed request: the error is in its `.error`."""
+        arrivals = [0.0] * len(payloads) if arrivals is None else list(arrivals)
+        order = sorted(range(len(payloads)), key=arrivals.__getitem__)[::-1]  # next to send last
+        results: list[StreamResult] = [None] * len(payloads)  # type: ignore[list-item]
+        start = time.perf_counter()
+        while order or self.active:
+            now = time.perf_counter()
+            while order and start + arrivals[order[-1]] <= now:
+                i = order.pop()
+                results[i] = self._send(payloads[i])
+                now = time.perf_counter()
+            for exchange in [e for e in self.active if e.deadline <= now]:
+                if not exchange.parser.decided:
+                    exchange.result.error = "TimeoutError: the response took longer than the timeout"
+                self.finish(exchange, reuse=False)
+            wake = min((e.deadline for e in self.active), default=math.inf)
+            if order:
+                wake = min(wake, start + arrivals[order[-1]])
+            for key, _ in self.selector.select(max(0.0, min(wake - now, 1.0))):
+                key.data.ready()
+        return results
+
+    def _send(self, payload: dict) -> StreamResult:
+        result = StreamResult(send_time=time.perf_counter())
+        body = json.dumps(payload).encode()
+        request = (f"POST {self.path}/v1/completions HTTP/1.1\r\nHost: {self.netloc}\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
+        max_lines = 2 * (payload.get("max_tokens") or 16) + 32  # events and blank lines
+        try:
+            sock, reused = self._connection(result.send_time)
+        except OSError as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+            return result
+        self._start(_Exchange(self, sock, reused, request, result, max_lines))
+        return result
+
+    def _connection(self, now: float) -> tuple[socket.socket, bool]:
+        """An idle kept-alive connection that is still open, else a new one, connecting."""
+        while self.idle:
+            sock, since = self.idle.pop()
+            if now - since < KEEP_ALIVE_REUSE_S and self._still_open(sock):
+                return sock, True
+            sock.close()
+        if self.address is None:
+            self.address = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0]
+        family, kind, proto, _, address = self.address
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if (error := sock.connect_ex(address)) not in (0, errno.EINPROGRESS, errno.EAGAIN):
+            sock.close()
+            raise ConnectionError(error, f"connecting to {self.host}:{self.port}: {os.strerror(error)}")
+        return sock, False  # connecting: the outcome is known once the socket is writable
+
+    @staticmethod
+    def _still_open(sock: socket.socket) -> bool:
+        try:
+            sock.recv(1, socket.MSG_PEEK)  # b"": closed by the server; bytes: nothing asked for them
+        except BlockingIOError:
+            return True  # nothing to read: open and quiet
+        except OSError:
+            pass
+        return False
+
+    def _start(self, exchange: _Exchange) -> None:
+        self.active.add(exchange)
+        self.selector.register(exchange.sock, selectors.EVENT_WRITE, exchange)
+
+    def retry(self, exchange: _Exchange) -> None:
+        """Send `exchange`'s request again on a new connection (its send time stays)."""
+        self.selector.unregister(exchange.sock)
+        exchange.sock.close()
+        self.active.discard(exchange)
+        self.idle, stale = [], self.idle  # the server's idle timeout may have closed these too
+        for sock, _ in stale:
+            sock.close()
+        try:
+            sock, _ = self._connection(time.perf_counter())
+        except OSError as exc:
+            exchange.result.error = f"{type(exc).__name__}: {exc}"
+            return
+        self._start(_Exchange(self, sock, False, bytes(exchange.unsent.obj), exchange.result,
+                              exchange.parser.lines_left))
+
+    def finish(self, exchange: _Exchange, reuse: bool) -> None:
+        self.active.discard(exchange)
+        self.selector.unregister(exchange.sock)
+        if reuse:
+            self.idle.append((exchange.sock, time.perf_counter()))
         else:
-            while self.buffer or self._fill():
-                yield bytes(self.buffer)
-                self.buffer.clear()
-
-    def _fill(self) -> bool:
-        """Wait for more bytes; False at the end of the stream."""
-        left = self.deadline - time.perf_counter()
-        if left <= 0:
-            raise TimeoutError("the response took longer than the timeout")
-        self.sock.settimeout(left)
-        data = self.sock.recv(65536)
-        self.buffer += data
-        return bool(data)
-
-    def _through(self, end: bytes) -> bytes:
-        """The bytes before `end`; `end` is consumed too."""
-        while (at := self.buffer.find(end)) < 0:
-            if len(self.buffer) > MAX_RESPONSE_BYTES:
-                raise ValueError(f"a response line is over {MAX_RESPONSE_BYTES} bytes")
-            if not self._fill():
-                raise ConnectionError("the server closed the connection mid-response")
-        data = bytes(self.buffer[:at])
-        del self.buffer[:at + len(end)]
-        return data
-
-    def _exactly(self, n: int) -> bytes:
-        if n > MAX_RESPONSE_BYTES:  # a chunk or body this client would hold in memory whole
-            raise ValueError(f"a response chunk of {n} bytes is over the limit of {MAX_RESPONSE_BYTES}")
-        while len(self.buffer) < n:
-            if not self._fill():
-                raise ConnectionError("the server closed the connection mid-response")
-        data = bytes(self.buffer[:n])
-        del self.buffer[:n]
-        return data
+            exchange.sock.close()
 
 
 def stream_completion(url: str, payload: dict, timeout: float) -> StreamResult:
-    """POST one streaming completion and time its chunks. Never raises for a failed request:
-    the error is in `.error`. Bounded: at most max_tokens + 16 events, `timeout` seconds in all."""
-    parts = urllib.parse.urlsplit(url)
-    result = StreamResult(send_time=time.perf_counter())
-    deadline = result.send_time + timeout
-    body = json.dumps(payload).encode()
-    request = (f"POST {parts.path.rstrip('/')}/v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-    try:
-        with socket.create_connection((parts.hostname, parts.port or 80), timeout=timeout) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(request.encode("latin-1") + body)
-            response = _Response(sock, deadline)
-            status, _ = response.head()
-            lines = response.lines()
-            if status != 200:
-                text = b"".join(line for _, line in zip(range(64), lines))[:4096]
-                result.error = f"HTTP {status}: {text.decode(errors='replace')}"
-                return result
-            for _, line in zip(range(2 * (payload.get("max_tokens") or 16) + 32), lines):  # events and blank lines
-                if _read_event(line.strip(), result):
-                    return result
-        result.error = result.error or "the stream ended without data: [DONE]"
-    except (OSError, ValueError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-    return result
+    """POST one streaming completion on a new connection and time its chunks. Never raises for a
+    failed request: the error is in `.error`. Bounded: at most max_tokens + 16 events, `timeout`
+    seconds in all."""
+    with LoadClient(url, timeout) as client:
+        return client.run([payload])[0]
 
 
 def _read_event(line: bytes, result: StreamResult) -> bool:
@@ -276,29 +488,23 @@ def completion_payload(request: WorkloadRequest, model: str, prompt_format: str 
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
 
 
-def run_load(url: str, payloads: Sequence[dict], rate: float, seed: int = 0,
-             timeout: float = 300.0) -> tuple[list[StreamResult], float]:
-    """Send `payloads` open-loop at Poisson `rate` (req/s), each on its own thread; wait for all
-    (at most `timeout` after the last send). Returns the results in order and the duration from
-    the first send to the last chunk."""
+def run_load(url: str, payloads: Sequence[dict], rate: float, seed: int = 0, timeout: float = 300.0,
+             client: LoadClient | None = None) -> tuple[list[StreamResult], float]:
+    """Send `payloads` open-loop at Poisson `rate` (req/s) and wait for all, each request at most
+    `timeout` seconds after its send (`client`: one whose kept-alive connections to use; None: a
+    new one, closed after). Returns the results in order and the duration from the first send to
+    the last chunk."""
     arrivals = poisson_arrival_times(rate, len(payloads), seed)
-    results: list[StreamResult | None] = [None] * len(payloads)
-
-    def send(i: int) -> None:
-        results[i] = stream_completion(url, payloads[i], timeout)
-
-    threads, start = [], time.perf_counter()
-    for i, at in enumerate(arrivals):
-        time.sleep(max(0.0, start + at - time.perf_counter()))
-        threads.append(threading.Thread(target=send, args=(i,), daemon=True))
-        threads[-1].start()
-    deadline = time.perf_counter() + timeout + 5.0
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.perf_counter()))
-    # A new list: a thread still running past the deadline writes into `results`, not into this.
-    done = [r or StreamResult(start, error="no answer within the timeout") for r in results]
-    end = max((r.chunk_times[-1] for r in done if r.chunk_times), default=start)
-    return done, end - start
+    own = client is None
+    client = LoadClient(url, timeout) if client is None else client
+    try:
+        start = time.perf_counter()
+        results = client.run(payloads, arrivals)
+    finally:
+        if own:
+            client.close()
+    end = max((r.chunk_times[-1] for r in results if r.chunk_times), default=start)
+    return results, end - start
 
 
 def loadtest(lab: ModuleType, url: str, rates: Sequence[float], num_prompts: int,
