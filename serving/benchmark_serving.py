@@ -8,10 +8,9 @@ times of its streamed chunks, as in vLLM's benchmark:
   TTFT = first chunk - send;  E2E = last chunk - send;
   TPOT = (E2E - TTFT) / (output tokens - 1);  ITL = the gaps between consecutive chunks.
 The formulas' one home is the chapter's `RequestMetrics.from_times`; the module is handed in.
-The client is a plain HTTP/1.1 client on a socket (`_Response`), one thread per request, every
-read under a deadline, so the same command measures this lab's server and a vLLM deployment. Not
-the standard library's http.client: on the project's VM it added 0.5-1 ms to each TTFT against a
-bare socket (this client 0.3-0.4 ms), time a TTFT of a few milliseconds counts as the server's.
+The client (`LoadClient`) is a plain HTTP/1.1 client on one thread, with kept-alive connections
+reused as vLLM's benchmark reuses them, every request under a deadline, so the same command
+measures this lab's server and a vLLM deployment.
 """
 
 from __future__ import annotations
@@ -328,9 +327,9 @@ class LoadClient:
     KEEP_ALIVE_REUSE_S is not reused (servers close idle ones: uvicorn and this lab's after 5 s),
     and a reused one that the server closes before answering is retried once on a new connection.
     Every request ends within `timeout` seconds of its send. Not the standard library's
-    http.client, nor a thread per request: on the project's VM those cost the client's process
-    0.5-1 ms per TTFT and most of a core at saturation, time and CPU a server on the same
-    machine would be charged for."""
+    http.client, nor a thread per request: on the project's VM http.client added 0.5-1 ms to
+    each TTFT, and a thread per request took 1.3-1.9x this client's CPU per token at saturation,
+    time and CPU that a server on the same machine would be charged for."""
 
     def __init__(self, url: str, timeout: float):
         parts = urllib.parse.urlsplit(url)
