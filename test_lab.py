@@ -5295,6 +5295,33 @@ def test_the_load_generators_client_retries_once_on_a_connection_the_server_clos
 
 
 @pytest.mark.provided
+def test_the_load_generators_client_keeps_a_finished_stream_whose_framing_never_ends():
+    # [DONE] has come but not the last chunk, and the server says no more: the request is done
+    # (its chunks are timed), and waiting for the framing's end is bounded by DRAIN_S.
+    url, thread = canned_server(KEPT_ALIVE_STREAM[:-len(b"0\r\n\r\n")], stall=True)
+    start = time.perf_counter()
+    result = benchmark_serving.stream_completion(url, {"prompt": [1, 2], "max_tokens": 3}, HTTP_TIMEOUT)
+    waited = time.perf_counter() - start
+    thread.join(HTTP_TIMEOUT)
+    assert result.error is None and len(result.chunk_times) == 3, (
+        f"a stream that reached [DONE] is a finished request, whatever its framing does next: {result.error!r}")
+    assert waited < benchmark_serving.DRAIN_S + 2.0, (
+        f"the client waited {waited:.1f} s for the end of a finished response (DRAIN_S is {benchmark_serving.DRAIN_S})")
+
+
+@pytest.mark.provided
+def test_the_load_generators_client_sends_each_request_at_its_arrival_time_not_before():
+    url, thread = scripted_server([[KEPT_ALIVE_STREAM], [KEPT_ALIVE_STREAM]])
+    with benchmark_serving.LoadClient(url, 3.0) as client:
+        results = client.run([{"prompt": [1, 2], "max_tokens": 3}] * 2, [0.0, 0.3])
+    thread.join(HTTP_TIMEOUT)
+    gap = results[1].send_time - results[0].send_time
+    assert [r.error for r in results] == [None, None] and gap >= 0.3, (
+        f"the second request arrives 0.3 s after the first (open loop): sent {gap:.3f} s after it, "
+        f"errors {[r.error for r in results]}")
+
+
+@pytest.mark.provided
 def test_the_load_generators_client_gives_up_at_its_timeout():
     url, thread = canned_server(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", stall=True)
     start = time.perf_counter()
