@@ -5259,7 +5259,9 @@ def test_the_load_generators_client_reads_a_stream_whatever_its_framing(framing)
      "mid-response"),
     (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP response"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffff\r\n", "over the limit"),
-], ids=["an error status", "a stream without [DONE]", "a connection closed mid-chunk", "not HTTP", "a huge chunk"])
+    (b"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffff\r\n", "HTTP 503"),
+], ids=["an error status", "a stream without [DONE]", "a connection closed mid-chunk", "not HTTP", "a huge chunk",
+        "an error with a huge chunk"])
 def test_the_load_generators_client_reports_a_failed_request_and_never_raises(response, says):
     url, thread = canned_server(response)
     result = benchmark_serving.stream_completion(url, {"prompt": [1, 2], "max_tokens": 3}, HTTP_TIMEOUT)

@@ -207,6 +207,9 @@ class _ResponseParser:
             return False
         size = int(self.buffer[:at].split(b";")[0], 16)
         if size > MAX_RESPONSE_BYTES:  # a chunk this client would hold in memory whole
+            if self.status != 200:  # an error's status says what matters; its text can go unread
+                self._fail()
+                return False
             raise ValueError(f"a response chunk of {size} bytes is over the limit of {MAX_RESPONSE_BYTES}")
         del self.buffer[:at + 2]
         self.left, self.next = size, (self._chunk if size else self._trailer)
@@ -274,6 +277,8 @@ class _ResponseParser:
     def _fail(self) -> None:
         self.result.error = f"HTTP {self.status}: {self._error_text.decode(errors='replace')}"
         self.decided = True
+        if not self.ended:  # the rest of the error is left unread: the connection cannot carry another
+            self.keep_alive = False
 
 
 class _Exchange:
