@@ -310,7 +310,9 @@ class _Exchange:
         except (BlockingIOError, InterruptedError):
             return
         except (ConnectionError, ValueError, OSError) as exc:
-            if self.reused and not self.received and isinstance(exc, ConnectionError):
+            if self.parser.decided:  # the result is in ([DONE] or an error): only the framing's end is lost
+                self.client.finish(self, reuse=False)
+            elif self.reused and not self.received and isinstance(exc, ConnectionError):
                 self.client.retry(self)  # the server had closed the idle connection: a new one
             else:
                 self.result.error = f"{type(exc).__name__}: {exc}"
@@ -379,6 +381,8 @@ class LoadClient:
                 if not exchange.parser.decided:
                     exchange.result.error = "TimeoutError: the response took longer than the timeout"
                 self.finish(exchange, reuse=False)
+            if not (order or self.active):
+                break  # the last request ended at its deadline: nothing is left to wait for
             wake = min((e.deadline for e in self.active), default=math.inf)
             if order:
                 wake = min(wake, start + arrivals[order[-1]])
@@ -473,14 +477,17 @@ def _read_event(line: bytes, result: StreamResult) -> bool:
     if data == b"[DONE]":
         return True
     event = json.loads(data)
-    if "error" in event:
-        result.error = json.dumps(event["error"])
-    if event.get("choices"):
-        result.chunk_times.append(time.perf_counter())
-        result.num_output_tokens += len(event["choices"][0].get("token_ids") or [None])
-    if event.get("usage"):  # the count the server reports wins (a chunk may hold several tokens)
-        result.num_output_tokens = event["usage"].get("completion_tokens", result.num_output_tokens)
-        result.num_prompt_tokens = event["usage"].get("prompt_tokens")
+    try:
+        if "error" in event:
+            result.error = json.dumps(event["error"])
+        if event.get("choices"):
+            result.chunk_times.append(time.perf_counter())
+            result.num_output_tokens += len(event["choices"][0].get("token_ids") or [None])
+        if event.get("usage"):  # the count the server reports wins (a chunk may hold several tokens)
+            result.num_output_tokens = event["usage"].get("completion_tokens", result.num_output_tokens)
+            result.num_prompt_tokens = event["usage"].get("prompt_tokens")
+    except (TypeError, AttributeError, KeyError, IndexError) as exc:  # JSON, but not shaped as a completion event
+        raise ValueError(f"not a completion event ({type(exc).__name__}: {exc}): {data[:80]!r}") from None
     return False
 
 
