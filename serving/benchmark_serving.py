@@ -335,7 +335,7 @@ class LoadClient:
     and a reused one that the server closes before answering is retried once on a new connection.
     Every request ends within `timeout` seconds of its send. Not the standard library's
     http.client, nor a thread per request: on the project's VM http.client added 0.5-1 ms to
-    each TTFT, and a thread per request took 1.3-1.9x this client's CPU per token at saturation,
+    each TTFT, and a thread per request took 1.1-1.9x this client's CPU per token at saturation,
     time and CPU that a server on the same machine would be charged for."""
 
     def __init__(self, url: str, timeout: float):
