@@ -17,6 +17,7 @@ import math
 import os
 import pickle
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -4574,6 +4575,17 @@ def test_the_front_end_in_a_thread_answers_as_the_one_in_its_own_process(engine_
     assert texts[0] == texts[1], f"the front end in a thread streamed {texts[1]}, in its own process {texts[0]}"
 
 
+
+
+@pytest.mark.provided
+@pytest.mark.skipif(not api_server.FRONTEND_PROCESS, reason="no fork here: the front end is a thread")
+def test_a_server_whose_front_end_is_killed_stops_instead_of_running_on_unreachable(engine_model):
+    with serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4)) as srv:
+        assert not srv.wait(0.05), "a healthy server stopped of itself"
+        os.kill(srv._frontend.pid, signal.SIGKILL)  # the forked HTTP process, as an OOM killer would
+        assert srv.wait(HTTP_TIMEOUT), (
+            "the front end was killed, so nobody can reach the engine: the server must stop (and `serve` "
+            "return) instead of running on")
 
 
 @pytest.mark.provided

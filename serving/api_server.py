@@ -261,6 +261,12 @@ class CompletionServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server has stopped, or `timeout` seconds (None: no limit); whether it has.
+        Before `close()` it stops only if its front end ends of itself (killed, or failed): the
+        engine's thread sees the command pipe close, and nobody could reach the engine any more."""
+        return self._core.join(timeout)
+
     def close(self) -> None:
         with self._close_lock:
             if self._closed:
@@ -681,13 +687,17 @@ def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=No
 
 
 def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None, *,
-          tokenizer=None, model_name: str | None = None, stream_interval: int = 1) -> None:
-    """`python solution.py serve`: run the server until Ctrl-C (or for `duration` seconds)."""
+          tokenizer=None, model_name: str | None = None, stream_interval: int = 1) -> bool:
+    """`python solution.py serve`: run the server until Ctrl-C (or for `duration` seconds). False
+    if its front end ended of itself first (killed, or failed): a server nobody can reach must
+    not run on."""
     with start_server(engine, host, port, tokenizer=tokenizer, model_name=model_name,
                       stream_interval=stream_interval) as server:
         print(f"serving {server.model_name} at {server.url}  (POST /v1/completions /v1/chat/completions, "
               f"GET /v1/models /health /metrics; Ctrl-C stops)", flush=True)
         try:
-            threading.Event().wait(duration)
+            if server.wait(duration):
+                return False
         except KeyboardInterrupt:
             print("stopping", flush=True)
+    return True

@@ -209,8 +209,10 @@ class EngineCore:
     def start(self) -> None:
         self._thread.start()
 
-    def join(self, timeout: float) -> None:
+    def join(self, timeout: float | None) -> bool:
+        """Wait for the engine's thread to end (None: however long); whether it has."""
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def send(self, message: tuple) -> bool:
         """To the front end; False once it has gone."""

@@ -217,8 +217,9 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
                 model = lab.ToyTransformer(lab.ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}),
                                            seed=args.seed)
                 engine, tokenizer, name = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs, **options), None, None
-            serve(engine, args.host, args.port, args.duration, tokenizer=tokenizer, model_name=name,
-                  stream_interval=args.stream_interval)
+            if not serve(engine, args.host, args.port, args.duration, tokenizer=tokenizer, model_name=name,
+                         stream_interval=args.stream_interval):
+                parser.exit(1, f"{prog} serve: error: the server's HTTP front end stopped, so the server did\n")
         elif args.command == "loadtest":
             summaries = loadtest(lab, args.url, args.qps, args.num_prompts, args.workload, args.seed,
                                  args.prompt_format, args.model, args.max_model_len, args.slo_ttft_ms,

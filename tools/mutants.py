@@ -319,6 +319,8 @@ MUTANTS: list[tuple[str, ...]] = [
      "provided", "if self.status != 200:  # an error's status says what matters; its text can go unread",
      "if False:",
      "serving/benchmark_serving.py"),
+    ("a server whose front end was killed runs on, unreachable", "provided",
+     "        return self._core.join(timeout)\n", "        return False\n", "serving/api_server.py"),
     ("the load generator's client never reuses a kept-alive connection", "provided",
      "            self.client.finish(self, reuse=self.parser.keep_alive and not self.parser.buffer)\n",
      "            self.client.finish(self, reuse=False)\n", "serving/benchmark_serving.py"),
