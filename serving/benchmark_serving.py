@@ -309,7 +309,7 @@ class _Exchange:
             self.parser.feed(data)
         except (BlockingIOError, InterruptedError):
             return
-        except (ConnectionError, ValueError, OSError) as exc:
+        except (ValueError, OSError) as exc:  # OSError covers ConnectionError and a failed connect
             if self.parser.decided:  # the result is in ([DONE] or an error): only the framing's end is lost
                 self.client.finish(self, reuse=False)
             elif self.reused and not self.received and isinstance(exc, ConnectionError):

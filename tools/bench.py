@@ -819,6 +819,8 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
                 client.run(payloads[:1])  # which also sends a test request first
                 kept = [client.run([p])[0] for p in payloads[:num_alone]]
             fresh = [benchmark_serving.stream_completion(url, p, 60.0) for p in payloads[:num_alone]]
+            if failed := [r.error for r in kept + fresh if not r.ok]:  # check the outputs before timing them
+                raise RuntimeError(f"{len(failed)} lone requests failed, the first: {failed[0]}")
             health = [_health_round_trip(url) for _ in range(num_alone)]
             lone[name] = tuple(float(np.median(x)) for x in (
                 [m.ttft for m in alone], [benchmark_serving.stream_metrics(lab, r).ttft for r in kept],
