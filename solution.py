@@ -5,13 +5,13 @@ Reading map (this file's own line numbers): the chapter, read top to bottom, eac
 the ideas it needs; the exercises' own code is an afternoon, the whole file a day.
 
    section                                     lines        what it holds
-   0. Conventions                              41-83        checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          84-496       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   497-1188     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1189-2171    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     2172-2550    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2551-2953    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2954-2987    the list of exercises, and `__main__`
+   0. Conventions                              41-93        checked arguments: what the exercises start from
+   1. Paged KV-cache (PagedAttention)          94-506       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   507-1198     a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      1199-1957    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1958-2336    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2337-2739    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2740-2773    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -48,7 +48,17 @@ import numpy as np
 # just above the exercise, so that the exercises start from checked arguments.
 
 
-class NotAnIntError(TypeError, ValueError):
+class ArgumentError(ValueError):
+    """A bad argument. The message says what was wrong and what was expected; `.argument` names
+    the argument (or the request's field) as data, so that a caller such as an HTTP server can
+    point at it without reading the message."""
+
+    def __init__(self, argument: str, message: str):
+        super().__init__(message)
+        self.argument = argument
+
+
+class NotAnIntError(ArgumentError, TypeError):
     """A bool, float or string where an int is meant. Both a TypeError and a ValueError, so
     that `except ValueError` (the lab's "bad input") catches it too."""
 
@@ -65,11 +75,11 @@ def is_number(value: object) -> bool:
 
 def check_int(name: str, value: object, minimum: int | None = None) -> int:
     """`value` as a Python int. Python and NumPy integers are accepted; a bool, a float (even
-    2.0) or a string is a NotAnIntError naming `name`; below `minimum` is a ValueError."""
+    2.0) or a string is a NotAnIntError naming `name`; below `minimum` an ArgumentError."""
     if not is_int(value):
-        raise NotAnIntError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        raise NotAnIntError(name, f"{name} must be an int, got {type(value).__name__} {value!r}")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise ArgumentError(name, f"{name} must be >= {minimum}, got {value}")
     return int(value)
 
 
@@ -77,7 +87,7 @@ def check_token_ids(name: str, token_ids: object) -> list[int]:
     """A sequence of token ids as a list of Python ints (see `check_int`); a string is refused,
     not read as characters."""
     if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, (Sequence, np.ndarray)):
-        raise NotAnIntError(f"{name} must be a list of token ids (ints), got {type(token_ids).__name__}")
+        raise NotAnIntError(name, f"{name} must be a list of token ids (ints), got {type(token_ids).__name__}")
     return [check_int(f"{name}[{i}]", t, minimum=0) for i, t in enumerate(token_ids)]
 
 
@@ -1200,36 +1210,23 @@ class _PagedBatch:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """How to pick each output token: vLLM's fields, meanings and ranges. Temperature 0 is greedy.
+    """How each output token is picked and when a request stops, with vLLM's names and meanings.
 
-    A run stops after `max_tokens` outputs ("length"), at the engine's EOS token unless
-    `ignore_eos`, or at a token of `stop_token_ids` (both "stop"; the token is kept, as vLLM
-    does); before `min_tokens` outputs EOS and stop tokens are masked. The sampler, in vLLM v1's
-    order (`process_logits`, `sample_token`): `logit_bias` (token id -> added to its logit), the
-    penalties (`apply_penalties`), argmax at T = 0; else / `temperature`, `min_p`, `top_k` (0 or
-    -1: off), `top_p`, and one draw `rng.choice` per token from `np.random.default_rng(seed)`.
-    `logprobs` / `prompt_logprobs` = k: the chosen token's and the top k log-probabilities of each
-    output / prompt token, from the raw logits (vLLM's default "raw_logprobs"). `n` samples share
-    the prompt's KV blocks; sample i draws from `default_rng(seed + i)`, as vLLM seeds them, so it
-    equals the single sample with seed + i. n > 1 needs temperature > 0 (as in vLLM).
+    Temperature 0 is greedy (the argmax). Above 0 the token is drawn from softmax(logits / T)
+    cut to the `top_k` most likely tokens (0: no limit), then to the most likely tokens whose
+    mass reaches `top_p` (1.0: no limit), with the request's own `np.random.default_rng(seed)`.
+    A request stops after `max_tokens` outputs ("length") or at a token of `stop_token_ids`
+    ("stop"; the token is kept, as vLLM keeps it). `extra_args` is for the engine's logits
+    processors (vLLM's field of that name); the chapter's sampler never reads it.
     """
 
     temperature: float = 0.0
     max_tokens: int = 16
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
-    top_p: float = 1.0
     top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[int, float] | None = None
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    n: int = 1
+    top_p: float = 1.0
+    extra_args: dict | None = None
 
 
 @dataclasses.dataclass
@@ -1274,32 +1271,11 @@ class RequestMetrics:
 
 
 @dataclasses.dataclass
-class CompletionOutput:
-    """One of the `n` samples of a request (vLLM's name): `index` 0..n-1, its tokens, why it
-    finished (None while running), `stop_reason` (the stop token id that ended it; None for EOS,
-    "length" and the rest), and `logprobs` (see RequestOutput) or None when not asked for."""
-
-    index: int
-    output_token_ids: list[int]
-    finish_reason: str | None = None
-    stop_reason: int | None = None
-    logprobs: list[dict[int, float]] | None = None
-
-
-@dataclasses.dataclass
 class RequestOutput:
-    """What a request produced. `finish_reason` is "stop" (EOS or a stop token), "length"
+    """What a request produced, whole. `finish_reason` is "stop" (a stop token), "length"
     (max_tokens), "abort" (`LLMEngine.abort_request`), "rejected" (it can never fit; no
     tokens), "error" (the step it ran in raised), or None while running. `finish_detail` says
-    why, in words, for "rejected" and "error".
-
-    `outputs` holds every sample (`CompletionOutput`, in index order); the other fields are
-    sample 0's, so with n = 1 they are the request's. With n > 1 `finish_reason` stays None
-    until every sample finished, `num_preemptions` counts all samples', and `metrics` are
-    sample 0's token times with the last sample's finish. `logprobs[i]` (when asked for) is a
-    dict token id -> log-probability for output token i: first the sampled token, then the top
-    k, most likely first (k or k + 1 entries); `prompt_logprobs` the same per prompt token, with
-    None for the first (nothing predicts it)."""
+    why, in words, for "rejected" and "error"."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -1308,10 +1284,22 @@ class RequestOutput:
     finish_reason: str | None = None
     num_preemptions: int = 0
     finish_detail: str | None = None
-    stop_reason: int | None = None
-    logprobs: list[dict[int, float]] | None = None
-    prompt_logprobs: list[dict[int, float] | None] | None = None
-    outputs: list[CompletionOutput] = dataclasses.field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclasses.dataclass
+class EngineCoreOutput:
+    """What one step did for one request (vLLM's name): only what is new, never the prompt or
+    the tokens reported before. `new_token_ids` holds the token the step sampled for it (none
+    for a prefill chunk that stops short, or an abort); `finish_reason` is set in the last one."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    finish_detail: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -1334,10 +1322,6 @@ class SequenceState:
     prefilled, or the last sampled token) are still to be processed. A step appends its
     tokens to the table as it is planned, and the full blocks it computed enter the prefix
     cache in `update` (`cache_full_blocks`), after the forward pass.
-
-    Sample i > 0 of an n-sample request is its own SequenceState, `fork`ed from sample 0 (the
-    one the request created) once the prompt is computed; until then sample 0 holds
-    `num_pending_forks = n - 1` and the scheduler keeps their seats in the batch free.
     """
 
     def __init__(self, request: Request, allocator: BlockAllocator):
@@ -1350,18 +1334,12 @@ class SequenceState:
         self.finish_reason: str | None = None
         self.finish_detail: str | None = None
         self.num_preemptions = 0
-        self.stop_reason: int | None = None
         self.stop_token_set = frozenset(request.sampling.stop_token_ids)  # each token's check is O(1)
-        self.num_pending_forks = request.sampling.n - 1
-        self.group_id = request.request_id  # the request it is a sample of (`Scheduler.fork`)
         # Filled in by whoever runs the steps (engine or simulator): its clock, its sampler.
         self.arrival_time = request.arrival_time
         self.token_times: list[float] = []
         self.finish_time = math.nan
         self.rng: np.random.Generator | None = None
-        self.eos_token_id: int | None = None
-        self.logprobs: list[dict[int, float]] | None = None if request.sampling.logprobs is None else []
-        self.prompt_logprobs: list | None = None if request.sampling.prompt_logprobs is None else [None]
 
     def __repr__(self) -> str:
         return (f"SequenceState({self.request_id!r}, {self.status.value}, {self.num_computed_tokens} of "
@@ -1388,38 +1366,18 @@ class SequenceState:
         n = len(self.prompt_token_ids)
         return self.prompt_token_ids[start:stop] + self.output_token_ids[max(start - n, 0) : max(stop - n, 0)]
 
-    @property
-    def needs_prompt_logprobs(self) -> bool:
-        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
-
     def check_stop(self) -> str | None:
-        """The finish reason its latest output token gives, vLLM's rule in vLLM's order: none
-        before `min_tokens` outputs; "stop" for EOS (unless `ignore_eos`; stop_reason None), then
-        "stop" for a token of `stop_token_ids` (recorded as `stop_reason`); then "length" at
-        `max_tokens` outputs; else None (it goes on)."""
-        s, token, count = self.sampling, self.output_token_ids[-1], len(self.output_token_ids)
-        if count >= s.min_tokens:
-            if token == self.eos_token_id and not s.ignore_eos:
-                return "stop"
-            if token in self.stop_token_set:
-                self.stop_reason = token
-                return "stop"
-        return "length" if count >= s.max_tokens else None
-
-    def completion(self, index: int) -> CompletionOutput:
-        logprobs = None if self.logprobs is None else list(self.logprobs)
-        return CompletionOutput(index, list(self.output_token_ids), self.finish_reason, self.stop_reason, logprobs)
+        """The finish reason its latest output token gives: "stop" for a token of
+        `stop_token_ids` (checked first), "length" at `max_tokens` outputs, else None."""
+        if self.output_token_ids[-1] in self.stop_token_set:
+            return "stop"
+        return "length" if len(self.output_token_ids) >= self.sampling.max_tokens else None
 
     def to_output(self) -> RequestOutput:
-        # Metrics only for a finished output (a running one has None): built at every step,
-        # they would cost a pass over all the token times per token.
         metrics = (RequestMetrics.from_times(self.arrival_time, self.token_times, self.finish_time)
                    if self.finish_reason else None)
-        c = self.completion(0)
-        return RequestOutput(self.request_id, list(self.prompt_token_ids), c.output_token_ids,
-                             metrics, self.finish_reason, self.num_preemptions,
-                             self.finish_detail, c.stop_reason, c.logprobs,
-                             None if self.prompt_logprobs is None else list(self.prompt_logprobs), [c])
+        return RequestOutput(self.request_id, list(self.prompt_token_ids), list(self.output_token_ids), metrics,
+                             self.finish_reason, self.num_preemptions, self.finish_detail)
 
 
 @dataclasses.dataclass
@@ -1459,11 +1417,10 @@ class Scheduler:
 
     Liveness: the oldest running sequence is never preempted for a newer one, and a request
     whose worst case cannot fit in the whole cache is rejected on arrival, so every request
-    finishes (no deadlock, no endless preemption loop). A request of n samples takes n seats
-    of `max_num_seqs` from admission on (its samples are forked later, see `fork`).
+    finishes (no deadlock, no endless preemption loop).
     """
 
-    reserves_worst_case = False  # True: blocks for every sample's prompt + max_tokens (static)
+    reserves_worst_case = False  # True: blocks for prompt + max_tokens at admission (static)
 
     def __init__(self, allocator: BlockAllocator, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  enable_chunked_prefill: bool = True):
@@ -1498,10 +1455,8 @@ class Scheduler:
     def _rejection(self, seq: SequenceState) -> str | None:
         """Why this request can never finish here, or None. Judged on its worst case,
         prompt + max_tokens, so that running alone it always fits."""
-        worst, seats = len(seq.prompt_token_ids) + seq.sampling.max_tokens, 1 + seq.num_pending_forks
-        if seats > self.max_num_seqs:
-            return f"n = {seats} samples need {seats} seats, max_num_seqs is {self.max_num_seqs}"
-        need = blocks_needed(worst, self.allocator.block_size) * (seats if self.reserves_worst_case else 1)
+        worst = len(seq.prompt_token_ids) + seq.sampling.max_tokens
+        need = blocks_needed(worst, self.allocator.block_size)
         if need > self.allocator.num_blocks:
             return (f"prompt + max_tokens = {worst} tokens need {need} KV blocks of "
                     f"{self.allocator.block_size}, the whole cache has {self.allocator.num_blocks}")
@@ -1513,17 +1468,12 @@ class Scheduler:
 
     # --- helpers of schedule(): each asks before it acts, and changes nothing on failure ---
 
-    def _seats_taken(self) -> int:
-        return len(self.running) + sum(s.num_pending_forks for s in self.running)
-
-    def _num_cached_tokens(self, seq: SequenceState, token_ids: list[int]) -> int:
-        """Leading tokens whose K/V allocate_prompt will reuse (a peek: no reference is taken).
-        0 for a request still owed prompt logprobs: it needs the logits of every prompt row
-        (vLLM skips reading the prefix cache for it too)."""
-        if not self.allocator.enable_prefix_caching or seq.needs_prompt_logprobs:
+    def _num_cached_tokens(self, token_ids: list[int], cache_salt: str | None) -> int:
+        """Leading tokens whose K/V allocate_prompt will reuse (a peek: no reference is taken)."""
+        if not self.allocator.enable_prefix_caching:
             return 0
         block_size = self.allocator.block_size
-        hashes = chained_block_hashes(token_ids, block_size, seq.request.cache_salt)
+        hashes = chained_block_hashes(token_ids, block_size, cache_salt)
         return len(self.allocator.cached_prefix(hashes, len(token_ids))) * block_size
 
     def _allocate_slots(self, seq: SequenceState, num_new_tokens: int, plan: SchedulerOutput) -> bool:
@@ -1540,34 +1490,17 @@ class Scheduler:
         """Give a waiting sequence its first blocks (prefix-cache hits included) and return
         how many tokens it runs this step; 0 if the budget, the seats or the free blocks say wait."""
         tokens = seq.all_token_ids  # prompt + output: a preempted sequence recomputes both
-        num_cached = self._num_cached_tokens(seq, tokens)
+        num_cached = self._num_cached_tokens(tokens, seq.request.cache_salt)
         num_new = len(tokens) - num_cached
         if self.enable_chunked_prefill:
             num_new = min(num_new, token_budget)
-        if num_new > token_budget or self._seats_taken() + 1 + seq.num_pending_forks > self.max_num_seqs:
+        if num_new > token_budget or len(self.running) >= self.max_num_seqs:
             return 0
         try:
-            if seq.needs_prompt_logprobs:  # plain blocks, no prefix-cache lookup
-                seq.block_table.append_tokens(tokens[:num_new])
-                seq.num_computed_tokens = 0
-            else:
-                seq.num_computed_tokens = seq.block_table.allocate_prompt(tokens[: num_cached + num_new])
+            seq.num_computed_tokens = seq.block_table.allocate_prompt(tokens[: num_cached + num_new])
         except OutOfBlocksError:
             return 0
         return num_new
-
-    def fork(self, parent: SequenceState, request: Request, num_computed_tokens: int) -> SequenceState:
-        """A new running sequence for `request` (another sample of the parent's prompt) sharing
-        every block of the parent's table (`BlockTable.fork`: reference counts, copy-on-write on
-        the first write into a shared block), its first `num_computed_tokens` tokens computed.
-        It takes one of the seats the parent kept (`num_pending_forks`)."""
-        child = SequenceState(request, self.allocator)
-        child.block_table, child.num_computed_tokens = parent.block_table.fork(), num_computed_tokens
-        child.status, child.group_id, child.eos_token_id = SequenceStatus.RUNNING, parent.group_id, parent.eos_token_id
-        child.arrival_time = parent.arrival_time
-        parent.num_pending_forks -= 1
-        self.running.append(child)
-        return child
 
     def _preempt(self, seq: SequenceState) -> None:
         """Preemption by recompute: drop the K/V, keep the tokens, wait at the FRONT."""
@@ -1661,7 +1594,7 @@ class Scheduler:
         compares the tokens computed BEFORE this step plus the step's with the sequence's
         length), and retire the ones that are done NOW (their
         blocks go back to the pool before the next step is planned): `seq.check_stop()` gives
-        the reason ("stop" for EOS or a stop token, checked first: a stop token that is also the
+        the reason ("stop" for a stop token, checked first: a stop token that is also the
         max_tokens-th token finishes as "stop"; "length" at `max_tokens` outputs; None: it goes
         on). Returns the retired sequences."""
         # BEGIN SOLUTION: Exercise 5
@@ -1689,7 +1622,6 @@ class StaticBatchScheduler(Scheduler):
 
     Like the static servers it stands for, it reserves each request's worst case
     (prompt + max_tokens) at admission, so it never preempts; prompts run whole, unchunked.
-    A request of n samples reserves n worst cases (its samples' shared prompt blocks included).
     """
 
     reserves_worst_case = True
@@ -1715,8 +1647,7 @@ class StaticBatchScheduler(Scheduler):
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             worst = blocks_needed(len(seq.prompt_token_ids) + seq.sampling.max_tokens, self.allocator.block_size)
-            worst *= 1 + seq.num_pending_forks
-            if reserved + worst > free or self._seats_taken() + 1 + seq.num_pending_forks > self.max_num_seqs:
+            if reserved + worst > free:
                 break
             num_new = self._try_admit(seq, self.max_num_batched_tokens)
             reserved += worst
@@ -1735,11 +1666,14 @@ def make_scheduler(scheduling: str, allocator: BlockAllocator, max_num_seqs: int
     raise ValueError(f"scheduling must be 'continuous' or 'static', got {scheduling!r}")
 
 
-# --- the engine: the scheduler driving the toy model --------------------------------------
+# --- the sampler ----------------------------------------------------------------------------
 
 
-def token_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """The distribution a sampler draws from: softmax(logits / T) in float64, one-hot at T = 0.
+def token_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """The distribution a sampler draws from, per row of `logits`, in float64: one-hot on the
+    argmax at T = 0; else softmax(logits / T) cut to the `top_k` most likely tokens (0: all;
+    ties with the k-th are kept) and then to the most likely tokens whose mass reaches `top_p`
+    (the token that crosses it is kept), renormalised.
 
     Writing greedy decoding as a one-hot distribution lets one accept/resample rule serve both:
     with one-hot p and q, min(1, p/q) accepts exactly when the draft equals the target's argmax,
@@ -1752,162 +1686,95 @@ def token_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
         return probs
     # Subtract the max BEFORE dividing: at a tiny temperature logits / T overflows to inf,
     # and inf - inf is NaN; (logits - max) / T is at most 0 and only underflows to -inf.
-    return _softmax((logits - logits.max(axis=-1, keepdims=True)) / temperature)
+    probs = _softmax((logits - logits.max(axis=-1, keepdims=True)) / temperature)
+    vocab_size = probs.shape[-1]
+    if 0 < top_k < vocab_size:
+        kth = np.partition(probs, vocab_size - top_k, axis=-1)[..., vocab_size - top_k, None]
+        probs = np.where(probs >= kth, probs, 0.0)
+    if top_p < 1.0:
+        probs = probs / probs.sum(axis=-1, keepdims=True)
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        ranked = np.take_along_axis(probs, order, axis=-1)
+        keep = np.cumsum(ranked, axis=-1) - ranked < top_p  # the mass before each token
+        np.put_along_axis(probs, order, np.where(keep, ranked, 0.0), axis=-1)
+    return probs / probs.sum(axis=-1, keepdims=True)
 
 
-def apply_penalties(logits: np.ndarray, sampling: SamplingParams, prompt_token_ids: Sequence[int],
-                    output_token_ids: Sequence[int]) -> np.ndarray:
-    """vLLM's three penalties on one row of logits; returns a new float64 row.
-
-    repetition_penalty r, on every token seen in the prompt or the output: a positive logit is
-    divided by r, a negative one multiplied (so r > 1 always makes a seen token less likely);
-    frequency_penalty f: minus f x (times the token occurs in the output); presence_penalty p:
-    minus p once for a token that occurs in the output at all. Only the repetition penalty
-    looks at the prompt."""
-    logits = np.array(logits, dtype=np.float64)
-    s = sampling
-    if s.repetition_penalty == 1.0 and s.frequency_penalty == 0.0 and s.presence_penalty == 0.0:
-        return logits
-    counts = np.bincount(np.asarray(output_token_ids, dtype=np.int64), minlength=logits.shape[-1])
-    if s.repetition_penalty != 1.0:
-        seen = counts > 0
-        seen[np.asarray(prompt_token_ids, dtype=np.int64)] = True
-        r = s.repetition_penalty
-        logits = np.where(seen, np.where(logits > 0, logits / r, logits * r), logits)
-    return logits - s.frequency_penalty * counts - s.presence_penalty * (counts > 0)
-
-
-def process_logits(logits: np.ndarray, sampling: SamplingParams, prompt_token_ids: Sequence[int] = (),
-                   output_token_ids: Sequence[int] = (), eos_token_id: int | None = None) -> np.ndarray:
-    """The float64 row `sample_token` draws from, in vLLM v1's order (see SamplingParams):
-
-    1. fewer than `min_tokens` outputs: EOS and `stop_token_ids` at -inf (EOS even with
-       ignore_eos, as vLLM); 2. `logit_bias` added; 3. `apply_penalties`. Greedy (T = 0) stops
-       here: its token is the argmax. Else 4. (x - max) / T; 5. min_p: tokens whose probability
-       is below min_p x the top one at -inf; 6. top_k: all but the k largest logits at -inf (ties
-       with the k-th kept); 7. top_p: in order of probability, tokens are kept until the kept mass
-       reaches top_p (the one that crosses it is kept), the rest at -inf. The most likely token
-       always survives, so the row always has mass.
-    """
-    s, x = sampling, np.array(logits, dtype=np.float64)
-    if len(output_token_ids) < s.min_tokens:
-        banned = [*s.stop_token_ids, *([] if eos_token_id is None else [eos_token_id])]
-        x[np.asarray(banned, dtype=np.int64)] = -np.inf
-    for token, bias in (s.logit_bias or {}).items():
-        x[token] += bias
-    x = apply_penalties(x, s, prompt_token_ids, output_token_ids)
-    if s.temperature == 0:
-        return x
-    x = (x - x.max()) / s.temperature  # subtract first: a tiny T cannot overflow (see token_probs)
-    if s.min_p > 0:  # p_i / p_max = exp(x_i - x_max), and x_max is 0 here
-        x[np.exp(x) < s.min_p] = -np.inf
-    if 0 < s.top_k < x.size:
-        x[x < np.partition(x, x.size - s.top_k)[x.size - s.top_k]] = -np.inf
-    if s.top_p < 1.0:
-        probs = _softmax(x)
-        order = np.argsort(-probs, kind="stable")
-        mass_before = np.cumsum(probs[order]) - probs[order]
-        x[order[mass_before >= s.top_p]] = -np.inf
-    return x
-
-
-def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Generator | None,
-                 prompt_token_ids: Sequence[int] = (), output_token_ids: Sequence[int] = (),
-                 eos_token_id: int | None = None) -> int:
-    """One output token from the sequence's raw logits row: the argmax of `process_logits` at
-    temperature 0; else one draw `rng.choice(V, p=softmax(process_logits(...)))` in float64,
-    where `rng` is the request's `np.random.default_rng(seed)` (with no penalty, bias or filter
-    that is softmax(logits / T)). The penalties need the sequence's prompt and output tokens.
+def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Generator | None) -> int:
+    """One output token from one row of logits: the argmax at temperature 0, else one draw
+    `rng.choice(V, p=token_probs(...))` from the request's generator.
 
     Each request owns its generator and draws exactly once per output token, so what it
     samples does not depend on what it was batched with, nor on preemptions.
     """
-    x = process_logits(logits, sampling, prompt_token_ids, output_token_ids, eos_token_id)
     if sampling.temperature == 0:
-        return int(np.argmax(x))
-    p = _softmax(x)
+        return int(np.argmax(logits))
+    p = token_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
     return int(rng.choice(p.size, p=p))
 
 
-def token_logprobs(logits: np.ndarray, token_ids: Sequence[int], num_top: int) -> list[dict[int, float]]:
-    """Per row of `logits` (R, V): {token_ids[r]: its log-probability, then the `num_top` most
-    likely tokens, most likely first (ties: lower id first)} from log_softmax of the raw row, in
-    float32 (vLLM's default logprobs_mode "raw_logprobs")."""
-    x = np.asarray(logits, dtype=np.float32).reshape(-1, np.shape(logits)[-1])
-    x = x - x.max(axis=-1, keepdims=True)
-    logp = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-    top = np.argsort(-logp, axis=-1, kind="stable")[:, :num_top]
-    return [{int(t): float(row[t]) for t in (token, *best)} for row, token, best in zip(logp, token_ids, top)]
-
-
 def check_request(request: Request, config: ModelConfig) -> None:
-    """A ValueError naming the request and the field that is wrong (ranges as vLLM's); nothing
-    else is touched. Every field is checked here, so that nothing can fail later inside a step."""
-    def bad(why: str) -> ValueError:
-        return ValueError(f"request {request.request_id!r}: {why}")
+    """Every field of a request, checked before it is queued: an ArgumentError (a ValueError)
+    whose `.argument` is the field at fault and whose message names the request; nothing else
+    is touched, so that nothing can fail later inside a step."""
+    rid, s = request.request_id, request.sampling
 
-    def ids_in_vocab(name: str, ids: object) -> list[int]:
+    def require(ok: bool, field: str, why: str) -> None:
+        if not ok:
+            raise ArgumentError(field, f"request {rid!r}: {field} {why}")
+
+    def token_ids(field: str, ids: object) -> list[int]:
         try:
-            ids = check_token_ids(name, ids)
-        except TypeError as e:
-            raise bad(str(e)) from None
-        except ValueError:  # a negative id
+            ids = check_token_ids(field, ids)
+        except NotAnIntError as exc:
+            raise NotAnIntError(field, f"request {rid!r}: {exc}") from None
+        except ArgumentError:  # a negative id: outside the vocabulary, which the next line says
             ids = [-1]
-        if any(not 0 <= t < config.vocab_size for t in ids):
-            raise bad(f"{name} has a token id outside the vocabulary 0..{config.vocab_size - 1}")
+        require(all(0 <= t < config.vocab_size for t in ids), field,
+                f"has a token id outside the vocabulary 0..{config.vocab_size - 1}")
         return ids
 
-    def integer(name: str, value: object, low: int, high: float = math.inf, optional: bool = False) -> None:
-        if optional and value is None:
-            return
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-            limits = f">= {low}" if high == math.inf else f"in {low}..{high}"
-            raise bad(f"{name} must be {'None or ' if optional else ''}an int {limits}, got {value!r}")
+    def real(field: str, ok: Callable[[float], bool], limits: str) -> None:
+        value = getattr(s, field)
+        require(is_number(value) and math.isfinite(value) and ok(value), field,
+                f"must be a finite number {limits}, got {value!r}")
 
-    def real(name: str, value: object, ok: Callable[[float], bool], limits: str) -> None:
-        if (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(value)
-                or not ok(value)):
-            raise bad(f"{name} must be a finite number {limits}, got {value!r}")
+    def integer(field: str, low: int, optional: bool = False) -> None:
+        value = getattr(s, field)
+        require((optional and value is None) or (is_int(value) and value >= low), field,
+                f"must be {'None or ' if optional else ''}an int >= {low}, got {value!r}")
 
-    s = request.sampling
-    if not isinstance(request.request_id, str):
-        raise bad(f"request_id must be a str, got {type(request.request_id).__name__}")
-    if not isinstance(s, SamplingParams):
-        raise bad(f"sampling must be a SamplingParams, got {type(s).__name__}")
-    prompt = ids_in_vocab("prompt_token_ids", request.prompt_token_ids)
-    if not prompt:
-        raise bad("the prompt is empty; expected at least one token id")
-    integer("max_tokens", s.max_tokens, 1)
-    if len(prompt) + s.max_tokens > config.n_positions:
-        raise bad(f"prompt ({len(prompt)} tokens) + max_tokens ({s.max_tokens}) exceeds the model's "
-                  f"n_positions = {config.n_positions}")
-    real("temperature", s.temperature, lambda t: t >= 0, ">= 0")
-    integer("seed", s.seed, 0, optional=True)
-    if not isinstance(s.stop_token_ids, (tuple, list)):
-        raise bad(f"stop_token_ids must be a tuple or list of token ids, got {type(s.stop_token_ids).__name__}")
-    ids_in_vocab("stop_token_ids", s.stop_token_ids)
-    real("top_p", s.top_p, lambda p: 0 < p <= 1, "in (0, 1]")
-    integer("top_k", s.top_k, -1)
-    real("min_p", s.min_p, lambda p: 0 <= p <= 1, "in [0, 1]")
-    for name in ("presence_penalty", "frequency_penalty"):
-        real(name, getattr(s, name), lambda p: -2 <= p <= 2, "in [-2, 2]")
-    real("repetition_penalty", s.repetition_penalty, lambda r: r > 0, "> 0")
-    if s.logit_bias is not None:
-        if not isinstance(s.logit_bias, dict):
-            raise bad(f"logit_bias must be None or a dict token id -> bias, got {type(s.logit_bias).__name__}")
-        ids_in_vocab("logit_bias", list(s.logit_bias))
-        for bias in s.logit_bias.values():
-            real("logit_bias", bias, lambda b: True, "(a bias)")
-    integer("min_tokens", s.min_tokens, 0, s.max_tokens)
-    if not isinstance(s.ignore_eos, (bool, np.bool_)):
-        raise bad(f"ignore_eos must be a bool, got {s.ignore_eos!r}")
-    integer("logprobs", s.logprobs, 0, config.vocab_size, optional=True)
-    integer("prompt_logprobs", s.prompt_logprobs, 0, config.vocab_size, optional=True)
-    integer("n", s.n, 1)
-    if s.n > 1 and s.temperature == 0:
-        raise bad(f"n must be 1 when sampling greedily (temperature 0), got n = {s.n}")
-    if request.cache_salt is not None and not isinstance(request.cache_salt, str):
-        raise bad(f"cache_salt must be None or a str, got {type(request.cache_salt).__name__}")
+    require(isinstance(rid, str), "request_id", f"must be a str, got {type(rid).__name__}")
+    require(isinstance(s, SamplingParams), "sampling", f"must be a SamplingParams, got {type(s).__name__}")
+    prompt = request.prompt_token_ids
+    # Its length first: a prompt far too long is refused without looking at each of its ids.
+    if isinstance(prompt, (Sequence, np.ndarray)) and not isinstance(prompt, (str, bytes)):
+        require(len(prompt) > 0, "prompt_token_ids", "is empty; expected at least one token id")
+        require(len(prompt) < config.n_positions, "prompt_token_ids",
+                f"has {len(prompt)} tokens; the model's n_positions = {config.n_positions} leaves no room for an "
+                "output token")
+    prompt = token_ids("prompt_token_ids", prompt)
+    integer("max_tokens", 1)
+    require(len(prompt) + s.max_tokens <= config.n_positions, "max_tokens",
+            f"({s.max_tokens}) + the prompt ({len(prompt)} tokens) exceeds the model's n_positions = "
+            f"{config.n_positions}")
+    real("temperature", lambda t: t >= 0, ">= 0")
+    integer("seed", 0, optional=True)
+    require(isinstance(s.stop_token_ids, (tuple, list)), "stop_token_ids",
+            f"must be a tuple or list of token ids, got {type(s.stop_token_ids).__name__}")
+    token_ids("stop_token_ids", s.stop_token_ids)
+    integer("top_k", 0)
+    real("top_p", lambda p: 0 < p <= 1, "in (0, 1]")
+    require(s.extra_args is None or isinstance(s.extra_args, dict), "extra_args",
+            f"must be None or a dict, got {type(s.extra_args).__name__}")
+    require(request.cache_salt is None or isinstance(request.cache_salt, str), "cache_salt",
+            f"must be None or a str, got {type(request.cache_salt).__name__}")
+
+
+# --- the engine: the scheduler driving the model --------------------------------------------
+
+
+LogitsProcessor = Callable[[SequenceState, np.ndarray], np.ndarray]
 
 
 class LLMEngine:
@@ -1921,27 +1788,20 @@ class LLMEngine:
     takes 3.2-3.8x fewer bytes than float32 (the scales cost the rest of 4x), at a small cost
     in logit accuracy; the engine keeps `num_blocks` blocks either way.
 
-    `eos_token_id` (None: the toy model has none) ends a sequence as "stop" unless its request
-    says `ignore_eos`. A request of `n` samples is one request id and one RequestOutput: its
-    prompt is computed once, then samples 1..n-1 are forked from sample 0's block table (they
-    share every full prompt block; copy-on-write gives each its own copy of a partial last
-    block) and draw their first tokens from the same logits row, each with its own generator.
-    Internally sample i > 0 runs as request id f"{i}_{request_id}" (vLLM's child ids), which
-    is therefore reserved while the request is in flight.
+    `logits_processors` (vLLM's hook): each is called as `processor(seq, logits)` with a
+    sequence about to sample and its row of raw logits, in order, each on what the previous
+    one returned, and returns the row to sample from (it may change the row in place: the row
+    is the sequence's own). Penalties and the rest of vLLM's API are processors that the
+    serving package supplies; the chapter's sampler is temperature, top-k and top-p.
     """
 
     def __init__(self, model: ToyTransformer, num_blocks: int | None = None, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512, scheduling: str = "continuous",
                  enable_prefix_caching: bool = False, enable_chunked_prefill: bool = True,
-                 kv_cache_dtype: str = "float32", eos_token_id: int | None = None):
+                 kv_cache_dtype: str = "float32", logits_processors: Sequence[LogitsProcessor] = ()):
         if not (isinstance(kv_cache_dtype, str) and kv_cache_dtype in KV_CACHE_DTYPES):
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
                              f"got {kv_cache_dtype!r}")
-        if eos_token_id is not None:
-            check_int("eos_token_id", eos_token_id, 0)
-            if eos_token_id >= model.config.vocab_size:
-                raise ValueError(f"eos_token_id must be a token id < {model.config.vocab_size}, got {eos_token_id}")
-        self.eos_token_id = eos_token_id
         if num_blocks is None:
             num_blocks = max_num_seqs * blocks_needed(model.config.n_positions, block_size)
         self.model = model
@@ -1949,11 +1809,12 @@ class LLMEngine:
         self.kv_cache = KVCache(model.config, num_blocks, block_size, dtype=kv_cache_dtype)
         self.scheduler = make_scheduler(scheduling, self.allocator, max_num_seqs, max_num_batched_tokens,
                                          enable_chunked_prefill)
+        self.logits_processors = list(logits_processors)
         self.num_steps = 0
         self._next_id = 0
+        self.requests: dict[str, SequenceState] = {}  # added, and not yet reported finished
         self._just_finished: list[SequenceState] = []  # finished outside a step, reported by the next one
-        self._held: dict[str, RequestOutput] = {}  # other callers' outputs that generate() stepped past
-        self._samples: dict[str, list[SequenceState]] = {}  # request id -> its samples, until reported finished
+        self._held: list[EngineCoreOutput] = []  # other callers' outputs that generate() stepped past
 
     @property
     def num_preemptions(self) -> int:
@@ -1963,19 +1824,12 @@ class LLMEngine:
     def prefix_cache_hit_rate(self) -> float:
         return self.allocator.stats.hit_rate
 
-    @staticmethod
-    def _sample_ids(request: Request) -> list[str]:
-        return [request.request_id] + [f"{i}_{request.request_id}" for i in range(1, request.sampling.n)]
-
-    def _in_flight(self) -> set[str]:
-        """Ids of the requests added and not yet reported finished, their samples' ids included."""
-        return {i for samples in self._samples.values() for i in self._sample_ids(samples[0].request)} | set(self._held)
-
     def _checked_requests(self, prompts: Sequence[Request | Sequence[int]],
                           sampling: Sequence[SamplingParams | None]) -> list[Request]:
         """Requests for these prompts, every field checked, ids fresh and unique: a ValueError
         for any bad one, and then nothing is queued (a batch is all or nothing)."""
-        taken, requests, next_id = self._in_flight(), [], self._next_id
+        taken = set(self.requests) | {out.request_id for out in self._held}
+        requests, next_id = [], self._next_id
         for prompt, params in zip(prompts, sampling):
             if isinstance(prompt, Request):
                 request = prompt
@@ -1985,11 +1839,10 @@ class LLMEngine:
                 request = Request(str(next_id), prompt, SamplingParams() if params is None else params)
                 next_id += 1
             check_request(request, self.model.config)
-            ids = self._sample_ids(request)
-            if taken.intersection(ids):
-                raise ValueError(f"request id {request.request_id!r} (or a sample id f'{{i}}_{{id}}' of its n) is "
-                                 "already in flight; ids must be unique")
-            taken.update(ids)
+            if request.request_id in taken:
+                raise ArgumentError("request_id", f"request id {request.request_id!r} is already in flight; "
+                                                  "ids must be unique")
+            taken.add(request.request_id)
             requests.append(request)
         self._next_id = next_id  # only once the whole batch is accepted
         return requests
@@ -1997,37 +1850,35 @@ class LLMEngine:
     def add_request(self, prompt: Request | Sequence[int], sampling: SamplingParams | None = None) -> str:
         """Queue a Request (or a prompt with its SamplingParams); returns its request id.
         Its arrival is now on the engine's clock. A bad field or an id already in flight is a
-        ValueError, and nothing is queued."""
-        return self._add(self._checked_requests([prompt], [sampling])[0])
+        ValueError (an ArgumentError naming the field), and nothing is queued."""
+        return self._add(self._checked_requests([prompt], [sampling])[0]).request_id
 
-    def _add(self, request: Request) -> str:
+    def _add(self, request: Request) -> SequenceState:
         seq = self.scheduler.add_request(request)
-        seq.arrival_time = time.perf_counter()
-        seq.rng, seq.eos_token_id = np.random.default_rng(request.sampling.seed), self.eos_token_id
-        self._samples[request.request_id] = [seq]
+        seq.arrival_time, seq.rng = time.perf_counter(), np.random.default_rng(request.sampling.seed)
+        self.requests[request.request_id] = seq
         if seq.finish_reason:
             seq.finish_time = seq.arrival_time
             self._just_finished.append(seq)
-        return request.request_id
+        return seq
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._just_finished) or bool(self._held)
+        return bool(self.requests) or bool(self._held)
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a waiting or running request now and free its blocks (its client went away).
-
-        Its output, with `finish_reason="abort"` and the tokens it had, comes from the next
-        `step()`. False for an id that is unknown or already finished. Aborts every sample."""
-        aborted = [self.scheduler.abort(seq.request_id) for seq in self._samples.get(request_id, [])]
-        for seq in filter(None, aborted):
+        Its last output, with `finish_reason="abort"`, comes from the next `step()`. False for
+        an id that is unknown or already finished."""
+        seq = self.scheduler.abort(request_id)
+        if seq is not None:
             seq.finish_time = time.perf_counter()
             self._just_finished.append(seq)
-        return any(aborted)
+        return seq is not None
 
-    def step(self) -> list[RequestOutput]:
-        """Run one scheduler step on the model. Returns an output for every request that got a
-        token or finished in this step (`.finished` tells which), and those that `generate`
-        held for the caller of `step`.
+    def step(self) -> list[EngineCoreOutput]:
+        """Run one scheduler step on the model. Returns what is new for every request that got
+        a token or finished in this step (and the outputs `generate` held for the caller of
+        `step`); a request is forgotten once its finished output is returned.
 
         If the model or the sampler raises, every sequence of the step is finished as "error"
         (its blocks freed, its output reported by the next step) and the error propagates:
@@ -2035,7 +1886,7 @@ class LLMEngine:
         (aborted or rejected requests, those `generate` held) come from the next one, not lost."""
         plan = self.scheduler.plan_step()
         done, self._just_finished = self._just_finished, []
-        progressed = []
+        sampled: dict[str, int] = {}
         if plan.scheduled:
             try:
                 sampled = self._run_model(plan)
@@ -2048,125 +1899,60 @@ class LLMEngine:
                 raise
             self.scheduler.finish_step(plan, sampled, time.perf_counter())
             self.num_steps += 1
-            progressed = [s for s in plan.scheduled if s.request_id in sampled]
-        held, self._held = list(self._held.values()), {}
-        touched = dict.fromkeys(seq.group_id for seq in done + progressed)  # in order, once each
-        return held + [self._request_output(group) for group in touched]
+        held, self._held = self._held, []
+        progressed = [seq for seq in plan.scheduled if seq.request_id in sampled]
+        return held + [self._output(seq, sampled.get(seq.request_id)) for seq in done + progressed]
 
-    def _request_output(self, request_id: str) -> RequestOutput:
-        """One RequestOutput for all samples of a request (see RequestOutput); the request is
-        forgotten once that output is finished."""
-        samples = self._samples[request_id]
-        first, n = samples[0], samples[0].request.sampling.n
-        out = first.to_output()
-        unforked = first.finish_reason if first.num_pending_forks else None  # ended before its fork
-        out.outputs = [s.completion(i) for i, s in enumerate(samples)] + [
-            CompletionOutput(i, [], unforked) for i in range(len(samples), n)]
-        if n > 1:
-            out.num_preemptions = sum(s.num_preemptions for s in samples)
-            if any(c.finish_reason is None for c in out.outputs):
-                out.finish_reason, out.metrics = None, None
-            else:
-                out.metrics = RequestMetrics.from_times(first.arrival_time, first.token_times,
-                                                        max(s.finish_time for s in samples))
-        if out.finished:
-            del self._samples[request_id]
-        return out
+    def _output(self, seq: SequenceState, token: int | None) -> EngineCoreOutput:
+        if seq.finish_reason:
+            del self.requests[seq.request_id]
+        return EngineCoreOutput(seq.request_id, [] if token is None else [token], seq.finish_reason,
+                                seq.finish_detail)
 
     def _run_model(self, plan: SchedulerOutput) -> dict[str, int]:
         """The step's forward pass and sampling: request id -> sampled token, for every
-        sequence whose last pending token this step processes (and the samples forked from
-        it: they join the plan with 0 new tokens). Logits only for rows that are used: each
-        sequence's last row when it samples, and its prompt rows while it is owed prompt
-        logprobs (row p gives the logprobs of prompt token p + 1)."""
+        sequence whose last pending token this step processes. Logits only for those rows."""
         self.kv_cache.copy_blocks(plan.blocks_to_copy)  # before the forward writes into the copies
-        seqs = list(plan.scheduled)
+        seqs = plan.scheduled
         num_new = [plan.num_scheduled_tokens[s.request_id] for s in seqs]
-        rows, wanted, offset = [], [], 0
-        for s, count in zip(seqs, num_new):
-            prompt_rows, last = self._logit_rows(s, offset, count, plan.completes(s))
-            wanted.append((prompt_rows, last))
-            rows += [*prompt_rows, *([] if last is None else [last])]
-            offset += count
+        last_rows = np.cumsum(num_new) - 1
+        samplers = [(s, row) for s, row in zip(seqs, last_rows) if plan.completes(s)]
         logits = self.model.forward(self.kv_cache, [s.block_table for s in seqs], [s.num_computed_tokens for s in seqs],
-                                    num_new, logits_indices=np.asarray(rows, dtype=np.int64))
-        at = {row: i for i, row in enumerate(rows)}
-        sampled = {}
-        for s, count, (prompt_rows, last) in zip(seqs, num_new, wanted):
-            if prompt_rows:
-                targets = s.prompt_token_ids[len(s.prompt_logprobs) : len(s.prompt_logprobs) + len(prompt_rows)]
-                s.prompt_logprobs += token_logprobs(logits[[at[r] for r in prompt_rows]], targets,
-                                                    s.sampling.prompt_logprobs)
-            if last is None:
-                continue
-            for x in [s] + self._fork(s, plan, s.num_computed_tokens + count):
-                token = sample_token(logits[at[last]], x.sampling, x.rng, x.prompt_token_ids, x.output_token_ids,
-                                     x.eos_token_id)
-                if x.logprobs is not None:
-                    x.logprobs += token_logprobs(logits[at[last]], [token], x.sampling.logprobs)
-                sampled[x.request_id] = token
-        return sampled
+                                    num_new, logits_indices=np.array([row for _, row in samplers], dtype=np.int64))
+        return {s.request_id: self._sample(s, row) for (s, _), row in zip(samplers, logits)}
 
-    @staticmethod
-    def _logit_rows(s: SequenceState, offset: int, count: int, samples: bool) -> tuple[range, int | None]:
-        """The rows of the step's batch (where `s`'s `count` new tokens start at row `offset`)
-        whose logits `s` uses: the prompt rows it still owes logprobs for, and its last row if
-        it samples (None if not). The row of prompt position p scores prompt token p + 1, so the
-        rows owed run from the first unscored token's predecessor up to the prompt's last but one."""
-        start = s.num_computed_tokens
-        first_owed = max(start, len(s.prompt_logprobs) - 1) if s.needs_prompt_logprobs else start + count
-        end = min(start + count, len(s.prompt_token_ids) - 1)  # the last prompt row scores an output token
-        return range(offset + first_owed - start, offset + end - start), (offset + count - 1 if samples else None)
-
-    def _fork(self, parent: SequenceState, plan: SchedulerOutput, num_computed: int) -> list[SequenceState]:
-        """Samples 1..n-1 of the parent's request, once its prompt is computed: each shares the
-        parent's blocks and has its own generator, default_rng(seed + i) (vLLM's seeds)."""
-        if parent.num_pending_forks == 0:
-            return []
-        children, sampling = [], parent.sampling
-        for i in range(1, 1 + parent.num_pending_forks):
-            seed = None if sampling.seed is None else sampling.seed + i
-            child = self.scheduler.fork(parent, dataclasses.replace(
-                parent.request, request_id=f"{i}_{parent.request_id}",
-                sampling=dataclasses.replace(sampling, n=1, seed=seed, prompt_logprobs=None)), num_computed)
-            child.rng = np.random.default_rng(seed)
-            plan.add(child, 0)
-            children.append(child)
-        self._samples[parent.request_id] += children
-        return children
+    def _sample(self, seq: SequenceState, logits: np.ndarray) -> int:
+        for process in self.logits_processors:
+            logits = process(seq, logits)
+        return sample_token(logits, seq.sampling, seq.rng)
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; one RequestOutput per prompt, in order (with n > 1
-        its `.outputs` hold the n samples).
+        """Run every prompt to completion; one RequestOutput per prompt, in order.
 
         `sampling` is one SamplingParams for all, or one per prompt. Every prompt is checked
         before any work starts, so a bad one raises ValueError and nothing runs. Requests
         added earlier with `add_request` run alongside; their outputs are kept for the next
-        `step()` (the latest one per request), never dropped. If a step raises, this batch's
-        unfinished requests are aborted before the error propagates."""
+        `step()`, never dropped. If a step raises, this batch's unfinished requests are aborted
+        before the error propagates."""
         if sampling is None or isinstance(sampling, SamplingParams):
             sampling = [sampling or SamplingParams()] * len(prompts)
         if len(sampling) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(sampling)} SamplingParams")
-        requests = self._checked_requests(prompts, sampling)
-        for request in requests:
-            self._add(request)
-        mine = {r.request_id for r in requests}
-        results: dict[str, RequestOutput] = {}
+        seqs = [self._add(request) for request in self._checked_requests(prompts, sampling)]
+        unreported = {seq.request_id for seq in seqs}
         try:
-            while len(results) < len(requests):
-                for o in self.step():
-                    if o.request_id in mine:
-                        if o.finished:
-                            results[o.request_id] = o
-                    else:
-                        self._held[o.request_id] = o
+            while unreported:
+                for out in self.step():
+                    if out.request_id not in unreported:
+                        self._held.append(out)
+                    elif out.finished:
+                        unreported.remove(out.request_id)
         except BaseException:
-            for rid in mine - set(results):
-                self.abort_request(rid)
+            for request_id in unreported:
+                self.abort_request(request_id)
             raise
-        return [results[r.request_id] for r in requests]
+        return [seq.to_output() for seq in seqs]
 
 
 # =====================================================================================

@@ -20,8 +20,6 @@ A message's `name`, `tool_calls`, `audio` or `refusal` has no place in this temp
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from . import protocol
 from .protocol import APIError, Fields, GenerateRequest, check_text
 
@@ -72,13 +70,14 @@ def _content(content: object, where: str) -> str:
     raise APIError(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
 
 
-def parse_chat_request(lab: ModuleType, body: bytes | dict, config, tokenizer, served_model: str) -> GenerateRequest:
+def parse_chat_request(served: protocol.ServedModel, body: bytes | dict) -> GenerateRequest:
     """A `/v1/chat/completions` body as a GenerateRequest (one prompt: the rendered messages);
     an APIError otherwise (400 naming the field, 404 for another model)."""
     payload = protocol.load_json(body) if isinstance(body, bytes) else body
     f = Fields(payload)
-    protocol.check_model(f, served_model)
+    protocol.check_model(f, served)
     protocol.refuse_unsupported(f, protocol.UNSUPPORTED_COMMON | protocol.UNSUPPORTED_CHAT)
+    f.read.add("messages")
     messages = parse_messages(payload.get("messages"))
     add_generation_prompt = f.get("add_generation_prompt", (bool,), True, "true or false")
     continue_final = f.get("continue_final_message", (bool,), False, "true or false")
@@ -87,17 +86,20 @@ def parse_chat_request(lab: ModuleType, body: bytes | dict, config, tokenizer, s
     if continue_final and messages[-1]["role"] != "assistant":
         f.fail("continue_final_message", "needs the last message to be the assistant's")
     text = render_chat(messages, add_generation_prompt and not continue_final, continue_final)
-    prompt = protocol.prompt_ids(text, tokenizer, config.n_positions, "messages", protocol.truncation(f))
+    prompt = protocol.prompt_ids(text, served.tokenizer, "messages", protocol.truncation(f))
     # max_completion_tokens is OpenAI's newer name; max_tokens the deprecated one (either wins if alone).
-    max_tokens = f.integer("max_completion_tokens", None, 1)
+    params = {"prompt_token_ids": "messages", "max_tokens": "max_tokens"}
+    max_tokens = f.integer("max_completion_tokens", None, 1, what="an int >= 1")
     if max_tokens is None:
-        max_tokens = f.integer("max_tokens", None, 1)
+        max_tokens = f.integer("max_tokens", None, 1, what="an int >= 1")
+    else:
+        params["max_tokens"] = "max_completion_tokens"
     want_logprobs = f.get("logprobs", (bool,), False, "true or false")
-    top = f.integer("top_logprobs", None, 0, protocol.MAX_LOGPROBS)
+    top = f.integer("top_logprobs", None, what="an int")
     if top and not want_logprobs:  # top_logprobs 0 asks for nothing (vLLM's default)
         f.fail("top_logprobs", "needs logprobs: true")
-    prompt_logprobs = f.integer("prompt_logprobs", None, 0, protocol.MAX_LOGPROBS)
-    return protocol.build_request(lab, f, "chat", f"chatcmpl-{protocol.base_id(f)}", [prompt], [text], max_tokens,
-                                  config, tokenizer, logprobs=(top or 0) if want_logprobs else None,
-                                  prompt_logprobs=prompt_logprobs,
-                                  logprob_params={"logprobs": "top_logprobs" if top else "logprobs"})
+    params["logprobs"] = "top_logprobs" if top else "logprobs"
+    prompt_logprobs = f.integer("prompt_logprobs", None, what="an int")
+    return protocol.build_request(served, f, "chat", f"chatcmpl-{protocol.base_id(f)}", [prompt], [text],
+                                  max_tokens, logprobs=(top or 0) if want_logprobs else None,
+                                  prompt_logprobs=prompt_logprobs, params=params)

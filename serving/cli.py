@@ -18,6 +18,7 @@ from .benchmark_serving import loadtest, server_model_card
 from .checkpoint_commands import checkpoint_engine, generate_text, speculate_checkpoints
 from .datasets import LOAD_WORKLOADS
 from .report import load_report_html, write_report
+from .sampling import logits_processors
 from .scenarios import run_all_scenarios, scenario_batching, scenario_speculate
 from .sizing import SEED_SIZING, scenario_size
 from .stacks import scenario_stack
@@ -129,7 +130,14 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
                        help="tokens per streamed chunk (SGLang's flag): fewer, larger events for more throughput")
     serve.add_argument("--max-num-batched-tokens", type=_positive(int), default=512)
     serve.add_argument("--no-chunked-prefill", action="store_true")
-    serve.add_argument("--enable-prefix-caching", action="store_true")
+    serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                       help="reuse the K/V of cached prompt blocks (on by default, as in vLLM V1); the samples of "
+                            "n share their prompt's blocks only with it on")
+    serve.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                       help="the model names clients may use (the first is the one answered with); default: the "
+                            "checkpoint directory's name, or one made of the toy model's shape")
+    serve.add_argument("--max-n", type=_positive(int),
+                       help="the largest n of one request (default: half of --max-num-seqs)")
     load = commands.add_parser("loadtest", help="open-loop load test of any OpenAI-compatible server")
     load.add_argument("--url", required=True, help="e.g. http://127.0.0.1:8000")
     load.add_argument("--qps", type=_rates, default=[1.0, 2.0, 4.0], help="offered req/s: 1,2,4 (inf: all at once)")
@@ -212,13 +220,15 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
                            enable_chunked_prefill=not args.no_chunked_prefill)
             if args.model:  # max_model_len is the checkpoint's n_positions; the KV-cache fits max_num_seqs of them
                 engine, tokenizer = checkpoint_engine(lab, args.model, args.max_num_seqs, **options)
-                name = os.path.basename(os.path.normpath(args.model))
+                names = args.served_model_name or [os.path.basename(os.path.normpath(args.model))]
             else:
                 model = lab.ToyTransformer(lab.ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}),
                                            seed=args.seed)
-                engine, tokenizer, name = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs, **options), None, None
-            if not serve(engine, args.host, args.port, args.duration, tokenizer=tokenizer, model_name=name,
-                         stream_interval=args.stream_interval):
+                engine = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs, logits_processors=logits_processors(),
+                                       **options)
+                tokenizer, names = None, args.served_model_name
+            if not serve(engine, args.host, args.port, args.duration, tokenizer=tokenizer, model_name=names,
+                         stream_interval=args.stream_interval, max_n=args.max_n):
                 parser.exit(1, f"{prog} serve: error: the server's HTTP front end stopped, so the server did\n")
         elif args.command == "loadtest":
             summaries = loadtest(lab, args.url, args.qps, args.num_prompts, args.workload, args.seed,

@@ -43,19 +43,25 @@ class Delta:
 
 
 class ChoiceState:
-    """One choice (one engine request) from its first RequestOutput to its finished one.
+    """One choice (one engine request), fed the engine's step outputs in order.
 
     Invariant: `text[:sent]` has been released and contains no stop string, nor the start of one
     that the text after it could complete; once finished, all of `text` is released.
+
+    `stop_token_ids`: the tokens that end the request in the engine (its own and, unless
+    ignore_eos, `eos_token_id`): such a token stays in `token_ids` but not in the text, unless
+    include_stop_str_in_output. Stop strings are matched only in text that tokens after the
+    first `min_tokens` added (a stop string may begin before), as vLLM matches them.
     """
 
-    def __init__(self, index: int, request, tokenizer, stop: tuple[str, ...] = (),
+    def __init__(self, index: int, tokenizer, stop: tuple[str, ...] = (),
                  stop_token_ids: frozenset[int] = frozenset(), include_stop_str_in_output: bool = False,
-                 skip_special_tokens: bool = True, prompt_only: bool = False):
-        self.index, self.request, self.prompt_only = index, request, prompt_only
+                 skip_special_tokens: bool = True, eos_token_id: int | None = None, min_tokens: int = 0):
+        self.index = index
         self.detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens)
-        self.stop, self.max_stop = stop, max(map(len, stop), default=0)
+        self.stop = stop
         self.stop_token_ids, self.include_stop = stop_token_ids, include_stop_str_in_output
+        self.eos_token_id, self.min_tokens = eos_token_id, min_tokens
         self.text, self.sent = "", 0
         self.token_ids: list[int] = []
         self.offsets: list[int] = []
@@ -70,49 +76,41 @@ class ChoiceState:
         return self.finish_reason is not None
 
     def update(self, out) -> Delta:
-        """Take one RequestOutput of this choice's request (its tokens so far) and release what
-        can be sent now."""
-        if self.prompt_logprobs is None:
-            self.prompt_logprobs = getattr(out, "prompt_logprobs", None)
-        first = len(self.token_ids)
-        if self.prompt_only:  # echo with max_tokens 0: the prompt's logprobs were all it was run for
-            self.finish_reason = "length"
-            return Delta("", [], [], [], "length")
-        engine_logprobs = getattr(out, "logprobs", None)
-        new = out.output_token_ids[first:]
+        """Take one step output of this choice's request (its new tokens) and release what can be
+        sent now."""
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
+        first, new = len(self.token_ids), out.new_token_ids
         for k, token in enumerate(new):
-            position = first + k
             self.token_ids.append(token)
             self.offsets.append(len(self.text))
-            self.logprobs.append(engine_logprobs[position] if engine_logprobs and position < len(engine_logprobs)
-                                 else None)
-            is_stop_token = (out.finished and k == len(new) - 1 and out.finish_reason == "stop"
-                             and token in self.stop_token_ids)
+            self.logprobs.append(out.logprobs[k] if out.logprobs else None)
+            is_stop_token = out.finish_reason == "stop" and k == len(new) - 1 and token in self.stop_token_ids
             if is_stop_token and not self.include_stop:
                 continue
             before = len(self.text)
             self.text += self.detokenizer.add(token)
-            if self.stop and self._cut_at_stop_string(before):
+            if self.stop and len(self.token_ids) > self.min_tokens and self._cut_at_stop_string(before):
                 break
         if out.finished and not self.finished:
             self.text += self.detokenizer.flush()
             self.finish_reason = out.finish_reason
-            self.stop_reason = getattr(out, "stop_reason", None)
-            if self.stop_reason is None and out.finish_reason == "stop" and self.token_ids:
-                self.stop_reason = self.token_ids[-1]  # the stop token, as vLLM reports it
+            if out.finish_reason == "stop" and self.token_ids and self.token_ids[-1] != self.eos_token_id:
+                self.stop_reason = self.token_ids[-1]  # the stop token, as vLLM reports it (None for EOS)
         release = len(self.text) if self.finished else len(self.text) - self._hold_back()
         text, self.sent = self.text[self.sent:release], max(self.sent, release)
-        n = len(self.token_ids) - first
-        return Delta(text, self.token_ids[first:], self.logprobs[first:first + n], self.offsets[first:],
+        return Delta(text, self.token_ids[first:], self.logprobs[first:], self.offsets[first:],
                      self.finish_reason, self.stop_reason)
 
     def _cut_at_stop_string(self, before: int) -> bool:
-        """Look for a stop string that ends in the text added since `before`; cut there."""
-        start = max(0, before - self.max_stop + 1)
-        found = [(at, s) for s in self.stop if (at := self.text.find(s, start)) >= 0]
+        """Look for a stop string that ends in the text added since `before`; cut at the one
+        that is complete first, reading left to right (of two complete at the same character,
+        the longer): the answer is the same however the text was split into tokens."""
+        found = [(at + len(s), -len(s), at, s) for s in self.stop
+                 if (at := self.text.find(s, max(0, before - len(s) + 1))) >= 0]
         if not found:
             return False
-        at, s = min(found)
+        *_, at, s = min(found)
         self.text = self.text[:at + len(s) if self.include_stop else at]
         self.finish_reason, self.stop_reason, self.stopped_by_string = "stop", s, True
         return True

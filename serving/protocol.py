@@ -1,19 +1,21 @@
 """The OpenAI wire format (vLLM: `vllm/entrypoints/openai/protocol.py`): a completion or chat
-request's body parsed into the handed module's `Request`s, and OpenAI's error body.
+request's body read into the handed module's `Request`s, and OpenAI's error body.
 
-The rule is that nothing is silently ignored. Every field that OpenAI's completions or chat API
-or vLLM's extensions define is either honoured or refused with a 400 whose `param` names it;
-a field no spec defines is ignored, as vLLM ignores it. Three kinds of field:
+Nothing is silently ignored, and each rule is stated once:
 
-- honoured here or in the output processor (`output.py`): prompt, messages, max_tokens, n,
-  stop, stream, echo, seed, temperature, stop_token_ids, ignore_eos (the end-of-text token is
-  added to the stop tokens unless it is set; the toy ByteTokenizer has none), ...
-- sampling fields the ENGINE applies (`ENGINE_FIELDS`: top_p, top_k, min_p, the penalties,
-  logit_bias, min_tokens, logprobs, prompt_logprobs): passed to the module's `SamplingParams` under
-  vLLM's names when it has that field, refused while it does not (unless the value is the
-  default, which asks for nothing). Support is read off `dataclasses.fields(SamplingParams)`.
-- fields this server cannot honour (`UNSUPPORTED`): refused unless the value asks for nothing
-  (`tools: []`, `use_beam_search: false`, ...).
+- here: the JSON SHAPE of every field (a number, an int, a list of ints, ...), and the whole rule
+  of each field that only the front end reads (n, stop, echo, stream, best_of, ...);
+- the engine's own checks: `check_request` of the handed module (temperature >= 0, top_p in
+  (0, 1], top_k >= 0, a prompt that fits the context with max_tokens, token ids in the
+  vocabulary, ...) runs when the engine adds the request, and `sampling.EXTRA_ARGS` holds the
+  ranges of the fields its logits processors apply (penalties, logit_bias, min_p, min_tokens,
+  logprobs). Their errors carry the field at fault as data, and the server's 400 names it;
+- `UNSUPPORTED_*`: fields this server cannot honour, refused unless their value asks for nothing
+  (`tools: []`, `use_beam_search: false`, ...);
+- `NO_EFFECT`: fields accepted that change nothing here, each with the reason.
+
+A field in no table (nor read here) is in no spec this server knows: it is accepted and ignored,
+as vLLM does, and the server logs its name once (`GenerateRequest.ignored`).
 
 Defaults are OpenAI's and vLLM's: temperature 1.0, top_p 1.0, max_tokens 16 (completions) or
 the rest of the context (chat), n 1.
@@ -27,10 +29,11 @@ import math
 import uuid
 from types import ModuleType
 
-MAX_STOP_STRINGS = 4  # OpenAI's limit
-MAX_STOP_STRING_CHARS = 256  # bounds the per-token hold-back check (see output.py)
-MAX_STOP_TOKEN_IDS = 1024  # the engine scans them per token: a long list would slow every request
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+from . import sampling
+
+MAX_STOP_STRINGS = 64  # vLLM sets no limit; this one keeps the per-token stop-string check cheap
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 1024  # each is a set member in the engine; the bound keeps a request's size sane
 MAX_CHOICES = 128  # prompts x n in one request (OpenAI's n is at most 128)
 
 
@@ -49,6 +52,26 @@ class APIError(Exception):
 def model_not_found(name: object) -> APIError:
     """vLLM's answer to a request for a model it does not serve."""
     return APIError(f"The model `{name}` does not exist.", 404, "NotFoundError", "model")
+
+
+@dataclasses.dataclass
+class ServedModel:
+    """What the front end knows of what it serves: the module (whose Request and checks the engine
+    uses), the model's config, the tokenizer, the names clients may use (the first is the one
+    answered with), the largest `n` of one request, the extra_args fields the engine's processors
+    apply, and whether the prefix cache is on (then the samples of `n` share the prompt's blocks)."""
+
+    lab: ModuleType
+    config: object
+    tokenizer: object
+    names: tuple[str, ...]
+    max_n: int
+    extra_fields: frozenset[str] = frozenset(sampling.EXTRA_ARGS)
+    prefix_caching: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.names[0]
 
 
 def _reject_constant(name: str):
@@ -76,12 +99,15 @@ def check_text(value: str, param: str) -> str:
 
 
 class Fields:
-    """Typed reads of a JSON object's fields; every error is a 400 naming the field."""
+    """Typed reads of a JSON object's fields; every error is a 400 naming the field. Every name
+    read is remembered, so that what no one read can be reported as ignored."""
 
     def __init__(self, payload: dict, prefix: str = ""):
         self.payload, self.prefix = payload, prefix
+        self.read: set[str] = set()
 
     def get(self, name: str, kinds: tuple, default, what: str):
+        self.read.add(name)
         value = self.payload.get(name)
         if value is None:
             return default
@@ -89,23 +115,20 @@ class Fields:
             self.fail(name, f"must be {what}, got {_show(value)}")
         return value
 
-    def integer(self, name: str, default, low: int, high: float = math.inf, what: str = ""):
-        value = self.get(name, (int,), default, what or f"an int >= {low}")
+    def integer(self, name: str, default, low: int = -math.inf, high: float = math.inf, what: str = "an int"):
+        value = self.get(name, (int,), default, what)
         if value is not None and not low <= value <= high:
-            self.fail(name, f"must be {what or f'an int in {low}..{high}'}, got {_show(value)}")
+            self.fail(name, f"must be {what}, got {_show(value)}")
         return value
 
-    def number(self, name: str, default, low: float, high: float, what: str):
+    def number(self, name: str, default, what: str = "a number"):
         value = self.get(name, (int, float), default, what)
         if value is None:
             return None
         try:
-            value = float(value)  # a 400-digit int overflows here
+            return float(value)  # a 400-digit int overflows here; JSON's 1e400 reads as inf (the engine says no)
         except OverflowError:
             self.fail(name, f"must be {what}, got a number too large")
-        if not (math.isfinite(value) and low <= value <= high):  # JSON's 1e400 reads as inf
-            self.fail(name, f"must be {what}, got {_show(value)}")
-        return value
 
     def fail(self, name: str, why: str):
         raise APIError(f"{self.prefix}{name} {why}", param=f"{self.prefix}{name}")
@@ -116,15 +139,6 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-# Sampling fields the engine applies: request field -> (SamplingParams field, its neutral value).
-ENGINE_FIELDS = {
-    "top_p": ("top_p", 1.0), "top_k": ("top_k", 0), "min_p": ("min_p", 0.0),
-    "presence_penalty": ("presence_penalty", 0.0), "frequency_penalty": ("frequency_penalty", 0.0),
-    "repetition_penalty": ("repetition_penalty", 1.0), "logit_bias": ("logit_bias", None),
-    "min_tokens": ("min_tokens", 0),
-    "logprobs": ("logprobs", None), "prompt_logprobs": ("prompt_logprobs", None),
-}
-
 # Fields this server cannot honour: accepted only with a value that asks for nothing.
 UNSUPPORTED_COMMON = {
     "use_beam_search": (None, False), "length_penalty": (None, 1, 1.0), "allowed_token_ids": (None,),
@@ -132,7 +146,7 @@ UNSUPPORTED_COMMON = {
     "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
     "structured_outputs": (None,), "structural_tag": (None,), "priority": (None, 0), "logits_processors": (None, []),
     "kv_transfer_params": (None,), "vllm_xargs": (None, {}), "spaces_between_special_tokens": (None, True),
-    "mm_processor_kwargs": (None, {}),
+    "mm_processor_kwargs": (None, {}), "prompt_cache_retention": (None, "in_memory"), "moderation": (None, False),
 }
 UNSUPPORTED_COMPLETION = {"suffix": (None, ""), "prompt_embeds": (None,)}
 UNSUPPORTED_CHAT = {
@@ -140,20 +154,17 @@ UNSUPPORTED_CHAT = {
     "function_call": (None, "none", "auto"), "modalities": (None, ["text"]), "audio": (None,),
     "prediction": (None,), "reasoning_effort": (None,), "service_tier": (None, "auto", "default"),
     "store": (None, False), "web_search_options": (None,), "chat_template": (None,),
-    "chat_template_kwargs": (None, {}), "documents": (None, []), "echo": (None, False),
+    "chat_template_kwargs": (None, {}), "documents": (None, []), "echo": (None, False), "verbosity": (None, "medium"),
 }
 # Fields accepted that change nothing here, and why (so that accepting them is not ignoring them):
-#   user, metadata: labels for the caller's own records; add_special_tokens: the tokenizers add
-#   none; parallel_tool_calls: there are no tools; guided_decoding_backend,
-#   guided_whitespace_pattern: settings of guided decoding, which is refused on its own;
-#   include_reasoning: the toy models write no reasoning to include or leave out.
-NO_EFFECT = {"user": (str,), "metadata": (dict,), "add_special_tokens": (bool,), "parallel_tool_calls": (bool,),
-             "guided_decoding_backend": (str,), "guided_whitespace_pattern": (str,), "include_reasoning": (bool,)}
-
-
-def engine_supports(lab: ModuleType) -> set[str]:
-    """The SamplingParams fields the module's engine has (so new ones light up by themselves)."""
-    return {f.name for f in dataclasses.fields(lab.SamplingParams)}
+#   user, metadata, safety_identifier: labels for the caller's own records or abuse reports;
+#   prompt_cache_key: a hint for routing to a warm cache, and this server's one prefix cache is
+#   always the one used; add_special_tokens: the tokenizers add none; parallel_tool_calls: there
+#   are no tools; guided_decoding_backend, guided_whitespace_pattern: settings of guided decoding,
+#   which is refused on its own; include_reasoning: the toy models write no reasoning.
+NO_EFFECT = {"user": (str,), "metadata": (dict,), "safety_identifier": (str,), "prompt_cache_key": (str,),
+             "add_special_tokens": (bool,), "parallel_tool_calls": (bool,), "guided_decoding_backend": (str,),
+             "guided_whitespace_pattern": (str,), "include_reasoning": (bool,)}
 
 
 @dataclasses.dataclass
@@ -161,9 +172,11 @@ class GenerateRequest:
     """What one completions or chat request asks for, ready for the engine and the output processor.
 
     `requests` holds the module's Requests, one per choice, prompt-major (choice index =
-    prompt index * n + sample index), as vLLM numbers them. n > 1 is fanned out here, in the
-    serving layer, into n requests of one prompt (seeds seed, seed + 1, ...), as vLLM V1's
-    output processor does; the prefix cache lets them share the prompt's blocks.
+    prompt index * n + sample index), as vLLM numbers them. `n` has one home, here in the front
+    end, as in vLLM V1: n requests of one prompt, seeded seed, seed + 1, ... With the prefix
+    cache on, the server sends sample 0 first and its siblings once sample 0's prompt is
+    computed, so that they find its blocks in the cache and hold them once (see api_server).
+    `params` maps an engine field to the request's own name for it (the 400's `param`).
     """
 
     kind: str  # "completion" or "chat"
@@ -175,8 +188,11 @@ class GenerateRequest:
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
+    include_obfuscation: bool = False
     stop: tuple[str, ...] = ()
-    stop_token_ids: frozenset[int] = frozenset()
+    stop_token_ids: frozenset[int] = frozenset()  # what ends a request in the engine, EOS included
+    eos_token_id: int | None = None  # None when ignore_eos (or the tokenizer has none)
+    min_tokens: int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     echo: bool = False
@@ -184,11 +200,15 @@ class GenerateRequest:
     prompt_logprobs: int | None = None
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
-    prompt_only: bool = False  # echo with max_tokens 0: the prompt (and its logprobs) only
+    params: dict[str, str] = dataclasses.field(default_factory=dict)
+    ignored: tuple[str, ...] = ()  # fields no table knows: accepted, and logged once by the server
 
-    @property
-    def needs_engine(self) -> bool:
-        return not self.prompt_only or self.prompt_logprobs is not None
+    def param(self, field: str | None) -> str | None:
+        """The request's name for an engine field ("prompt_token_ids[3]" -> "prompt")."""
+        if field is None:
+            return None
+        field = field.split("[", 1)[0]
+        return self.params.get(field, field)
 
 
 def _same(value: object, allowed: object) -> bool:
@@ -202,6 +222,7 @@ def refuse_unsupported(fields: Fields, table: dict) -> None:
     """A 400 for a field of `table` whose value is none of those allowed; absent is always
     allowed (every entry allows None), so only the fields the request has are looked at."""
     for name in [name for name in fields.payload if name in table]:
+        fields.read.add(name)
         value, allowed = fields.payload[name], table[name]
         if not any(_same(value, a) for a in allowed):
             fields.fail(name, f"is not supported by this server (got {_show(value)}); "
@@ -218,75 +239,63 @@ def truncation(fields: Fields) -> int | None:
     return None if k == -1 else k
 
 
-def prompt_ids(prompt: object, tokenizer, max_len: int, param: str, truncate: int | None = None) -> list[int]:
-    """One prompt as token ids: a string (encoded by the tokenizer) or a list of token ids, its
-    last `truncate` tokens if given. The length is checked BEFORE each id is: a huge prompt is
-    refused at the cost of len()."""
+def prompt_ids(prompt: object, tokenizer, param: str, truncate: int | None = None) -> list[int]:
+    """One prompt as token ids: a string (encoded by the tokenizer) or a list of token ids (ints),
+    its last `truncate` tokens if given. (Its length and ids are the engine's to check.)"""
     if isinstance(prompt, str):
         try:
             ids = tokenizer.encode(check_text(prompt, param))
         except ValueError as exc:
             raise APIError(f"{param}: {exc}", param=param) from None
-    elif isinstance(prompt, list):
+    elif isinstance(prompt, list) and all(type(t) is int for t in prompt):
         ids = prompt
     else:
         raise APIError(f"{param} must be a string or a list of token ids (ints)", param=param)
-    if truncate is not None:
-        ids = ids[-truncate:]
-    if not ids:
-        raise APIError(f"{param} is empty; expected at least one token", param=param)
-    if len(ids) >= max_len:
-        raise APIError(f"{param} has {len(ids)} tokens; the model's n_positions = {max_len} leaves no room for "
-                       f"an output token", param=param)
-    if not all(type(t) is int for t in ids):
-        raise APIError(f"{param} must be a string or a list of token ids (ints)", param=param)
-    if not all(0 <= t < tokenizer.vocab_size for t in ids):
-        raise APIError(f"{param} has a token id outside the vocabulary 0..{tokenizer.vocab_size - 1}", param=param)
-    return ids
+    return ids if truncate is None else ids[-truncate:]
 
 
-def _completion_prompts(payload: dict, tokenizer, max_len: int, truncate: int | None) -> list[list[int]]:
+def _completion_prompts(payload: dict, tokenizer, truncate: int | None) -> list[list[int]]:
     """`prompt`: a string, a list of token ids, or a list of either (one choice per prompt)."""
     if "prompt" not in payload or payload["prompt"] is None:
         raise APIError("prompt is required", param="prompt")
     prompt = payload["prompt"]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+    if _is_prompt_list(prompt):
         if len(prompt) > MAX_CHOICES:
             raise APIError(f"prompt: at most {MAX_CHOICES} prompts per request, got {len(prompt)}", param="prompt")
-        return [prompt_ids(p, tokenizer, max_len, f"prompt[{i}]", truncate) for i, p in enumerate(prompt)]
-    return [prompt_ids(prompt, tokenizer, max_len, "prompt", truncate)]
+        return [prompt_ids(p, tokenizer, f"prompt[{i}]", truncate) for i, p in enumerate(prompt)]
+    return [prompt_ids(prompt, tokenizer, "prompt", truncate)]
 
 
-def parse_completion_request(lab: ModuleType, body: bytes | dict, config, tokenizer,
-                             served_model: str) -> GenerateRequest:
+def _is_prompt_list(prompt: object) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
+
+
+def parse_completion_request(served: ServedModel, body: bytes | dict) -> GenerateRequest:
     """A `/v1/completions` body as a GenerateRequest; an APIError otherwise (400 naming the
-    field, 404 for another model). `config`: the served model's ModelConfig."""
+    field, 404 for another model)."""
     payload = load_json(body) if isinstance(body, bytes) else body
     fields = Fields(payload)
-    check_model(fields, served_model)
+    check_model(fields, served)
     refuse_unsupported(fields, UNSUPPORTED_COMMON | UNSUPPORTED_COMPLETION)
-    prompts = _completion_prompts(payload, tokenizer, config.n_positions, truncation(fields))
+    fields.read.add("prompt")
+    prompts = _completion_prompts(payload, served.tokenizer, truncation(fields))
     echo = fields.get("echo", (bool,), False, "true or false")
     max_tokens = fields.integer("max_tokens", 16, 0 if echo else 1, what="an int >= 1 (>= 0 with echo)")
-    logprobs = fields.integer("logprobs", None, 0, MAX_LOGPROBS)
-    prompt_logprobs = fields.integer("prompt_logprobs", None, 0, MAX_LOGPROBS)
-    if echo and logprobs is not None:
+    logprobs = fields.integer("logprobs", None, what="an int")
+    prompt_logprobs = fields.integer("prompt_logprobs", None, what="an int")
+    params = {"prompt_token_ids": "prompt"}
+    if echo and logprobs is not None:  # the echoed prompt's tokens get logprobs too
         prompt_logprobs = logprobs if prompt_logprobs is None else max(prompt_logprobs, logprobs)
-    texts = [p if isinstance(p, str) else None for p in _as_list(payload["prompt"])]
-    return build_request(lab, fields, "completion", f"cmpl-{base_id(fields)}", prompts, texts, max_tokens, config,
-                  tokenizer, echo=echo, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                  logprob_params={"prompt_logprobs": "prompt_logprobs" if "prompt_logprobs" in payload else "echo"})
+        params["prompt_logprobs"] = "prompt_logprobs" if "prompt_logprobs" in payload else "logprobs"
+    texts = [p if isinstance(p, str) else None for p in (payload["prompt"] if _is_prompt_list(payload["prompt"])
+                                                         else [payload["prompt"]])]
+    return build_request(served, fields, "completion", f"cmpl-{base_id(fields)}", prompts, texts, max_tokens,
+                         echo=echo, logprobs=logprobs, prompt_logprobs=prompt_logprobs, params=params)
 
 
-def _as_list(prompt: object) -> list:
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        return prompt
-    return [prompt]
-
-
-def check_model(fields: Fields, served_model: str) -> None:
+def check_model(fields: Fields, served: ServedModel) -> None:
     model = fields.get("model", (str,), None, "a string")
-    if model and model != served_model:  # absent or "": the served model, as vLLM
+    if model and model not in served.names:  # absent or "": the served model, as vLLM
         raise model_not_found(model)
 
 
@@ -296,7 +305,7 @@ def base_id(fields: Fields) -> str:
 
 
 def _stop_strings(fields: Fields) -> tuple[str, ...]:
-    stop = fields.get("stop", (str, list), [], "a string or a list of up to 4 strings")
+    stop = fields.get("stop", (str, list), [], f"a string or a list of up to {MAX_STOP_STRINGS} strings")
     stop = [stop] if isinstance(stop, str) else stop
     if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in stop):
         fields.fail("stop", f"must be a non-empty string or a list of up to {MAX_STOP_STRINGS}, got {_show(stop)}")
@@ -305,71 +314,54 @@ def _stop_strings(fields: Fields) -> tuple[str, ...]:
     return tuple(dict.fromkeys(check_text(s, "stop") for s in stop))
 
 
-def _stop_token_ids(fields: Fields, vocab_size: int) -> list[int]:
+def _stop_token_ids(fields: Fields) -> list[int]:
     ids = fields.get("stop_token_ids", (list,), [], "a list of token ids")
-    if len(ids) > MAX_STOP_TOKEN_IDS:  # before looking at each one
+    if len(ids) > MAX_STOP_TOKEN_IDS:
         fields.fail("stop_token_ids", f"holds at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}")
-    if not all(type(t) is int and 0 <= t < vocab_size for t in ids):
-        fields.fail("stop_token_ids", f"must be a list of token ids (ints) in the vocabulary 0..{vocab_size - 1}")
+    if not all(type(t) is int for t in ids):
+        fields.fail("stop_token_ids", "must be a list of token ids (ints)")
     return list(dict.fromkeys(ids))
 
 
-def _engine_fields(lab: ModuleType, fields: Fields, vocab_size: int, max_tokens: int) -> dict:
-    """The engine-applied sampling fields as SamplingParams keywords: checked, then refused
-    while the engine lacks the field (a neutral value asks for nothing and passes)."""
+def _extra_args(served: ServedModel, fields: Fields, max_tokens: int, logprobs: int | None,
+                prompt_logprobs: int | None, params: dict) -> dict | None:
+    """The fields the engine's logits processors apply, in their JSON shapes, as the request's
+    `SamplingParams.extra_args`; their ranges are `sampling.EXTRA_ARGS`'s. A field the engine has no
+    processor for is refused unless it asks for nothing."""
     f = fields
-    top_k = f.integer("top_k", 0, -1, 2**31 - 1, what="an int >= -1 (-1 or 0: no limit)")
-    values = {
-        "top_p": f.number("top_p", 1.0, 1e-12, 1.0, "a number in (0, 1]"),
-        "top_k": 0 if top_k == -1 else top_k,
-        "min_p": f.number("min_p", 0.0, 0.0, 1.0, "a number in [0, 1]"),
-        "presence_penalty": f.number("presence_penalty", 0.0, -2.0, 2.0, "a number in [-2, 2]"),
-        "frequency_penalty": f.number("frequency_penalty", 0.0, -2.0, 2.0, "a number in [-2, 2]"),
-        "repetition_penalty": f.number("repetition_penalty", 1.0, 1e-12, math.inf, "a finite number > 0"),
-        "logit_bias": _logit_bias(f, vocab_size),
-        "min_tokens": f.integer("min_tokens", 0, 0, max_tokens, what=f"an int in 0..max_tokens ({max_tokens})"),
-    }
-    return _supported(lab, values)
+    values = {name: f.number(name, None) for name in ("presence_penalty", "frequency_penalty",
+                                                      "repetition_penalty", "min_p")}
+    values["min_tokens"] = f.integer("min_tokens", None)
+    bias = f.get("logit_bias", (dict,), None, "an object of token id -> bias")
+    if bias:
+        if not all(k.isascii() and k.isdigit() and len(k) <= 9 for k in bias):
+            f.fail("logit_bias", f"keys must be token ids, got {_show(list(bias))}")
+        values["logit_bias"] = {int(k): v for k, v in bias.items()}
+    values |= {"logprobs": logprobs, "prompt_logprobs": prompt_logprobs}
+    try:
+        args = sampling.extra_args(served.lab, values, served.config.vocab_size, max(max_tokens, 1))
+    except ValueError as exc:
+        raise APIError(str(exc).replace(exc.argument, params.get(exc.argument, exc.argument), 1),
+                       param=params.get(exc.argument, exc.argument)) from None
+    for name in args or ():
+        if name not in served.extra_fields:
+            param = params.get(name, name)
+            raise APIError(f"{param} is not supported by this server's engine (it was built without the "
+                           f"logits processor for it: serving.sampling.logits_processors)", param=param)
+    return args
 
 
-def _supported(lab: ModuleType, values: dict) -> dict:
-    """The non-neutral `values` as SamplingParams keywords; a 400 naming the field for one the
-    engine does not have."""
-    have, kwargs = engine_supports(lab), {}
-    for name, value in values.items():
-        field, neutral = ENGINE_FIELDS[name]
-        if value == neutral or (neutral is None and not value):
-            continue
-        if field not in have:
-            raise APIError(f"{name} is not supported by this server's engine yet (its SamplingParams has no "
-                           f"field {field}); leave it out or send its neutral value {json.dumps(neutral)}",
-                           param=name)
-        kwargs[field] = value
-    return kwargs
-
-
-def _logit_bias(fields: Fields, vocab_size: int) -> dict[int, float] | None:
-    bias = fields.get("logit_bias", (dict,), None, "an object of token id -> bias")
-    if not bias:
-        return None
-    out = {}
-    for key, value in bias.items():
-        if not (key.isascii() and key.isdigit() and len(key) <= 9 and int(key) < vocab_size):
-            fields.fail("logit_bias", f"keys must be token ids 0..{vocab_size - 1}, got {_show(key)}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
-            fields.fail("logit_bias", f"values must be numbers in [-100, 100], got {_show(value)}")
-        out[int(key)] = float(value)
-    return out
-
-
-def build_request(lab: ModuleType, fields: Fields, kind: str, response_id: str, prompts: list[list[int]],
-                  texts: list[str | None], max_tokens: int | None, config, tokenizer, *, echo: bool = False,
+def build_request(served: ServedModel, fields: Fields, kind: str, response_id: str, prompts: list[list[int]],
+                  texts: list[str | None], max_tokens: int | None, *, echo: bool = False,
                   logprobs: int | None = None, prompt_logprobs: int | None = None,
-                  logprob_params: dict | None = None) -> GenerateRequest:
+                  params: dict | None = None) -> GenerateRequest:
     """The fields both endpoints share, and the Requests: one per prompt and sample."""
-    f = fields
-    n = f.integer("n", 1, 1, MAX_CHOICES)
-    best_of = f.integer("best_of", None, 1, MAX_CHOICES)
+    f, lab, config, params = fields, served.lab, served.config, dict(params or {})
+    n = f.integer("n", 1, 1, what="an int >= 1")
+    if n > served.max_n:
+        f.fail("n", f"is at most {served.max_n} on this server (half of its running seats: one request may not "
+                    f"hold them all), got {n}")
+    best_of = f.integer("best_of", None, 1, what="an int >= 1")
     if best_of is not None and best_of != n:
         f.fail("best_of", f"must equal n ({n}): this server returns every sample it draws (vLLM V1 does too)")
     if n * len(prompts) > MAX_CHOICES:
@@ -381,64 +373,49 @@ def build_request(lab: ModuleType, fields: Fields, kind: str, response_id: str, 
     opts = Fields(options or {}, "stream_options.")
     include_usage = opts.get("include_usage", (bool,), False, "true or false")
     continuous_usage = opts.get("continuous_usage_stats", (bool,), False, "true or false")
-    temperature = f.number("temperature", 1.0, 0.0, math.inf, "a finite number >= 0")
+    obfuscation = opts.get("include_obfuscation", (bool,), False, "true or false")
+    temperature = f.number("temperature", 1.0)
     if n > 1 and temperature == 0:
         f.fail("n", f"must be 1 when using greedy sampling (temperature 0), got {n}: the samples would be "
                     "the same (vLLM refuses it too)")
-    seed = f.integer("seed", None, 0, 2**63 - 1 - MAX_CHOICES, what="an int in 0..2**63 - 129")
+    seed = f.integer("seed", None, what="an int")
+    if seed is not None and seed > 2**63 - 1 - MAX_CHOICES:
+        f.fail("seed", f"must be at most 2**63 - 1 - {MAX_CHOICES} (the samples of n take seed + i), got {seed}")
+    top_k = f.integer("top_k", 0, what="an int (-1 or 0: no limit)")
+    top_p = f.number("top_p", 1.0)
     if truncation(f) is not None:
         texts = [None] * len(prompts)  # the prompts were cut: their text is the decoded tokens
-    room = config.n_positions - max(len(p) for p in prompts)
     if max_tokens is None:  # chat without a limit: the rest of the context, as vLLM
-        max_tokens = room
-    if max_tokens > room:
-        f.fail("max_completion_tokens" if kind == "chat" and "max_completion_tokens" in f.payload else "max_tokens",
-               f"({max_tokens}) + the prompt ({config.n_positions - room} tokens) exceeds the model's "
-               f"n_positions = {config.n_positions}")
+        max_tokens = max(1, config.n_positions - max(len(p) for p in prompts))
     stop = _stop_strings(f)
-    stop_ids = _stop_token_ids(f, config.vocab_size)
-    extras = _engine_fields(lab, f, config.vocab_size, max(max_tokens, 1))
+    stop_ids = _stop_token_ids(f)
     ignore_eos = f.get("ignore_eos", (bool,), False, "true or false")
-    eos = tokenizer.eos_token_id
-    if eos is not None and not ignore_eos and eos not in stop_ids:
-        stop_ids.append(eos)  # as vLLM: the end-of-text token stops unless ignore_eos
-    if ignore_eos and "ignore_eos" in engine_supports(lab):
-        extras["ignore_eos"] = True  # the serving layer already honours it; the engine may want to know
-    for name, k in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
-        if k is None:  # (0 is not neutral: it asks for the chosen token's logprob)
-            continue
-        if name not in engine_supports(lab):
-            param = (logprob_params or {}).get(name, name)
-            raise APIError(f"{param} is not supported by this server's engine yet (its SamplingParams has no "
-                           f"field {name})", param=param)
-        extras[name] = k
+    eos = None if ignore_eos else served.tokenizer.eos_token_id
+    args = _extra_args(served, f, max_tokens, logprobs, prompt_logprobs, params)
     cache_salt = f.get("cache_salt", (str,), None, "a non-empty string")
     if cache_salt is not None:
         if not cache_salt:
             f.fail("cache_salt", "must be a non-empty string")
         check_text(cache_salt, "cache_salt")
+    ignored = sorted(set(f.payload) - f.read) + sorted(f"stream_options.{k}" for k in set(opts.payload) - opts.read)
+    engine_stops = tuple(stop_ids) + ((eos,) if eos is not None and eos not in stop_ids else ())
     requests = []
     for i, prompt in enumerate(prompts):
         for j in range(n):
-            sampling = lab.SamplingParams(temperature, max(max_tokens, 1), None if seed is None else seed + j,
-                                          tuple(stop_ids), **extras)
-            requests.append(lab.Request(f"{response_id}-{i}-{j}-{uuid.uuid4().hex[:8]}", prompt, sampling,
+            extra = args if j == 0 or not args else {k: v for k, v in args.items() if k != "prompt_logprobs"} or None
+            params_j = lab.SamplingParams(temperature=temperature, max_tokens=max_tokens,
+                                          seed=None if seed is None else seed + j, stop_token_ids=engine_stops,
+                                          top_k=0 if top_k == -1 else top_k, top_p=top_p, extra_args=extra)
+            requests.append(lab.Request(f"{response_id}-{i}-{j}-{uuid.uuid4().hex[:8]}", prompt, params_j,
                                         cache_salt=cache_salt))
-    for request in requests[::n]:  # the engine's own checks, so that a bad request never reaches it
-        try:
-            lab.check_request(request, config)
-        except ValueError as exc:  # the checks above should have caught it: name the field it mentions
-            param = next((name for name in ("max_tokens", "temperature", "seed", "stop_token_ids", "cache_salt",
-                                            *ENGINE_FIELDS) if name in str(exc)), "prompt" if kind == "completion"
-                         else "messages")
-            raise APIError(str(exc), param=param) from None
     return GenerateRequest(
-        kind, response_id, prompts, list(texts),
-        requests, n, stream, include_usage, continuous_usage, stop, frozenset(stop_ids),
+        kind, response_id, prompts, list(texts), requests, n, stream, include_usage, continuous_usage, obfuscation,
+        stop, frozenset(engine_stops), eos, (args or {}).get("min_tokens", 0),
         f.get("include_stop_str_in_output", (bool,), False, "true or false"),
         f.get("skip_special_tokens", (bool,), True, "true or false"), echo, logprobs, prompt_logprobs,
         f.get("return_token_ids", (bool,), False, "true or false"),
-        f.get("return_tokens_as_token_ids", (bool,), False, "true or false"), max_tokens == 0)
+        f.get("return_tokens_as_token_ids", (bool,), False, "true or false"), params,
+        tuple(ignored))
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

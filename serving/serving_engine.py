@@ -1,0 +1,183 @@
+"""One request of either endpoint, run on the engine and answered (vLLM: `OpenAIServing` in
+`vllm/entrypoints/openai/serving_engine.py`): its choices submitted, their step outputs turned
+into text by `output.ChoiceState`, and the response written whole or as server-sent events.
+What differs between the two endpoints, the shape of a choice, is theirs:
+`serving_completion.py` and `serving_chat.py`.
+
+`n` has one home, here: each prompt's samples are n requests. With the prefix cache on, sample 0
+goes first and its siblings follow once its first output arrives (its prompt is computed and
+its full blocks are in the cache by then), so that the n samples hold the prompt's full blocks
+once instead of n times (SGLang sends a prompt's parallel samples the same way). Without the
+cache they all go at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+from .async_llm import AsyncLLM
+from .http_server import Connection, Sink
+from .metrics import TTFT_BUCKETS_S, Histogram
+from .output import ChoiceState, Delta
+from .protocol import APIError, GenerateRequest, ServedModel, usage
+from .serving_chat import ChatFormat
+from .serving_completion import CompletionFormat
+
+_CLIENT_GONE = object()  # put in a request's queue when its client disconnects
+
+
+class _ClientGone(Exception):
+    """The client closed its connection: abort its request."""
+
+
+class FrontendStats:
+    """What /metrics reports of the front end: the TTFT histogram and the token and request counters."""
+
+    def __init__(self):
+        self.ttft = Histogram(TTFT_BUCKETS_S)
+        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
+
+
+class OpenAIServing:
+    def __init__(self, served: ServedModel, bridge: AsyncLLM, stats: FrontendStats, stream_interval: int = 1):
+        self.served, self.bridge, self.stats, self.stream_interval = served, bridge, stats, stream_interval
+        self.formats = {"completion": CompletionFormat(served), "chat": ChatFormat(served)}
+
+    async def generate(self, gen: GenerateRequest, conn: Connection, sink: Sink) -> None:
+        """Run every choice of `gen` and answer. The status line waits for the engine's first
+        word (a token or a refusal), so a request the engine refuses is still a clean 400; a
+        disconnect, a stop string or a failure aborts the requests still running."""
+        received = time.perf_counter()
+        states = {r.request_id: ChoiceState(i, self.served.tokenizer, gen.stop, gen.stop_token_ids,
+                                            gen.include_stop_str_in_output, gen.skip_special_tokens,
+                                            gen.eos_token_id, gen.min_tokens)
+                  for i, r in enumerate(gen.requests)}
+        queue: asyncio.Queue = asyncio.Queue()
+        siblings = {}  # sample 0's id -> the samples that wait for its prompt to be cached
+        if gen.n > 1 and self.served.prefix_caching:
+            siblings = {gen.requests[i].request_id: gen.requests[i + 1:i + gen.n]
+                        for i in range(0, len(gen.requests), gen.n)}
+        for request in gen.requests[::gen.n] if siblings else gen.requests:
+            self.bridge.submit(request, queue)
+        watcher = asyncio.create_task(conn.watch_disconnect())
+        watcher.add_done_callback(lambda t: t.cancelled() or not t.result() or queue.put_nowait(_CLIENT_GONE))
+        try:
+            updates = self._updates(gen, states, queue, siblings, received)
+            respond = self._stream if gen.stream else self._respond_whole
+            await respond(gen, states, updates, sink)
+        except (_ClientGone, ConnectionError):
+            sink.keep_alive = False
+        finally:
+            watcher.cancel()
+            for request_id, state in states.items():
+                if not state.finished:  # the client went, or a choice failed: the rest must not run on
+                    self.bridge.abort(request_id)
+
+    async def _updates(self, gen: GenerateRequest, states: dict, queue: asyncio.Queue, siblings: dict,
+                       received: float):
+        """(state, Delta, more) per step output, until every choice is finished; `more`: another
+        output is already waiting (a stream writes once for all of them, see _stream). A late
+        output of an ended choice gives (None, None, False) when nothing follows it."""
+        unfinished, first = set(states), True
+        while unfinished:
+            item = await queue.get()
+            if item is _CLIENT_GONE:
+                raise _ClientGone
+            if isinstance(item, APIError):
+                item.param = gen.param(item.param)
+                raise item
+            for request in siblings.pop(item.request_id, ()):
+                self.bridge.submit(request, queue)
+            state = states.get(item.request_id)
+            if state is None or state.finished:  # a late output of a choice that has ended
+                if queue.empty():
+                    yield None, None, False  # nothing to add: what is held must go out now
+                continue
+            if first and item.new_token_ids:
+                self.stats.ttft.observe(time.perf_counter() - received)
+                first = False
+            delta = state.update(item)
+            self.stats.counters["generation_tokens"] += len(delta.token_ids)  # as produced, as vLLM counts them
+            if state.finished:
+                unfinished.discard(item.request_id)
+                if not item.finished:  # a stop string: the engine must stop too
+                    self.bridge.abort(item.request_id)
+            yield state, delta, not queue.empty()
+
+    def _header(self, gen: GenerateRequest, kind: str) -> dict:
+        return {"id": gen.response_id, "object": kind, "created": int(time.time()), "model": self.served.name}
+
+    def _usage(self, gen: GenerateRequest, states: dict) -> dict:
+        return usage(sum(map(len, gen.prompts)), sum(len(s.token_ids) for s in states.values()))
+
+    def _count(self, gen: GenerateRequest) -> None:
+        self.stats.counters["requests"] += 1
+        self.stats.counters["prompt_tokens"] += sum(map(len, gen.prompts))
+
+    async def _respond_whole(self, gen: GenerateRequest, states: dict, updates, sink: Sink) -> None:
+        async for _ in updates:
+            pass
+        self._count(gen)
+        form, ordered = self.formats[gen.kind], sorted(states.values(), key=lambda s: s.index)
+        choices = [form.choice(gen, ordered, s, None, True) for s in ordered]
+        sink.json(200, self._header(gen, form.whole) | {"choices": choices, "usage": self._usage(gen, states)})
+
+    async def _stream(self, gen: GenerateRequest, states: dict, updates, sink: Sink) -> None:
+        """Server-sent events: a chunk per choice per step that moved it (the chat API's first
+        chunk of each choice carries its role), the usage if asked, then [DONE].
+
+        Every chunk goes out as soon as nothing else is waiting: when the engine is ahead of the
+        loop (several steps' outputs queued), their chunks leave in one write, not one each. A
+        write is a system call, and at saturation those calls are what the server spends its
+        time on; the chunks themselves are the same either way. With `stream_interval` k > 1 a
+        choice's chunk carries k tokens (its last one fewer), as SGLang's `--stream-interval`:
+        fewer events and writes for a coarser stream."""
+        form, ordered = self.formats[gen.kind], sorted(states.values(), key=lambda s: s.index)
+        header, writer, started, out = self._header(gen, form.chunk), sink.conn.writer, set(), []
+        held: dict[int, Delta] = {}  # per choice, what waits for `stream_interval` tokens
+        try:
+            async for state, delta, more in updates:
+                if state is not None:
+                    if state.index in held:
+                        delta = held.pop(state.index).then(delta)
+                    if len(delta.token_ids) < self.stream_interval and not delta.finish_reason:
+                        held[state.index] = delta
+                    else:
+                        out += self._chunks(gen, ordered, header, state, delta, sink, started)
+                if not more and out:
+                    writer.write(b"".join(out))
+                    out = []
+                    await writer.drain()
+        except APIError as exc:
+            if not sink.started:
+                raise  # nothing sent yet: a plain error response
+            writer.write(b"".join(out) + sink.sse(exc.body()) + sink.end())  # ends the stream; not a success
+            return
+        self._count(gen)
+        if not sink.started:
+            out.append(sink.head(200, "text/event-stream"))
+        if gen.include_usage:
+            out.append(sink.sse(header | {"choices": [], "usage": self._usage(gen, states)}))
+        writer.write(b"".join(out) + sink.sse("[DONE]") + sink.end())
+
+    def _chunks(self, gen: GenerateRequest, ordered: list, header: dict, state: ChoiceState, delta: Delta,
+                sink: Sink, started: set) -> list[bytes]:
+        """What one update adds to the stream: the head first, the chat API's role chunks before
+        anything else, then the choice's chunk if the update moved it."""
+        form = self.formats[gen.kind]
+        out = [] if sink.started else [sink.head(200, "text/event-stream")]
+        if not started:
+            out += [sink.sse(header | {"choices": [choice]}) for choice in form.opening(ordered)]
+            started.add("opened")
+        first = state.index not in started
+        if delta.text or delta.token_ids or delta.finish_reason or (first and gen.echo):
+            started.add(state.index)
+            event = header | {"choices": [form.choice(gen, ordered, state, delta, first)]}
+            if gen.continuous_usage:
+                event["usage"] = self._usage(gen, {s.index: s for s in ordered})
+            if gen.include_obfuscation:  # OpenAI's padding against reading lengths off the wire
+                event["obfuscation"] = secrets.token_urlsafe(secrets.randbelow(16) + 1)
+            out.append(sink.sse(event))
+        return out

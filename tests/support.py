@@ -1,0 +1,154 @@
+"""What the tests of serving/ share: the test models and references of the spec (test_lab.py),
+servers on 127.0.0.1 and the clients that talk to them.
+
+Real sockets on 127.0.0.1 only, a timeout on every socket and a bound on every loop. The server
+is provided code; the tests that need tokens run the engine, whose scheduler is Exercise 5: a
+stub it hits comes back as a 500, which these helpers re-raise as the stub's NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import serving
+import test_lab
+from conftest import lab
+from serving import protocol
+from serving.sampling import logits_processors
+from test_lab import (  # noqa: F401 - the spec's models, references and fixtures, shared
+    ENGINE_TINY,
+    MODEL_CONFIGS,
+    fold,
+    greedy_reference,
+    random_prompts,
+)
+
+engine_model = test_lab.engine_model  # the spec's fixture, for these tests too
+
+
+def served_model(config, tokenizer, **options):
+    """What a server's front end knows, for the parsers: the module, the model, the names..."""
+    return protocol.ServedModel(lab, config, tokenizer, ("m",), **{"max_n": 4} | options)
+
+
+def api_engine(model, **options):
+    """An engine that answers every sampling field of the API (as `serve` builds it): the test
+    servers' usual 8 sequences of 128 tokens in blocks of 4. num_blocks is given: the default
+    would call blocks_needed, and the provided tests must pass before Exercise 1 is written."""
+    options = dict(num_blocks=256, block_size=4, max_num_seqs=8, max_num_batched_tokens=64) | options
+    return lab.LLMEngine(model, logits_processors=logits_processors(), **options)
+
+
+HTTP_TIMEOUT = 10.0
+
+
+def reraise_stub(text):
+    stub = re.search(r"NotImplementedError: (Exercise \d+: [\w.]+)", text)
+    if stub:
+        raise NotImplementedError(stub.group(1))
+
+
+def http_call(server, method, path, body=None):
+    """(status, headers, body bytes) of one request."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    try:
+        conn.request(method, path, body, {"Content-Type": "application/json"} if body is not None else {})
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    if resp.status == 500:
+        reraise_stub(data.decode())
+    return resp.status, dict(resp.getheaders()), data
+
+
+def complete(server, **fields):
+    status, _, data = http_call(server, "POST", "/v1/completions", json.dumps(fields))
+    assert status == 200, f"POST /v1/completions {fields}: HTTP {status} {data[:300]!r}"
+    return json.loads(data)
+
+
+def stream_events(server, **fields):
+    """The parsed `data:` events of one streamed completion, up to and including [DONE]."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(fields | {"stream": True}))
+        resp = conn.getresponse()
+        if resp.status != 200:
+            text = resp.read().decode()
+            reraise_stub(text)
+            raise AssertionError(f"streamed completion: HTTP {resp.status} {text[:300]}")
+        events = []
+        for _ in range(2 * fields.get("max_tokens", 16) + 8):
+            line = resp.readline().strip()
+            if line.startswith(b"data: "):
+                events.append("[DONE]" if line == b"data: [DONE]" else json.loads(line[6:]))
+                if events[-1] == "[DONE]":
+                    return events
+                if "error" in events[-1]:  # a step failed mid-stream (a stub, say)
+                    reraise_stub(events[-1]["error"]["message"])
+                    raise AssertionError(f"the stream ended with an error event: {events[-1]['error']}")
+        raise AssertionError(f"the stream did not end with data: [DONE]; got {events[-2:]}")
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine_model):
+    with serving.start_server(api_engine(engine_model)) as running:
+        yield running
+
+
+def run_cli(*args):
+    """Run the module under test as a script. A stub hit in the child is re-raised here as the
+    same NotImplementedError, so the scoreboard names the exercise to write."""
+    proc = subprocess.run([sys.executable, lab.__file__, *args], capture_output=True, text=True, timeout=120)
+    stub = re.search(r"(Exercise \d+: \S+) is still a stub", proc.stderr)
+    if proc.returncode == 1 and stub:
+        raise NotImplementedError(stub.group(1))
+    return proc
+
+
+def error_of(server, path, body):
+    """(status, error object) of a request that must fail."""
+    status, _, data = http_call(server, "POST", path, body if isinstance(body, bytes) else json.dumps(body))
+    assert status != 200, f"{body!r} must be refused; got HTTP 200 {data[:200]!r}"
+    return status, json.loads(data)["error"]
+
+
+@pytest.fixture(scope="module")
+def byte_server():
+    """A server for a 256-token vocabulary: any ASCII text (the chat template's too) is a prompt."""
+    model = lab.ToyTransformer(lab.ModelConfig(**MODEL_CONFIGS["bytes"]), seed=1)
+    with serving.start_server(api_engine(model)) as running:
+        yield running
+
+
+def stream_texts(server, path="/v1/completions", **fields):
+    events = stream_events_at(server, path, **fields)
+    key = "text" if path == "/v1/completions" else "delta"
+    return [e for e in events if e != "[DONE]" and e["choices"]], key
+
+
+def stream_events_at(server, path, **fields):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    try:
+        conn.request("POST", path, json.dumps(fields | {"stream": True}))
+        resp = conn.getresponse()
+        data = resp.read()  # bounded by the server's max_tokens and the timeout
+    finally:
+        conn.close()
+    text = data.decode()
+    if resp.status != 200:
+        reraise_stub(text)
+        raise AssertionError(f"streamed {path}: HTTP {resp.status} {text[:300]}")
+    events = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+    reraise_stub(text)
+    assert events and events[-1] == "[DONE]", f"the stream must end with data: [DONE]; got {events[-2:]}"
+    return [json.loads(e) for e in events[:-1]] + ["[DONE]"]
