@@ -5,8 +5,9 @@ Every mutant is one textual edit of solution.py, or of a file of serving/ when a
 names it (it must apply exactly once). For a solution.py mutant the tool writes the mutated
 module to a temporary folder and runs the students' suite (test_lab.py) against it
 (`LAB_MODULE=<mutant>`); for a serving/ mutant it runs the suite against solution in a scratch
-copy of the project whose file is mutated. It reports the first test that went red; the
-tooling tests (tools/) never count as a catch. A mutant that survives is a hole in the spec.
+copy of the project whose file is mutated. The suite is the spec (test_lab.py) and the tests of
+serving/ (tests/). It reports the first test that went red; the tooling tests (tools/) never
+count as a catch. A mutant that survives is a hole in the spec.
 A full run writes tools/mutants_caught.json (which test caught which mutant); later runs try
 that test first, so proving all of them takes minutes, not a quarter of an hour.
 
@@ -464,7 +465,8 @@ MUTANTS: list[tuple[str, ...]] = [
 ]
 
 
-HINTS = ROOT / "tools" / "mutants_caught.json"  # mutant name -> the test that caught it last time
+HINTS = ROOT / "tools" / "mutants_caught.json"  # mutant name -> the test (file::name) that caught it last time
+SUITE = ["test_lab.py", "tests"]
 
 
 def _pytest_env(module: str, pythonpath: str) -> dict:
@@ -479,7 +481,7 @@ def _pytest_env(module: str, pythonpath: str) -> dict:
 def _pytest(project: Path, env: dict, selection: list[str]) -> tuple[int, list[str], str]:
     proc = subprocess.run([sys.executable, "-m", "pytest", *selection, "-x", "-q", "-rf", "-p", "no:cacheprovider"],
                           cwd=project, env=env, capture_output=True, text=True)
-    failed = [line.split()[1].split("::", 1)[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+    failed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
     return proc.returncode, failed, (proc.stdout + proc.stderr).strip()
 
 
@@ -500,10 +502,10 @@ def run(name: str, marker: str, path: str, source: str, workdir: Path, hint: str
         (project / path).write_text(source)
     env = _pytest_env(module, pythonpath)
     if hint:
-        code, failed, _ = _pytest(project, env, [f"test_lab.py::{hint}"])
+        code, failed, _ = _pytest(project, env, [hint])
         if code == 1 and failed:
             return True, failed[0]
-    code, failed, out = _pytest(project, env, ["test_lab.py", "-m", marker])
+    code, failed, out = _pytest(project, env, [*SUITE, "-m", marker])
     if failed:
         return code == 1, failed[0]
     return False, out.splitlines()[-1:] or f"pytest exited {code}"
@@ -520,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
               for name, marker, old, new, *where in MUTANTS if args.k in name]
     survivors, caught_by = 0, {}
     # Once, before the workers start: pytest rewrites test_lab.py's asserts into __pycache__.
-    _pytest(ROOT, _pytest_env("solution", os.environ.get("PYTHONPATH", "")), ["test_lab.py", "--collect-only"])
+    _pytest(ROOT, _pytest_env("solution", os.environ.get("PYTHONPATH", "")), [*SUITE, "--collect-only"])
 
     def one(i: int, mutant: tuple) -> tuple[str, bool, str, float]:
         name, marker, old, new, path = mutant
