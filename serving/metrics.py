@@ -74,8 +74,7 @@ def summarize_serving(outputs: Sequence, duration: float, num_preemptions: int =
         "itl": [gap for o in served for gap in o.metrics.itl],
         "e2e": [o.metrics.e2e_latency for o in served],
     }
-    num_out = sum(sum(len(c.output_token_ids) for c in o.outputs) if getattr(o, "outputs", None)
-                  else len(o.output_token_ids) for o in outputs)  # every sample's tokens (n > 1)
+    num_out = sum(len(o.output_token_ids) for o in outputs)
     summary = {"num_requests": len(outputs), "num_rejected": len(outputs) - len(served),
                "num_output_tokens": num_out, "duration": duration,
                "output_throughput": num_out / duration if duration > 0 else math.nan,

@@ -131,14 +131,12 @@ class ChoiceState:
 # --- logprobs, in OpenAI's two formats ----------------------------------------------------
 
 
-def ranked(entry) -> list[tuple[int, float]]:
-    """One position's logprobs from the engine as [(token id, logprob)], best first. The engine
-    gives a mapping token id -> logprob (a float, or an object with `.logprob` as vLLM's)."""
+def ranked(entry) -> list[tuple[int, float, int]]:
+    """One position's logprobs from the engine ({token id: sampling.Logprob}) as
+    [(token id, logprob, rank)], best first."""
     if entry is None:
         return []
-    items = entry.items() if hasattr(entry, "items") else entry
-    pairs = [(int(t), float(getattr(v, "logprob", v))) for t, v in items]
-    return sorted(pairs, key=lambda p: -p[1])
+    return sorted(((int(t), float(v.logprob), int(v.rank)) for t, v in entry.items()), key=lambda p: -p[1])
 
 
 class LogprobFormatter:
@@ -157,7 +155,7 @@ class LogprobFormatter:
         (an entry of None, the first prompt token's, gives nulls)."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": list(offsets)}
         for token_id, entry in zip(token_ids, entries):
-            pairs = ranked(entry)
+            pairs = [(t, lp) for t, lp, _ in ranked(entry)]
             chosen = dict(pairs).get(token_id, -9999.0)  # vLLM's floor for a logprob it lacks
             out["tokens"].append(self.token(token_id))
             out["token_logprobs"].append(None if entry is None else chosen)
@@ -170,7 +168,7 @@ class LogprobFormatter:
         """The chat API's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]}."""
         content = []
         for token_id, entry in zip(token_ids, entries):
-            pairs = ranked(entry)
+            pairs = [(t, lp) for t, lp, _ in ranked(entry)]
             content.append(self._chat_item(token_id, dict(pairs).get(token_id, -9999.0)) | {
                 "top_logprobs": [self._chat_item(t, lp) for t, lp in pairs[:k]]})
         return {"content": content}
@@ -184,8 +182,8 @@ class LogprobFormatter:
         if entries is None:
             return None
         return [None if entry is None else {
-            str(t): {"logprob": lp, "rank": rank + 1, "decoded_token": self.token(t)}
-            for rank, (t, lp) in enumerate(ranked(entry))} for entry in entries[:len(prompt)]]
+            str(t): {"logprob": lp, "rank": rank, "decoded_token": self.token(t)}
+            for t, lp, rank in ranked(entry)} for entry in entries[:len(prompt)]]
 
 
 def prompt_offsets(tokenizer, prompt: list[int]) -> list[int]:

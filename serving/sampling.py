@@ -29,10 +29,18 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
+from typing import NamedTuple
 
 import numpy as np
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+
+
+class Logprob(NamedTuple):
+    """One token's log-probability at one position, and its rank there (1: the most likely; vLLM's)."""
+
+    logprob: float
+    rank: int
 
 
 def _number(value: object) -> bool:
@@ -97,7 +105,7 @@ class Logprobs:
             self.rows[seq.request_id] = np.array(logits, dtype=np.float32)  # later processors change the row
         return logits
 
-    def take(self, request_id: str, token_id: int, num_top: int) -> dict[int, float]:
+    def take(self, request_id: str, token_id: int, num_top: int) -> dict[int, Logprob]:
         """The drawn token's log-probability, then the `num_top` most likely tokens' (see `token_logprobs`)."""
         return token_logprobs(self.rows.pop(request_id)[None], [token_id], num_top)[0]
 
@@ -172,18 +180,20 @@ def logprobs_of(engine) -> Logprobs | None:
     return next((p for p in engine.logits_processors if isinstance(p, Logprobs)), None)
 
 
-def token_logprobs(logits: np.ndarray, token_ids, num_top: int) -> list[dict[int, float]]:
-    """Per row of `logits` (R, V): {token_ids[r]: its log-probability, then the `num_top` most
-    likely tokens, most likely first (ties: lower id first)}, from log_softmax of the raw row in
-    float32 (k or k + 1 entries: the chosen token may be among the top k)."""
+def token_logprobs(logits: np.ndarray, token_ids, num_top: int) -> list[dict[int, Logprob]]:
+    """Per row of `logits` (R, V): {token_ids[r]: its Logprob, then the `num_top` most likely
+    tokens', most likely first (ties: lower id first)}, from log_softmax of the raw row in float32
+    (k or k + 1 entries: the chosen token may be among the top k). A token's rank is 1 + the
+    number of tokens strictly more likely."""
     x = np.asarray(logits, dtype=np.float32).reshape(-1, np.shape(logits)[-1])
     x = x - x.max(axis=-1, keepdims=True)
     logp = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
     top = np.argsort(-logp, axis=-1, kind="stable")[:, :num_top]
-    return [{int(t): float(row[t]) for t in (token, *best)} for row, token, best in zip(logp, token_ids, top)]
+    return [{int(t): Logprob(float(row[t]), 1 + int((row > row[t]).sum())) for t in (token, *best)}
+            for row, token, best in zip(logp, token_ids, top)]
 
 
-def prompt_logprobs(model, prompt_token_ids: list[int], num_top: int) -> list[dict[int, float] | None]:
+def prompt_logprobs(model, prompt_token_ids: list[int], num_top: int) -> list[dict[int, Logprob] | None]:
     """Per prompt token, its log-probability given the tokens before it and the `num_top` most
     likely there; None for the first (nothing predicts it)."""
     if len(prompt_token_ids) < 2:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
 import subprocess
 import sys
 
@@ -152,3 +153,19 @@ def stream_events_at(server, path, **fields):
     reraise_stub(text)
     assert events and events[-1] == "[DONE]", f"the stream must end with data: [DONE]; got {events[-2:]}"
     return [json.loads(e) for e in events[:-1]] + ["[DONE]"]
+
+
+def stream_then_hang_up(srv, count: int, **fields) -> bytes:
+    """Start a 100-token stream on a raw socket, read until `count` data: events have come (or
+    the server stopped early), then close the connection, as a client that gives up does."""
+    body = json.dumps({"prompt": [5] * 20, "max_tokens": 100, "stream": True} | fields).encode()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        reply = b""
+        for _ in range(100):
+            data = sock.recv(4096)
+            reply += data
+            if not data or reply.count(b"data: ") >= count or not reply.startswith(b"HTTP/1.1 200"[:len(reply)]):
+                break
+    reraise_stub(reply.decode(errors="replace"))
+    return reply

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 
+import numpy as np
 import pytest
 
 import serving
@@ -23,9 +25,12 @@ from serving.tokenizer import (
 from tests.support import (
     HTTP_TIMEOUT,
     MODEL_CONFIGS,
+    api_engine,
     complete,
     error_of,
+    greedy_reference,
     http_call,
+    random_prompts,
     served_model,
     stream_events_at,
     stream_texts,
@@ -348,3 +353,89 @@ def test_rule6_completion_ids_are_unique_and_token_ids_come_when_asked(server):
     assert "token_ids" not in bodies[0]["choices"][0], "token ids only with return_token_ids (vLLM)"
     asked = complete(server, prompt=[1, 2], max_tokens=2, return_token_ids=True)["choices"][0]
     assert asked["prompt_token_ids"] == [1, 2] and len(asked["token_ids"]) == 2
+
+
+# --- logprobs, prompt logprobs and the end-of-text token, checked against the model itself ------
+
+
+def log_softmax(row):
+    row = np.asarray(row, dtype=np.float64)
+    return row - row.max() - np.log(np.exp(row - row.max()).sum())
+
+
+def ids_of(top: dict) -> dict[int, float]:
+    """A top_logprobs entry keyed by "token_id:N" (return_tokens_as_token_ids) as {N: logprob}."""
+    return {int(k.split(":")[1]): v for k, v in top.items()}
+
+
+@pytest.mark.exercise5
+def test_rule4_logprobs_are_the_raw_log_softmax_of_each_sampled_position(server, engine_model):
+    prompt = random_prompts(1, seed=33)[0]
+    body = complete(server, prompt=prompt, max_tokens=8, temperature=1.5, top_k=6, seed=4, logprobs=3,
+                    return_tokens_as_token_ids=True, return_token_ids=True)
+    choice = body["choices"][0]
+    tokens, logprobs = choice["token_ids"], choice["logprobs"]
+    assert len(logprobs["top_logprobs"]) == len(tokens) == 8
+    for i, (token, top) in enumerate(zip(tokens, logprobs["top_logprobs"])):
+        want = log_softmax(engine_model.forward_dense(prompt + tokens[:i])[-1])
+        got = ids_of(top)
+        best = [int(t) for t in np.argsort(-want, kind="stable")[:3]]
+        assert list(got) == list(dict.fromkeys([token, *best])), (
+            f"position {i}: the sampled token first, then the 3 most likely; got {list(got)}")
+        for t, value in got.items():
+            assert value == pytest.approx(want[t], abs=1e-4), (
+                f"position {i}, token {t}: logprobs are log_softmax of the model's RAW logits (vLLM's "
+                "raw_logprobs), before temperature, top-k, penalties and bias")
+        assert logprobs["token_logprobs"][i] == pytest.approx(want[token], abs=1e-4)
+
+
+@pytest.mark.exercise5
+def test_rule4_prompt_logprobs_score_every_prompt_token_but_the_first(server, engine_model):
+    prompts = random_prompts(3, seed=34, low=6, high=20)
+    bodies = [None] * 3
+
+    def client(i):  # three at once: each one's prompt rows are its own, whatever it is batched with
+        bodies[i] = complete(server, prompt=prompts[i], max_tokens=2, temperature=0, prompt_logprobs=2)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HTTP_TIMEOUT)
+    for prompt, body in zip(prompts, bodies):
+        scored = body["choices"][0]["prompt_logprobs"]
+        dense = engine_model.forward_dense(prompt)
+        assert len(scored) == len(prompt) and scored[0] is None, "one entry per prompt token, None for the first"
+        for t in range(1, len(prompt)):
+            want = log_softmax(dense[t - 1])
+            entry = scored[t][str(prompt[t])]
+            assert entry["logprob"] == pytest.approx(want[prompt[t]], abs=1e-4), (
+                f"prompt token {t}: its logprob under the logits of position t - 1")
+            assert entry["rank"] == 1 + int((want > want[prompt[t]]).sum()), "rank: 1 + the tokens more likely"
+
+
+class EosTokenizer(ByteTokenizer):
+    """A byte tokenizer whose token `eos_token_id` is the end of text."""
+
+    def __init__(self, vocab_size, eos_token_id):
+        super().__init__(vocab_size)
+        self.eos_token_id = eos_token_id
+
+
+@pytest.mark.exercise5
+def test_rule4_the_end_of_text_token_stops_with_no_stop_reason_unless_ignore_eos(engine_model):
+    prompt = random_prompts(1, seed=32)[0]
+    free_run = greedy_reference(engine_model, prompt, 12)
+    eos = free_run[3]
+    with serving.start_server(api_engine(engine_model), tokenizer=EosTokenizer(64, eos)) as srv:
+        stopped = complete(srv, prompt=prompt, max_tokens=12, temperature=0, return_token_ids=True)["choices"][0]
+        kept = complete(srv, prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True,
+                        return_token_ids=True)["choices"][0]
+        own = complete(srv, prompt=prompt, max_tokens=12, temperature=0, stop_token_ids=[free_run[1]],
+                       return_token_ids=True)["choices"][0]
+    assert stopped["token_ids"] == free_run[:free_run.index(eos) + 1], "the end-of-text token ends the request"
+    assert (stopped["finish_reason"], stopped["stop_reason"]) == ("stop", None), (
+        "vLLM reports an end-of-text stop as finish_reason 'stop' with stop_reason None")
+    assert kept["token_ids"] == free_run and kept["finish_reason"] == "length", (
+        "ignore_eos: the end-of-text token is an ordinary token and the request runs to max_tokens")
+    assert own["stop_reason"] == free_run[1], "a stop token of the request's own is its stop_reason"

@@ -181,7 +181,8 @@ def test_token_logprobs_are_the_raw_log_softmax_with_the_sampled_token_first():
     assert [list(d) for d in got] == [[2, 1, 3], [3, 0, 1]], "the sampled token, then the top 2 (ties: lower id)"
     for d, row in zip(got, logits):
         for token, value in d.items():
-            assert value == pytest.approx(log_softmax(row)[token], abs=1e-5)
+            assert value.logprob == pytest.approx(log_softmax(row)[token], abs=1e-5)
+            assert value.rank == 1 + (log_softmax(row) > log_softmax(row)[token]).sum(), "rank 1 is the most likely"
     assert list(sampling.token_logprobs(logits[:1], [1], 2)[0]) == [1, 3], "a sampled token in the top k appears once"
 
 
@@ -200,7 +201,7 @@ def test_the_logprobs_processor_keeps_the_raw_row_whatever_the_processors_after_
     for process in processors:
         row = process(seq, row)
     entry = processors[0].take("r", 0, 1)
-    assert list(entry) == [0, 1] and entry[0] == pytest.approx(log_softmax(logits)[0], abs=1e-6), (
+    assert list(entry) == [0, 1] and entry[0].logprob == pytest.approx(log_softmax(logits)[0], abs=1e-6), (
         "logprobs are the model's raw log-softmax (vLLM's raw_logprobs), before bias, masks and penalties")
 
 

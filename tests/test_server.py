@@ -28,6 +28,7 @@ from tests.support import (
     random_prompts,
     reraise_stub,
     stream_events,
+    stream_then_hang_up,
 )
 
 # =====================================================================================
@@ -236,22 +237,6 @@ def test_metrics_count_every_token_of_a_streamed_request(server):
                       "vllm:generation_tokens_total": 5}, (
         f"one streamed request of 3 prompt and 5 generated tokens moved the counters by {counts}: a stream "
         "counts every token it sent, not its last chunk's")
-
-
-def stream_then_hang_up(srv, count: int) -> bytes:
-    """Start a 100-token stream on a raw socket, read until `count` data: events have come (or
-    the server stopped early), then close the connection, as a client that gives up does."""
-    body = json.dumps({"prompt": [5] * 20, "max_tokens": 100, "stream": True}).encode()
-    with socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-        reply = b""
-        for _ in range(100):
-            data = sock.recv(4096)
-            reply += data
-            if not data or reply.count(b"data: ") >= count or not reply.startswith(b"HTTP/1.1 200"[:len(reply)]):
-                break
-    reraise_stub(reply.decode(errors="replace"))
-    return reply
 
 
 @pytest.mark.exercise5
