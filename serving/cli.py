@@ -314,5 +314,8 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
         where = args.url if args.command == "loadtest" else f"{getattr(args, 'host', '')}:{getattr(args, 'port', '')}"
         parser.exit(2, f"{prog} {args.command}: error: {where}: {exc}\n")
     except NotImplementedError as exc:
+        if args.command == "quiz":  # the quiz's answers come from the module: the stub must be written first
+            parser.exit(1, f"{prog} quiz {args.exercise}: {exc} is still a stub: write it first, the quiz's answers "
+                           f"come from it (see `python {prog} status`)\n")
         parser.exit(1, f"{prog}: {exc} is still a stub: write it (see `python {prog} status`)\n")
     return 0

@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import sys
+import textwrap
 import threading
 from collections.abc import Callable
 from fractions import Fraction
@@ -89,9 +90,10 @@ def quiz_blocks(lab: ModuleType, rng: np.random.Generator) -> list[Question]:
     blocks = lab.blocks_needed(n, B)
     ours = _ceil_div(n, B)
     q1 = _question(
-        f"A {n}-token prompt, block size {B}: how many KV blocks does it occupy?", blocks, ours,
-        f"blocks_needed({n}, {B}) = ceil({n} / {B}) = {ours}: tokens 0-{B - 1} fill block 0, and a new block "
-        f"opens only when token number {B} (0-based) of it arrives, never when the last block has just filled.")
+        f"A prompt of {n} tokens, block size {B}: how many KV blocks does it occupy?", blocks, ours,
+        f"blocks_needed({n}, {B}) = ceil({n} / {B}) = {ours}: block j holds tokens {B}j to {B}j + {B - 1} "
+        f"(0-based), so the last token, number {n - 1}, is in block {(n - 1) // B}. A new block opens when "
+        f"token {B}j arrives, not when the block before it has just filled.")
     empty = blocks * B - n
     q2 = _question(
         "...and how many of those blocks' slots stand empty?", empty, ours * B - n,
@@ -111,8 +113,9 @@ def quiz_blocks(lab: ModuleType, rng: np.random.Generator) -> list[Question]:
         f"A pool of {N} blocks. One table allocates {a} blocks and shares {s} of them with a second table "
         f"(incref); then the first table frees all {a}. How many blocks does num_free_blocks report now?",
         pool.num_free_blocks, N - s,
-        f"A block goes back to the pool only when its reference count falls to 0: the {s} shared blocks still "
-        f"have one reference (the second table's), the other {a - s} are free again: {N} - {s} = {N - s}.")
+        f"A block goes back to the pool only when its reference count falls to 0: of the {a}, the {s} shared "
+        f"still hold one reference each (the second table's), the rest ({a - s}) went back: {N} - {s} = "
+        f"{N - s} free.")
     return [q1, q2, q3]
 
 
@@ -223,7 +226,7 @@ def quiz_prefix_cache(lab: ModuleType, rng: np.random.Generator) -> list[Questio
     first.cache_full_blocks(n)
     ours = n - B if n % B == 0 else n // B * B
     q2 = _question(
-        f"A {n}-token prompt (block size {B}) has run and its full blocks are cached. The very same prompt "
+        f"A prompt of {n} tokens (block size {B}) has run and its full blocks are cached. The very same prompt "
         f"arrives again: how many of its tokens does allocate_prompt report already computed?",
         lab.BlockTable(pool).allocate_prompt(prompt), ours,
         (f"All {k} blocks are cached, but they cover the whole prompt: the last one is left out and recomputed "
@@ -241,12 +244,13 @@ def quiz_prefix_cache(lab: ModuleType, rng: np.random.Generator) -> list[Questio
     table.cache_full_blocks(n)
     table.free()
     q3 = _question(
-        f"A pool of {N} blocks of {B} tokens, prefix caching on. A {n}-token request runs, its full blocks are "
+        f"A pool of {N} blocks of {B} tokens, prefix caching on. A request of {n} tokens runs, its full blocks are "
         f"cached, and it finishes (its table frees every block). How many blocks can the prefix cache still "
         f"find?", sum(bool(pool.is_cached(b)) for b in range(N)), n // B,
         f"Freeing a cached block does not forget it: at reference count 0 it waits in the evictable queue, "
-        f"still findable, until allocate needs it and no plain free block is left (lazy LRU eviction). Only "
-        f"{_n(n // B, 'full block')} were registered; the partial last block was not.")
+        f"still findable, until allocate needs it and no plain free block is left (lazy LRU eviction). "
+        f"{'Its one full block was' if n // B == 1 else f'Its {n // B} full blocks were'} registered"
+        f"{'; the partial last block was not.' if n % B else '.'}")
     q4 = _question(
         "...and how many blocks does num_free_blocks report?", pool.num_free_blocks, N,
         f"All {N}: an evictable block is free too (allocate can hand it out at once, evicting it then); the "
@@ -357,7 +361,7 @@ def _run_steps(lab: ModuleType, requests: list[tuple[int, int]], scheduling: str
 
 def quiz_batching(lab: ModuleType, rng: np.random.Generator) -> list[Question]:
     P = int(rng.integers(2, 9))
-    a, b, c = int(rng.integers(20, 41)), int(rng.integers(3, 10)), int(rng.integers(3, 10))
+    a, b, c = int(rng.integers(12, 41)), int(rng.integers(3, 10)), int(rng.integers(3, 13))  # a > b
     runs = {s: _run_steps(lab, [(P, a), (P, b), (P, c)], s, max_num_seqs=2) for s in ("static", "continuous")}
     setting = (f"2 seats (max_num_seqs 2). Three requests arrive together, each with a {P}-token prompt; they "
                f"want {a}, {b} and {c} output tokens. A request's first step prefills its prompt and yields its "
@@ -382,8 +386,8 @@ def quiz_batching(lab: ModuleType, rng: np.random.Generator) -> list[Question]:
         "yields its first token)?", static_ttft, max(a, b) + 1,
         f"It waits for the whole first batch ({max(a, b)} steps), then its prefill step yields its first token: "
         f"{max(a, b) + 1}. With continuous batching it is {runs['continuous'].first_token_step.get('2', '?')} "
-        f"(step {b + 1}): continuous batching moves TTFT most; the decode steps (TPOT) are what the batch "
-        f"size and speculative decoding move.")
+        f"(its prefill runs at step {b + 1}): continuous batching moves TTFT most; the decode steps (TPOT) are "
+        f"what the batch size and speculative decoding move.")
     T = int(rng.choice([16, 32, 64]))
     n = int(rng.integers(2 * T + 1, 5 * T))
     lone = _run_steps(lab, [(n, 2)], "continuous", max_num_seqs=2, max_num_batched_tokens=T)
@@ -635,6 +639,14 @@ def is_right(question: Question, value: float) -> bool:
     return abs(value - question.answer) <= question.tolerance + 1e-12
 
 
+WIDTH = 100
+
+
+def _wrap(text: str, first: str = "", rest: str = "") -> str:
+    return textwrap.fill(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                         break_on_hyphens=False)
+
+
 def run_quiz(lab: ModuleType, exercise: int, seed: int, prog: str, stdin=None, stdout=None) -> int:
     """Ask the questions on `stdout`, read the answers from `stdin`; returns the exit status (0)."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
@@ -646,15 +658,14 @@ def run_quiz(lab: ModuleType, exercise: int, seed: int, prog: str, stdin=None, s
         stdout.write(text + end)
         stdout.flush()
 
-    say(f"Quiz {exercise}: {title}. {len(questions)} questions, seed {seed} (`python {prog} quiz {exercise} "
-        f"--seed {seed}` asks them again).")
-    say(f"The right answers are computed by {module} itself: they are as right as its code. "
-        f"Type a number (2/3 is fine); Ctrl-D ends.")
+    say(_wrap(f"Quiz {exercise}: {title}. {len(questions)} questions, seed {seed} (`python {prog} quiz {exercise} "
+              f"--seed {seed}` asks them again). The right answers are computed by {module} itself: they are as "
+              f"right as its code. Type a number (2/3 is fine); Ctrl-D ends."))
     right = answered = 0
     echo = not (hasattr(stdin, "isatty") and stdin.isatty())
     for number, question in enumerate(questions, 1):
         kind = "a whole number" if question.whole else f"a number, within {question.within}"
-        say(f"\nQ{number} of {len(questions)}. {question.text} ({kind})")
+        say("\n" + _wrap(f"Q{number} of {len(questions)}. {question.text} ({kind})", rest="  "))
         while True:
             say("answer> ", end="")
             line = stdin.readline()
@@ -672,10 +683,11 @@ def run_quiz(lab: ModuleType, exercise: int, seed: int, prog: str, stdin=None, s
         ok = is_right(question, value)
         right += ok
         say(f"  {'right' if ok else 'wrong'}: the answer is {_fmt(question.answer)}.")
-        say(f"  Why: {question.explanation}")
+        say(_wrap(question.explanation, "  Why: ", "       "))
         if question.expected is not None and not math.isclose(question.answer, question.expected,
                                                                 rel_tol=1e-6, abs_tol=1e-9):
-            say(f"  Note: the reasoning above gives {_fmt(question.expected)}, but {module} computes "
-                f"{_fmt(question.answer)}: check your code with `python -m pytest -m exercise{exercise}`.")
+            say(_wrap(f"the reasoning above gives {_fmt(question.expected)}, but {module} computes "
+                      f"{_fmt(question.answer)}: check your code with `python -m pytest -m exercise{exercise}`.",
+                      "  Note: ", "        "))
     say(f"\nScore: {right} of {len(questions)} right.")
     return 0
