@@ -162,7 +162,8 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     quiz = commands.add_parser("quiz", help="questions with numbers about exercise N, answered by this module's code",
                                description=QUIZ_HELP)
     quiz.add_argument("exercise", metavar="N", type=_exercise(lab), help="the exercise's number")
-    quiz.add_argument("--seed", type=int, help="repeat the figures of an earlier run (default: fresh ones)")
+    quiz.add_argument("--seed", type=_positive(int, allow_zero=True),
+                      help="repeat the figures of an earlier run (default: fresh ones)")
     serve = commands.add_parser("serve", help="serve a toy model over HTTP, OpenAI-compatible, until Ctrl-C")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000, help="0: any free port")

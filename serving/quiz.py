@@ -362,7 +362,7 @@ def _run_steps(lab: ModuleType, requests: list[tuple[int, int]], scheduling: str
 def quiz_batching(lab: ModuleType, rng: np.random.Generator) -> list[Question]:
     P = int(rng.integers(2, 9))
     a, b, c = int(rng.integers(12, 41)), int(rng.integers(3, 10)), int(rng.integers(3, 13))  # a > b
-    runs = {s: _run_steps(lab, [(P, a), (P, b), (P, c)], s, max_num_seqs=2) for s in ("static", "continuous")}
+    runs = {s: _run_steps(lab, [(P, a), (P, b), (P, c)], s, max_num_seqs=2) for s in ("continuous", "static")}
     setting = (f"2 seats (max_num_seqs 2). Three requests arrive together, each with a {P}-token prompt; they "
                f"want {a}, {b} and {c} output tokens. A request's first step prefills its prompt and yields its "
                f"first token, then it gets one token per step.")

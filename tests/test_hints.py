@@ -207,6 +207,7 @@ def test_hint_starts_over_from_a_corrupt_state_file_and_says_when_it_cannot_writ
     (("quiz", "-1"), "there is no exercise -1"),
     (("quiz", "one"), "'one' is not an exercise number"),
     (("quiz", "1", "--seed", "x"), "--seed"),
+    (("quiz", "1", "--seed", "-5"), "--seed"),
 ])
 def test_hint_and_quiz_refuse_bad_input_with_one_line_and_exit_status_2(args, says, capsys):
     status, out, err = cli_run(lab, capsys, *args)
