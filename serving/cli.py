@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import re
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from .api_server import serve
 from .benchmark_serving import loadtest, server_model_card
 from .checkpoint_commands import checkpoint_engine, generate_text, speculate_checkpoints
 from .datasets import LOAD_WORKLOADS
+from .hints import LEVELS, HintsError, show_hint
+from .quiz import QuizError, run_quiz
 from .report import load_report_html, write_report
 from .sampling import logits_processors
 from .scenarios import run_all_scenarios, scenario_batching, scenario_speculate
@@ -35,6 +38,9 @@ def status_report(lab: ModuleType) -> str:
     for number, title in lab.EXERCISES.items():
         lines.append(f"  Exercise {number}  {title}")
         lines.append("      to do: " + ", ".join(stubs[number]) if number in stubs else "      done")
+    prog = os.path.basename(lab.__file__)
+    lines.append(f"Stuck? `python {prog} hint N` shows the next of three hints for exercise N; "
+                 f"`python {prog} quiz N` asks the numbers it computes (docs/hints.md, docs/deliverables.md).")
     return "\n".join(lines)
 
 
@@ -54,6 +60,38 @@ def _positive(kind, allow_zero: bool = False):
         return value
     parse.__name__ = kind.__name__
     return parse
+
+
+def _exercise(lab: ModuleType):
+    """An argparse type: the number of one of the module's exercises."""
+    known = sorted(lab.EXERCISES)
+    span = f"{known[0]} to {known[-1]}" if known == list(range(known[0], known[-1] + 1)) else ", ".join(map(str, known))
+
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an exercise number (the exercises are {span})") from None
+        if number not in lab.EXERCISES:
+            raise argparse.ArgumentTypeError(f"there is no exercise {number} (the exercises are {span})")
+        return number
+    parse.__name__ = "exercise"
+    return parse
+
+
+def _level(text: str) -> int:
+    """An argparse type: a hint level, 1 to LEVELS."""
+    if not (text.strip().isdigit() and 1 <= int(text) <= LEVELS):
+        raise argparse.ArgumentTypeError(f"the levels are 1 to {LEVELS}, got {text!r}")
+    return int(text)
+
+
+QUIZ_HELP = ("Questions with numeric answers about exercise N, with figures drawn fresh each run: type each "
+             "answer (a number; 2/3 is fine), and after each attempt the quiz shows the right value and why. "
+             "The right values are computed by THIS module's own code, your exercises included, when the quiz "
+             "asks: a wrong function gives a wrong 'right answer'. The quiz checks your understanding, not your "
+             "code: the tests do that (python -m pytest -m exerciseN). A function the quiz needs that is still "
+             "a stub stops it (exit status 1), naming the function.")
 
 
 def _rates(text: str) -> list[float]:
@@ -114,6 +152,18 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     # Listed for --help only: main() hands `bench ...` to tools/bench.py before parsing.
     commands.add_parser("bench", help="measure on this machine, side by side (tools/bench.py; bench --help)")
     commands.add_parser("status", help="which exercises are done")
+    hint = commands.add_parser("hint", help="the next of three hints for exercise N (docs/hints.md)",
+                               description="The next hint for exercise N: a nudge, then the idea, then the "
+                                           "method. Which levels you have seen is kept in .hints.json beside "
+                                           "the module.")
+    hint.add_argument("exercise", metavar="N", type=_exercise(lab), help="the exercise's number")
+    hint.add_argument("--level", metavar="K", type=_level, help=f"show level K (1 to {LEVELS}) directly; "
+                                                                 "it does not change which hint comes next")
+    quiz = commands.add_parser("quiz", help="questions with numbers about exercise N, answered by this module's code",
+                               description=QUIZ_HELP)
+    quiz.add_argument("exercise", metavar="N", type=_exercise(lab), help="the exercise's number")
+    quiz.add_argument("--seed", type=_positive(int, allow_zero=True),
+                      help="repeat the figures of an earlier run (default: fresh ones)")
     serve = commands.add_parser("serve", help="serve a toy model over HTTP, OpenAI-compatible, until Ctrl-C")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000, help="0: any free port")
@@ -250,13 +300,23 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
                       f"(see `python {prog} status`)")
             if report.errors:  # not a stub: the module's code failed, and that is an error
                 parser.exit(1, f"{prog} report: figures failed: {'; '.join(report.errors)}\n")
+        elif args.command == "hint":
+            print(show_hint(lab, args.exercise, args.level), end="")
+        elif args.command == "quiz":
+            seed = random.randrange(10_000) if args.seed is None else args.seed
+            return run_quiz(lab, args.exercise, seed, prog)
         else:
             print(status_report(lab))
+    except (HintsError, QuizError) as exc:
+        parser.exit(1, f"{prog} {args.command}: error: {exc}\n")
     except ValueError as exc:
         parser.exit(2, f"{prog} {args.command or ''}: error: {exc}\n".replace("  ", " "))
     except OSError as exc:  # the network said no: a port in use, a server that is not there
         where = args.url if args.command == "loadtest" else f"{getattr(args, 'host', '')}:{getattr(args, 'port', '')}"
         parser.exit(2, f"{prog} {args.command}: error: {where}: {exc}\n")
     except NotImplementedError as exc:
+        if args.command == "quiz":  # the quiz's answers come from the module: the stub must be written first
+            parser.exit(1, f"{prog} quiz {args.exercise}: {exc} is still a stub: write it first, the quiz's answers "
+                           f"come from it (see `python {prog} status`)\n")
         parser.exit(1, f"{prog}: {exc} is still a stub: write it (see `python {prog} status`)\n")
     return 0
