@@ -4,9 +4,14 @@ is handed the module (or an engine of it), so `python lab.py serve` serves the s
 
     file                    what it holds                                   vLLM's file for the same job
     cli.py                  `main(lab, argv)`: every command                vllm/entrypoints/cli/main.py
-    api_server.py           the OpenAI-compatible HTTP server               vllm/entrypoints/openai/api_server.py
-    protocol.py             request parsing, response objects               vllm/entrypoints/openai/protocol.py
+    api_server.py           the server's processes, routes, model card     vllm/entrypoints/openai/api_server.py
+    http_server.py          HTTP/1.1: connections, framing, keep-alive      (uvicorn, under vLLM)
+    protocol.py             a request's fields: shapes, tables, Requests    vllm/entrypoints/openai/protocol.py
+    serving_engine.py       one request run and answered, whole or streamed .../openai/serving_engine.py
+    serving_completion.py   the completions endpoint's choices              .../openai/serving_completion.py
+    serving_chat.py         the chat endpoint's choices                     .../openai/serving_chat.py
     chat.py                 chat messages and the plain chat template       vllm/entrypoints/chat_utils.py
+    sampling.py             vLLM's sampling extras as logits processors     vllm/v1/sample/
     output.py               tokens to text: detokenizing, stop strings      vllm/v1/engine/output_processor.py
     async_llm.py            engine thread <-pipes-> HTTP front end process  vllm/v1/engine/async_llm.py, core.py
     metrics.py              Prometheus text under vLLM's names              vllm/v1/metrics/

@@ -175,7 +175,9 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     serve.add_argument("--seed", type=int, default=0, help="of the model's random weights")
     serve.add_argument("--block-size", type=_positive(int), default=16)
     serve.add_argument("--num-blocks", type=_positive(int), help="KV blocks (default: max-num-seqs full sequences)")
-    serve.add_argument("--max-num-seqs", type=_positive(int), default=64)
+    serve.add_argument("--max-num-seqs", type=_positive(int),
+                       help="running sequences (default: 64 for a toy model, 4 for a --model checkpoint, whose "
+                            "full-length K/V is 302 MB a sequence for GPT-2 small)")
     serve.add_argument("--stream-interval", type=_positive(int), default=1,
                        help="tokens per streamed chunk (SGLang's flag): fewer, larger events for more throughput")
     serve.add_argument("--max-num-batched-tokens", type=_positive(int), default=512)
@@ -269,13 +271,13 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
                            enable_prefix_caching=args.enable_prefix_caching,
                            enable_chunked_prefill=not args.no_chunked_prefill)
             if args.model:  # max_model_len is the checkpoint's n_positions; the KV-cache fits max_num_seqs of them
-                engine, tokenizer = checkpoint_engine(lab, args.model, args.max_num_seqs, **options)
+                engine, tokenizer = checkpoint_engine(lab, args.model, args.max_num_seqs or 4, **options)
                 names = args.served_model_name or [os.path.basename(os.path.normpath(args.model))]
             else:
                 model = lab.ToyTransformer(lab.ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}),
                                            seed=args.seed)
-                engine = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs, logits_processors=logits_processors(),
-                                       **options)
+                engine = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs or 64,
+                                       logits_processors=logits_processors(), **options)
                 tokenizer, names = None, args.served_model_name
             if not serve(engine, args.host, args.port, args.duration, tokenizer=tokenizer, model_name=names,
                          stream_interval=args.stream_interval, max_n=args.max_n):
