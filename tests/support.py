@@ -8,7 +8,9 @@ stub it hits comes back as a 500, which these helpers re-raise as the stub's Not
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import io
 import json
 import re
 import socket
@@ -106,9 +108,25 @@ def server(engine_model):
         yield running
 
 
-def run_cli(*args):
-    """Run the module under test as a script. A stub hit in the child is re-raised here as the
-    same NotImplementedError, so the scoreboard names the exercise to write."""
+def run_cli(*args) -> subprocess.CompletedProcess:
+    """The command line on the module under test, run in this process as `python lab.py ARGS` runs
+    it (`serving.main(lab, ARGS)`): its exit status, stdout and stderr. A stub it names is
+    re-raised here as the same NotImplementedError, so the scoreboard names the exercise to write."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = serving.main(lab, list(args))
+        except SystemExit as exc:  # argparse and the command line exit with a status
+            code = exc.code if isinstance(exc.code, int) else 1
+    proc = subprocess.CompletedProcess(["lab", *args], code, out.getvalue(), err.getvalue())
+    stub = re.search(r"(Exercise \d+: \S+) is still a stub", proc.stderr)
+    if proc.returncode == 1 and stub:
+        raise NotImplementedError(stub.group(1))
+    return proc
+
+
+def run_script(*args) -> subprocess.CompletedProcess:
+    """`python <the module's file> ARGS`, a process of its own: what a user types."""
     proc = subprocess.run([sys.executable, lab.__file__, *args], capture_output=True, text=True, timeout=120)
     stub = re.search(r"(Exercise \d+: \S+) is still a stub", proc.stderr)
     if proc.returncode == 1 and stub:
