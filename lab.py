@@ -8,12 +8,12 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
 
    section                                     lines        what it holds
    0. Conventions                              43-95        checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          96-390       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   391-1023     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1024-1729    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1730-2052    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2053-2414    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2415-2448    the list of exercises, and `__main__`
+   1. Paged KV-cache (PagedAttention)          96-329       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   330-953      a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      954-1650     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1651-1950    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1951-2290    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2291-2324    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -109,32 +109,18 @@ class OutOfBlocksError(RuntimeError):
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
-    """Blocks that hold `num_tokens` tokens: 0 for 0, 1 for 1..block_size, 2 for block_size+1...
-
-    This is THE boundary rule of the paged cache; every other place asks it instead of
-    doing its own arithmetic. A new block is needed only when token `block_size` (0-based)
-    arrives, never when the last block has just been filled. Exact for every count, however
-    large (a float division is not: it rounds counts past 2**53). (Arguments are checked before
-    your code runs: two ints, num_tokens >= 0, block_size >= 1.)
-    """
+    """Blocks of `block_size` tokens that hold `num_tokens` tokens: 0 for 0, 1 for 1..block_size,
+    2 for block_size + 1, ..., exact for every count however large. The paged cache's one boundary
+    rule: every other place asks it. (Checked before your code: two ints, num_tokens >= 0,
+    block_size >= 1.)"""
     num_tokens, block_size = check_int("num_tokens", num_tokens, 0), check_int("block_size", block_size, 1)
     raise NotImplementedError("Exercise 1: blocks_needed")
 
 
 def hash_block(parent_hash: int | None, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
-    """Content hash of one FULL block, chained on the hash of the block before it.
-
-    Chaining makes the hash name the whole prefix, not just this block's tokens: two
-    blocks with the same tokens after different prefixes hold different K/V (attention
-    saw different pasts), so they must never be confused. `cache_salt` (a table passes its
-    own with every block) keeps the prefixes of requests with different salts apart:
-    tenants that must not share cached K/V never do.
-
-    Required: the same int in every process (so not Python's `hash`, which is salted per
-    process for str and bytes, and before Python 3.12 depends on the address of None) and
-    collision-resistant (a collision would hand one request another's K/V). SHA-256 over a
-    canonical encoding of (parent_hash, cache_salt, token ids) has both.
-    """
+    """Content hash of one FULL block, chained on the hash of the block before it: equal hashes
+    mean equal whole prefixes. `cache_salt` goes into every block's hash. The same int in every
+    process, and collision-resistant (a collision would hand one request another's K/V)."""
     raise NotImplementedError("Exercise 3: hash_block")
 
 
@@ -163,16 +149,10 @@ class PrefixCacheStats:
 class BlockAllocator:
     """The physical pool of KV blocks `0..num_blocks-1`, with reference counts.
 
-    Invariants:
-    - a block with reference count 0 is in exactly one of two queues: `_free` if it holds
-      nothing findable, `_evictable` if the prefix cache still finds it by its hash;
-    - both queues are in least-recently-freed order: `free` appends to the back. `allocate`
-      takes the front of `_free`, and only when `_free` is empty the front of `_evictable`:
-      a cached block is evicted at that moment, not earlier (lazy eviction, least recently
-      used first), and never to make room that a plain free block could give;
-    - only a block in use can be registered, so a hash always names K/V that was written;
-    - every error leaves the allocator exactly as it was.
-    """
+    Invariants: a block with no reference is plain free or cached-and-evictable (the prefix cache
+    still finds it), never both; blocks are handed out least recently freed first, a cached one only
+    when no plain one is left, evicted then and not earlier; only a block in use can be registered;
+    every error leaves the allocator exactly as it was."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
         self.num_blocks = check_int("num_blocks", num_blocks, 1)
@@ -202,24 +182,20 @@ class BlockAllocator:
         return block_id
 
     def allocate(self) -> int:
-        """A block with reference count 1: the least recently freed plain block, or, only when
-        none is left, the least recently used cached block, evicted now (`_evict`).
-
-        Raises OutOfBlocksError (and changes nothing) when both queues are empty.
-        """
+        """A block with reference count 1, as the class docstring orders them (a cached one is
+        evicted, `_evict`). OutOfBlocksError, changing nothing, when none is left."""
         raise NotImplementedError("Exercise 1: BlockAllocator.allocate")
 
     def incref(self, block_id: int) -> None:
-        """Share a block that is in use: one more table holds it. (Checked before your code:
-        an id that is not an int in range, or a free block, raises and changes nothing.)"""
+        """One more table holds this block. (Checked before your code: an id that is not an int in
+        range, or a free block, raises and changes nothing.)"""
         block_id = self._checked_id(block_id, in_use="only a block in use can be shared")
         raise NotImplementedError("Exercise 1: BlockAllocator.incref")
 
     def free(self, block_id: int) -> None:
-        """Drop one reference; at zero the block goes to the back of its queue: `_evictable`
-        if the prefix cache holds its hash, else `_free`. (Checked before your code: an id
-        that is not an int in range, or a block with no reference left, i.e. a double free,
-        raises and changes nothing.)"""
+        """Drop one reference; at zero the block can be handed out again, as the most recently freed
+        (and, if the prefix cache holds its hash, still findable). (Checked before your code: an id
+        that is not an int in range, or a block with no reference left, raises and changes nothing.)"""
         block_id = self._checked_id(block_id, in_use="it has no reference left (double free)")
         raise NotImplementedError("Exercise 1: BlockAllocator.free")
 
@@ -250,45 +226,31 @@ class BlockAllocator:
         return run[:-1] if run and len(run) * self.block_size >= num_tokens else run
 
     def lookup(self, block_hash: int) -> int | None:
-        """A prefix-cache hit: take a reference on the cached block and return it.
-
-        A hit on an evictable block (reference count 0) revives it: it leaves `_evictable`.
-        Returns None on a miss, or when prefix caching is off. With caching on, every call is
-        one query in `stats.queries`, hit or miss, and every hit one `stats.hits`; with caching
-        off nothing is counted (there is no cache to ask).
-        """
+        """A prefix-cache hit: take a reference on the block cached under `block_hash` and return it
+        (a cached block with no reference is no longer free afterwards). None on a miss, or when
+        caching is off. With caching on, every call counts one `stats.queries` and every hit one
+        `stats.hits`; with caching off nothing is counted."""
         raise NotImplementedError("Exercise 3: BlockAllocator.lookup")
 
     def register(self, block_id: int, block_hash: int) -> None:
-        """Make a full block, in use and with its K/V written, findable under its chained hash
-        (no-op when caching is off).
-
-        If another block already holds the same prefix, the first one stays the cached copy,
-        and a block registered once keeps its first hash. (Checked before your code: a free
-        block is a ValueError, since nothing written can be in it.)
-        """
+        """Make a full block, in use and with its K/V written, findable under `block_hash` (a no-op
+        when caching is off). When a block already holds that hash, it stays the cached copy; a block
+        registered once keeps its first hash. (Checked before your code: a free block is a ValueError.)"""
         block_id = self._checked_id(block_id, in_use="only a block in use, with its K/V written, can be registered")
         raise NotImplementedError("Exercise 3: BlockAllocator.register")
 
     def _evict(self, block_id: int) -> None:
-        """Forget a cached block's hash (and count the eviction): it is about to hold other tokens."""
+        """Forget a cached block's hash, and count the eviction: it is about to hold other tokens."""
         raise NotImplementedError("Exercise 3: BlockAllocator._evict")
 
 
 class BlockTable:
-    """One sequence's view of the cache: token `i` lives in `block_ids[i // block_size]`
-    at offset `i % block_size`.
+    """One sequence's view of the cache: token `i` lives in `block_ids[i // block_size]` at offset
+    `i % block_size`.
 
-    Invariant: a block that another table or the prefix cache can see is never written.
-    Before new tokens land in such a block, the table takes a private copy and reports the
-    `(src, dst)` pair, so the caller can copy the K/V data (copy-on-write).
-
-    With prefix caching the table also keeps `_block_hashes`, the chained hashes of the full
-    blocks it has registered, in order. A block is registered only once its K/V is computed
-    (`cache_full_blocks`, called after the forward pass that wrote it), never when it is
-    allocated: until then another sequence that found it would read K/V that is not there.
-    `cache_salt` goes into every block's hash (see `hash_block`).
-    """
+    Invariants: a block another table or the prefix cache can see is never written (new tokens
+    bound for one land in a private copy, reported as `(src, dst)` so that the caller copies the
+    K/V); a block becomes findable only once its K/V is computed (`cache_full_blocks`)."""
 
     def __init__(self, allocator: BlockAllocator, cache_salt: str | None = None):
         self.allocator = allocator
@@ -306,69 +268,47 @@ class BlockTable:
         return self.allocator.ref_count(block_id) > 1 or self.allocator.is_cached(block_id)
 
     def append_tokens(self, token_ids: Sequence[int]) -> list[tuple[int, int]]:
-        """Append tokens, allocating a block only when the last one is full.
-
-        Returns the copy-on-write pairs `(src, dst)` whose K/V the caller must copy before
-        writing: at most one, for a last block with room that another table or the prefix
-        cache can see. Registers nothing (that is `cache_full_blocks`, once K/V is written).
-        On OutOfBlocksError nothing changes (ask for every block needed, the copy included,
-        before taking any). (`token_ids` arrives checked: a list of ints.)
-        """
+        """Append tokens; a block is allocated only when the last one is full. Returns the
+        copy-on-write pairs `(src, dst)` the caller must copy before writing (at most one). Registers
+        nothing. On OutOfBlocksError nothing changes. (`token_ids` arrives checked: a list of ints.)"""
         token_ids = check_token_ids("token_ids", token_ids)
         raise NotImplementedError("Exercise 2: BlockTable.append_tokens")
 
     def allocate_prompt(self, token_ids: Sequence[int]) -> int:
-        """Fill an empty table with a prompt (or the first chunk of one), reusing cached blocks.
+        """Fill an empty table with a prompt (or its first chunk), reusing the blocks of
+        `allocator.cached_prefix(hashes of its full blocks, len(token_ids))`; the rest get fresh blocks,
+        and nothing new is registered. Returns how many leading tokens already have K/V (the reused
+        blocks' tokens).
 
-        The reused blocks are `allocator.cached_prefix(hashes, len(token_ids))` for the chained
-        hashes of the prompt's full blocks: the longest cached run, less its last block when it
-        covers the whole prompt (so at least the last token is computed: it yields the logits
-        of the first output token, and no cached block is ever written). Each reused block is
-        taken with `allocator.lookup` (one query and one hit each); when the prompt has a full
-        block after the reused run, exactly one more `lookup` asks for it (and misses, unless
-        the run was cut short because it covered the whole prompt: then no more lookups). The
-        rest of the prompt gets fresh blocks; nothing new is registered (`cache_full_blocks`
-        does that once the K/V is computed).
-
-        Returns how many leading tokens already have K/V (`num_computed_tokens`): the reused
-        blocks' tokens. On OutOfBlocksError nothing changes: no lookup, no allocation. Count
-        before acting: a reused block that was cached but free (evictable) is one of
-        `num_free_blocks` too, so the fresh blocks must fit in what is left after reviving it.
-        (Checked before your code: the table is empty and `token_ids` is a list of ints.)
-        """
+        Reused blocks are taken with `allocator.lookup`; when a full block follows the reused run, one
+        more `lookup` asks for it (a miss), unless the run stopped short only because it covered the
+        whole prompt. OutOfBlocksError, changing nothing, exactly when the fresh blocks and the reused
+        blocks that had no reference (they leave the free pool too) outnumber `num_free_blocks`.
+        (Checked before your code: an empty table, a list of ints.)"""
         if self.block_ids:
             raise ValueError("allocate_prompt needs an empty table; use append_tokens to extend one")
         token_ids = check_token_ids("token_ids", token_ids)
         raise NotImplementedError("Exercise 3: BlockTable.allocate_prompt")
 
     def cache_full_blocks(self, num_computed_tokens: int) -> None:
-        """Register (prefix caching only) every full block among the first `num_computed_tokens`
-        tokens that has no hash yet: their K/V is now written. Blocks are registered in order,
-        under their chained hashes (`hash_block(parent, tokens, self.cache_salt)`),
-        and `_block_hashes` grows with them. Call it after the forward pass that computed them.
-        (Checked before your code: an int in 0..num_tokens.)"""
+        """Make every full block among the first `num_computed_tokens` tokens that is not registered
+        yet findable, in order, under its chained hash (with the table's salt); their K/V is written
+        now. A no-op without prefix caching. (Checked before your code: an int in 0..num_tokens.)"""
         check_int("num_computed_tokens", num_computed_tokens, 0)
         if num_computed_tokens > self.num_tokens:
             raise ValueError(f"num_computed_tokens = {num_computed_tokens} but the table holds {self.num_tokens}")
         raise NotImplementedError("Exercise 3: BlockTable.cache_full_blocks")
 
     def fork(self) -> BlockTable:
-        """A second sequence that shares every block of this one (parallel sampling), and its
-        `cache_salt`: the blocks the fork fills are hashed with the same salt."""
+        """A second sequence sharing every block of this one (parallel sampling), and its salt."""
         raise NotImplementedError("Exercise 2: BlockTable.fork")
 
     def truncate(self, num_tokens: int) -> None:
-        """Keep the first `num_tokens` tokens; release the blocks no longer needed.
-
-        This is how rejected speculative tokens are rolled back. A block that keeps some
-        tokens stays; the next append copies it first if it is shared or cached. The hashes of
-        blocks that are no longer full go too: a hash names a block's whole content, and the
-        tokens appended next will be different ones. Release the dropped blocks from the last
-        to the first: the allocator evicts in the order blocks were freed, so a cached prefix then
-        loses its deepest block first and keeps the first ones, which every prompt with the same
-        start can reuse. (Checked before your code: an int in 0..num_tokens, else
-        TypeError/ValueError.)
-        """
+        """Keep the first `num_tokens` tokens (rolling back rejected speculative tokens) and release the
+        blocks no longer needed, the last first: eviction follows the order of freeing, so a cached
+        prefix loses its deepest block first. A block that keeps some tokens stays (written next only
+        after a copy, if it is shared or cached), and a block no longer full is no longer registered
+        here. (Checked before your code: an int in 0..num_tokens.)"""
         num_tokens = check_int("num_tokens", num_tokens, 0)
         if num_tokens > self.num_tokens:
             raise ValueError(f"cannot truncate to {num_tokens} tokens: the table holds {self.num_tokens}")
@@ -383,8 +323,7 @@ class BlockTable:
         raise NotImplementedError("Exercise 2: BlockTable.slots")
 
     def free(self) -> None:
-        """Release every block, from the last to the first (as `truncate` does); the table is
-        empty afterwards."""
+        """Release every block, the last first (as `truncate`); the table is empty afterwards."""
         raise NotImplementedError("Exercise 2: BlockTable.free")
 
 
@@ -777,23 +716,14 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     k_cache[block_tables[b, i // block_size], i % block_size]. Returns (B, H, D) float32:
     softmax(q . k / sqrt(D)) @ v over the sequence's first context_lens[b] tokens.
 
-    Invariant: nothing past a sequence's context is ever used as data: not the table's padding
-    entries (they may be -1 or garbage), not the stale slots after the last token of its last
-    block (they may hold NaN).
+    Invariants: nothing past a sequence's context is used as data (the table's padding entries
+    may be -1 or garbage, the stale slots after its last token may hold NaN); no copy of the whole
+    K/V is made: the kernel holds at most PAGED_ATTENTION_CHUNK_BYTES of gathered K/V at a time
+    (but at least one block column); vectorised, no Python loop over tokens. `BlockGather` (just
+    above) gathers blocks for you.
 
-    The structure is the real kernel's: walk the block columns, gather one column of blocks for
-    the whole batch (a few columns at a time: PAGED_ATTENTION_CHUNK_BYTES), and fold it into an
-    online softmax (running max, running sum, rescaled accumulator), so no copy of the whole
-    K/V is ever made. The gather is provided (just above): `BlockGather(k_cache, v_cache, k_scale,
-    v_scale, batch, max_blocks).gather(ids)`, ids (n, c) valid block ids, returns k, v (n, c *
-    block_size, H, D) float32 (token t of row i: block ids[i, t // block_size], slot t % block_size),
-    views of buffers the next gather overwrites, and k_scales, v_scales: None for float32.
-
-    An int8 cache (`KVCache(..., dtype="int8")`) comes as int8 k_cache, v_cache with `k_scale`,
-    `v_scale` (num_blocks, block_size, H) float32: token i's K is k_cache[...] * k_scale[...]. The
-    gather casts the values to float32 and returns the scales (n, c * block_size, H) beside them;
-    they multiply the scores (K) and the probabilities (V), as BlockGather's docstring shows.
-    """
+    An int8 cache comes as int8 k_cache, v_cache with float32 `k_scale`, `v_scale` (num_blocks,
+    block_size, H): token i's K is k_cache[...] * k_scale[...]."""
     block_tables, context_lens = _check_paged_attention_args(q, k_cache, v_cache, block_tables,
                                                              context_lens, k_scale, v_scale)
     raise NotImplementedError("Exercise 4: paged_attention")
@@ -1230,20 +1160,17 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """Iteration-level (continuous) batching in the style of vLLM's v1 scheduler.
+    """Iteration-level (continuous) batching with vLLM v1's policy.
 
-    Every step: running sequences first, oldest first, each gets its missing tokens (one for
-    a decode, a chunk for a prefill) within the `max_num_batched_tokens` budget; then waiting
-    ones, first come first served, while `max_num_seqs`, the budget and free blocks allow; a
-    step that preempted anyone admits nobody (memory is short: a newcomer would only be the next
-    victim). When a running sequence cannot get a block, the most recently admitted running sequence is
-    preempted by recompute: its blocks are freed and it goes back to the FRONT of the waiting
-    queue with every token it produced; readmitted, it recomputes prompt + output.
+    Each step, running sequences come first, oldest first, each given its missing tokens (one for a
+    decode, a chunk for a prefill) within the `max_num_batched_tokens` budget; then waiting ones,
+    first come first served, while `max_num_seqs`, the budget and free blocks allow. A running
+    sequence that cannot get a block preempts the most recently admitted running sequence by
+    recompute: its blocks are freed and it waits at the FRONT of the queue with every token it
+    produced. A step that preempted anyone admits nobody (a newcomer would be the next victim).
 
-    Liveness: the oldest running sequence is never preempted for a newer one, and a request
-    whose worst case cannot fit in the whole cache is rejected on arrival, so every request
-    finishes (no deadlock, no endless preemption loop).
-    """
+    Liveness: the oldest running sequence is never preempted for a newer one, and a request whose
+    worst case cannot fit in the whole cache is rejected on arrival."""
 
     reserves_worst_case = False  # True: blocks for prompt + max_tokens at admission (static)
 
@@ -1328,13 +1255,12 @@ class Scheduler:
         return num_new
 
     def _preempt(self, seq: SequenceState) -> None:
-        """Preemption by recompute: drop the K/V, keep the tokens, wait at the FRONT."""
+        """Preemption by recompute (see the class docstring)."""
         raise NotImplementedError("Exercise 5: Scheduler._preempt")
 
     def schedule(self) -> SchedulerOutput:
-        """Plan one step (see the class docstring). Never exceeds `max_num_seqs` running
-        sequences or `max_num_batched_tokens` scheduled tokens; admits no waiting sequence in
-        a step that preempted one."""
+        """Plan one step (see the class docstring) and return it. Never exceeds `max_num_seqs` running
+        sequences or `max_num_batched_tokens` scheduled tokens."""
         raise NotImplementedError("Exercise 5: Scheduler.schedule")
 
     # --- one step, for whoever drives the scheduler (the engine, the simulator) -----------
@@ -1374,16 +1300,11 @@ class Scheduler:
         return None
 
     def update(self, plan: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[SequenceState]:
-        """After the step ran: advance every scheduled sequence by its tokens and register the
-        blocks that are now computed (`block_table.cache_full_blocks(num_computed_tokens)`:
-        a request admitted in the very next step already finds them), append the token sampled
-        for each sequence that `plan.completes` (ask it before advancing the sequence: it
-        compares the tokens computed BEFORE this step plus the step's with the sequence's
-        length), and retire the ones that are done NOW (their
-        blocks go back to the pool before the next step is planned): `seq.check_stop()` gives
-        the reason ("stop" for a stop token, checked first: a stop token that is also the
-        max_tokens-th token finishes as "stop"; "length" at `max_tokens` outputs; None: it goes
-        on). Returns the retired sequences."""
+        """After the step ran: every scheduled sequence has its scheduled tokens computed (the full
+        blocks among them become findable at once: a request admitted in the next step may reuse
+        them), each sequence of `sampled_token_ids` gets its token, and the sequences that are done
+        now are retired, their blocks back in the pool before the next step is planned, with the
+        reason `seq.check_stop()` gives. Returns the retired sequences."""
         raise NotImplementedError("Exercise 5: Scheduler.update")
 
 
@@ -1781,15 +1702,10 @@ def _check_same_vocab(p: np.ndarray, q: np.ndarray) -> None:
 
 
 def residual_distribution(p, q) -> np.ndarray:
-    """The distribution a rejected draft token is replaced from: `max(0, p - q)` normalised.
-
-    `p` is the target row, `q` the draft row (1-D, same vocabulary). The residual puts mass
-    exactly where the draft under-proposes (p > q), which is the mass the accept test could not
-    deliver. Where it has no mass (p == q), rejection never happens and the result is `p`.
-    Returns a float64 row summing to 1; never divides by zero. (Checked before your code:
-    p and q arrive as float64 rows that sum to 1, of one vocabulary; a row that is not a
-    distribution is a ValueError naming it.)
-    """
+    """The distribution a rejected draft token is replaced from: `max(0, p - q)` normalised, `p`
+    itself where that has no mass (p == q). `p` is the target row, `q` the draft row. Returns a
+    float64 row summing to 1. (Checked before your code: p and q arrive as float64 rows that sum to
+    1, of one vocabulary.)"""
     p = _as_distributions("p", p, ndim=1)
     q = _as_distributions("q", q, ndim=1)
     _check_same_vocab(p, q)
@@ -1826,26 +1742,16 @@ def accept_or_resample(draft_token_ids, draft_probs, target_probs,
                        rng: np.random.Generator) -> list[int]:
     """Verify `k` draft tokens against the target: the speculative-sampling accept/resample rule.
 
-    `draft_token_ids` (k ints) were sampled from `draft_probs` (k, V): token i from row i, the
-    draft's distribution at that position. `target_probs` (k+1, V) are the target's rows at the
-    same positions plus one more, all from ONE target pass. Draft token x_i is accepted with
-    probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection one token is drawn from
-    `residual_distribution(p_i, q_i)` and the step ends; if all k are accepted a bonus token is
-    drawn from `target_probs[k]`. Returns the 1 to k+1 emitted token ids (accepted drafts, then
-    the resampled or bonus token).
+    `draft_token_ids` (k ints) were sampled from `draft_probs` (k, V), token i from row i;
+    `target_probs` (k+1, V) are the target's rows at the same positions plus one, from ONE target
+    pass. Draft token x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the first
+    rejection one token is drawn from `residual_distribution(p_i, q_i)` and the step ends; if all
+    k are accepted a bonus token is drawn from `target_probs[k]`. Returns the 1 to k+1 emitted
+    token ids. Invariant: each emitted token has exactly the target's distribution.
 
-    Invariant: whatever q is, each emitted token is distributed exactly as the target would have
-    sampled it (see `speculative_output_distribution`).
-
-    Random draws, in this order, so a seeded run is reproducible: one `rng.random()` per draft
-    token considered (x_i is accepted iff that u < min(1, p_i/q_i)), up to and including the
-    first rejection; then exactly one `rng.choice(V, p=...)` for the residual or bonus token.
-
-    Raises ValueError, before drawing anything, for: shapes other than (k, V) and (k+1, V),
-    `len(draft_token_ids) != k`, a token id outside [0, V), a row that is not a probability
-    distribution (see PROB_ATOL), or a draft token with q_i(x_i) == 0 (it could not have been
-    drawn, so the ratio p/q is meaningless).
-    """
+    The draws, so that a seeded run is reproducible: one `rng.random()` per draft token judged
+    (x_i is accepted iff it is below min(1, p_i/q_i)), then one `rng.choice(V, p=...)` for the
+    residual or bonus token. (The arguments arrive checked.)"""
     draft, q, p = _checked_speculative_inputs(draft_token_ids, draft_probs, target_probs, rng)
     raise NotImplementedError("Exercise 6: accept_or_resample")
 
@@ -2003,28 +1909,20 @@ def speculative_generate(
     sampling: SamplingParams,
     k: int = 4,
 ) -> SpeculativeOutput:
-    """Generate with a draft that proposes `k` tokens and a target that verifies them in ONE pass.
+    """Generate with a draft that proposes up to `k` tokens and a target that verifies them in ONE
+    paged forward pass per round, rolling rejected tokens back from both caches. The output has
+    the target's distribution (greedy: exactly the target's greedy tokens).
 
-    Invariant at the top of every round: both caches hold K/V for every committed token but the
-    last one. A round: the draft proposes d_1..d_n autoregressively; the target runs over
-    [last, d_1..d_n] in one paged forward pass, which yields its distributions p_0..p_n;
-    accept/resample emits 1..n+1 tokens; both caches are truncated back to the accepted tokens.
-    The output has the target's distribution (greedy: exactly the target's greedy tokens).
-
-    Conventions the counters follow:
-    - the prefill runs the prompt but its last token through both models and emits nothing; the
-      first round scores the last prompt token. `num_target_passes` counts rounds (verification
-      passes), not the prefill;
-    - a round drafts n = min(k, tokens still wanted - 1, positions left in the context - 1)
-      tokens: never a draft that could not be emitted, nor a token past `n_positions` (the
-      round's bonus token needs one more position). `num_draft_tokens` counts the drafts made,
-      `num_accepted` those accepted;
-    - sampling uses one generator, seeded by `sampling.seed`, for the draft's draws and
-      accept_or_resample's, in the order they happen; the draft samples at the same
-      temperature as the target;
-    - the output stops at the first stop token (kept) or at max_tokens, like the engine; no
-      round starts once a stop token has been emitted (`num_target_passes` counts none after it).
-    """
+    Conventions the counters and the draws follow:
+    - both models prefill the prompt but its last token, emitting nothing; `num_target_passes`
+      counts the rounds after it;
+    - a round drafts min(k, tokens still wanted - 1, positions left in the context - 1) tokens;
+      `num_draft_tokens` counts the drafts made, `num_accepted` those accepted;
+    - one generator, `np.random.default_rng(sampling.seed)`, serves the draft's draws and
+      accept_or_resample's, in the order they happen; the draft samples at the target's
+      temperature (`token_probs`);
+    - the output stops at the first stop token (kept) or at max_tokens; no round starts after a
+      stop token."""
     prompt = list(prompt_token_ids)
     check_request(Request("speculative", prompt, sampling), target.config)
     unsupported = [f.name for f in dataclasses.fields(SamplingParams)[4:] if getattr(sampling, f.name) != f.default]
@@ -2362,49 +2260,27 @@ def plan_deployment(
     kv_cache_dtype: str = "auto",
 ) -> DeploymentPlan:
     """Size a vLLM-style deployment of `model` on GPUs of type `gpu`, per GPU of a
-    tensor-parallel group of `tensor_parallel_size` (tp) GPUs.
+    tensor-parallel group of `tensor_parallel_size` (tp) GPUs (each holds 1/tp of the weights and
+    of the KV heads). Returns a `DeploymentPlan` of the inputs and the five numbers you compute:
 
-    Memory (per GPU). The engine may use `gpu_memory_utilization * memory_bytes`; the weights
-    (`num_params * dtype_bytes / tp`) and the activation peak (`activation_bytes`, already
-    per GPU) come off first, and what is left is cut into KV blocks of
-    `block_bytes_per_gpu = block_size * kv_bytes_per_token(model) / tp` bytes:
+    - `num_kv_blocks`: the engine may use `gpu_memory_utilization` of the GPU's memory; the weights
+      (`num_params * dtype_bytes`, split over tp) and `activation_bytes` (per GPU) come off first,
+      and the rest is whole blocks of `block_size` tokens' K/V (`kv_bytes_per_token`, split over tp);
+    - `max_concurrent_seqs`: how many sequences can ALL reach `max_model_len` at once (a sequence
+      owns whole blocks);
+    - `decode_step_s`, `decode_bound`: one decode step of those sequences on the roofline (peak
+      figures, so a lower bound): the time to read what it reads (the weights once, and each
+      sequence's K/V at `DeploymentPlan.mean_context_len` tokens) at the memory bandwidth, or to do
+      its FLOPs (2 per parameter per sequence, over tp) at peak, whichever is longer;
+      `decode_bound` is "memory-bandwidth" or "compute";
+    - `prefill_s`: one mean prompt's FLOPs (2 per parameter per token, over tp; attention's own
+      ignored) at peak.
 
-        num_kv_blocks = floor((util * memory - weight_bytes / tp - activation_bytes)
-                              / (block_bytes / tp))
-
-    The cache holds `num_kv_blocks * block_size` tokens. `max_concurrent_seqs` is how many
-    sequences can ALL grow to `max_model_len` at once: a sequence owns whole blocks, so it is
-    `num_kv_blocks // blocks_needed(max_model_len, block_size)` (not cache tokens //
-    max_model_len, which forgets that a last block is only partly used).
-    `ceiling` is "kv-blocks" when the KV pool gets more bytes than the weights on each GPU (both
-    per GPU: `kv_pool_bytes > weight_bytes_per_gpu`): then deleting the weights altogether buys
-    fewer blocks than halving the KV bytes per sequence (half the context, GQA, an 8-bit KV
-    cache) does; otherwise "weights".
-
-    Time (roofline, peak figures, so lower bounds). A decode step of B = max_concurrent_seqs
-    sequences reads the weights once plus every sequence's KV at `mean_context_len =
-    mean_prompt_len + mean_output_len / 2` (the context averaged over a request's decode
-    steps); it takes max(bytes / bandwidth, 2 * num_params * B / (tp * flops)) and
-    `decode_bound` says which term won. Prefilling one mean prompt takes
-    `2 * num_params * mean_prompt_len / (tp * flops)` (attention's quadratic FLOPs ignored).
-    While a request lives, its slot and the B - 1 others each turn over once on average, so
-    the GPU runs B prefills between its decode steps: the request holds its slot for
-    `request_latency_s = mean_output_len * decode_step_s + B * prefill_s`, and Little's law
-    gives `qps = B / request_latency_s` per tensor-parallel group.
-
-    You return a `DeploymentPlan` of the inputs and the five numbers you computed
-    (num_kv_blocks, max_concurrent_seqs, decode_step_s, decode_bound, prefill_s) plus any
-    notes; the plan derives the rest (KV pool bytes, cache tokens, ceiling, latency, QPS).
-
-    Raises ValueError for a non-positive length or block size, a utilisation outside (0, 1],
-    a negative activation reserve, tp < 1 or tp not dividing the KV heads, traffic whose mean
-    prompt + output exceeds `max_model_len`, weights (plus activations) that do not fit the
-    budget (saying by how many GB), and a cache too small for one `max_model_len` sequence
-    (a message with the word "blocks": how many one sequence needs, how many the pool has).
-    `model` and `gpu` may be presets' names. `kv_cache_dtype` "fp8" or "int8" stores the KV
-    cache at 1 byte per element (`with_kv_cache_dtype`): `kv_bytes_per_token(model)` is then
-    half of fp16's, and the same pool holds twice the blocks.
-    """
+    The plan derives the rest, `qps` by Little's law with each slot turning over once per request
+    (see `DeploymentPlan`). Raises ValueError for weights (plus activations) that do not fit the
+    budget (saying by how many GB) and for a cache too small for one `max_model_len` sequence (a
+    message with the word "blocks"); the inputs arrive checked. `kv_cache_dtype` "fp8"/"int8"
+    stores K/V at 1 byte per element."""
     model = with_kv_cache_dtype(model, kv_cache_dtype)  # kv_bytes_per_token(model) follows it
     model, gpu = get_model(model), get_gpu(gpu)
     _check_plan_inputs(model, max_model_len, block_size, gpu_memory_utilization,
