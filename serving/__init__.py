@@ -20,6 +20,7 @@ is handed the module (or an engine of it), so `python lab.py serve` serves the s
     tokenizer.py            GPT-2's BPE, ByteTokenizer, detokenizing        vllm/transformers_utils/tokenizer.py
     checkpoint_commands.py  generate / speculate / serve on checkpoints     (none)
     report.py               one HTML page of figures drawn from real runs   (none)
+    trace.py                a step-by-step page of one recorded engine run  (none)
 """
 
 from .api_server import start_server
