@@ -494,7 +494,8 @@ code, .mono { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, mono
 #controls button:hover { background: #e8e8e8; }
 #slider { flex: 1; }
 #step-label { font-weight: 600; min-width: 130px; text-align: right; }
-#timeline { display: block; width: 100%; height: 46px; margin: 6px 0 2px; cursor: pointer; }
+#timeline { display: block; width: 100%; height: 46px; margin: 6px 0 0; cursor: pointer; }
+.timeline-caption { font-size: 12px; }
 .banner { margin: 8px 0; padding: 6px 10px; border-radius: 4px; }
 .banner.bad { background: #fde8e0; border: 1px solid #D55E00; }
 .banner.ok { background: #eef7f1; border: 1px solid #9fd3b8; color: #1d5e3f; }
@@ -535,7 +536,8 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
                 text-align: center; font-size: 12px; background: #ffffff; }
 .tables .cell.shared { box-shadow: inset 0 0 0 2px #0072B2; }
 .tables .cell.new { outline: 2px dotted #000000; }
-.detail td { font-size: 12.5px; }
+table.detail { width: auto; }
+.detail td, .detail th { font-size: 12.5px; padding: 2px 14px; }
 .tokens { word-break: break-all; }
 .tok-new { background: #F0E442; font-weight: 700; }
 .tok-prompt { color: var(--muted); }
@@ -555,7 +557,9 @@ PAGE = """<!DOCTYPE html>
   <input id="slider" type="range" min="0" value="0" aria-label="step">
   <span id="step-label"></span>
 </div>
-<svg id="timeline" role="img" aria-label="blocks in use per step; red ticks: preemptions"></svg>
+<svg id="timeline" role="img" aria-label="blocks held per step; red ticks: preemptions"></svg>
+<div class="muted timeline-caption">Every step of the run: blue, the blocks held after it; red, a preemption;
+black, a broken pool invariant. Click to go there.</div>
 <main id="view" data-step="0">
   <div id="banners"></div>
   <div class="grid">
@@ -568,8 +572,6 @@ PAGE = """<!DOCTYPE html>
         <ol class="queue" data-queue="running" id="running"></ol>
         <div class="muted">finished</div>
         <ol class="queue" data-queue="finished" id="finished"></ol>
-      </section>
-      <section id="detail-section"><h2 id="detail-title">Click a request to follow it</h2><div id="detail"></div>
       </section>
     </div>
     <div>
@@ -584,6 +586,8 @@ PAGE = """<!DOCTYPE html>
         </div>
       </section>
       <section class="tables"><h2>Block tables after the step</h2><div id="tables"></div></section>
+      <section id="detail-section"><h2 id="detail-title">Click a request to follow it</h2><div id="detail"></div>
+      </section>
       <p class="muted">Keys: <kbd>&larr;</kbd> <kbd>&rarr;</kbd> step, <kbd>Space</kbd> play, <kbd>Home</kbd>
       <kbd>End</kbd>. The address keeps the state: <code>#step=37&amp;request=r3</code> opens it directly.</p>
     </div>
@@ -687,7 +691,8 @@ function drawPlan(f) {
   let rows = "";
   for (const r of f.ran) {
     const toks = f.sampled[r.id] || [];
-    const hit = r.id in f.admitted ? `<br>admitted, prefix-cache hit: ${f.admitted[r.id]} tokens` : "";
+    const hit = !(r.id in f.admitted) ? "" : T.engine.enable_prefix_caching ?
+      `admitted, prefix-cache hit: ${f.admitted[r.id]} tokens` : "admitted";
     const what = r.kind === "decode" ? "decode" : `${r.kind} ${r.start}..${r.start + r.n - 1}` +
       (r.samples ? "" : " (chunk)");
     rows += `<tr data-scheduled="${esc(r.id)}" data-tokens="${r.n}" data-kind="${r.kind}" data-start="${r.start}"` +

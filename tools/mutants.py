@@ -462,6 +462,16 @@ MUTANTS: list[tuple[str, ...]] = [
     ("decode compute not split across tensor-parallel GPUs", "exercise8",
      "compute_s = 2 * model.num_params * max_seqs / (tp * gpu.flops)",
      "compute_s = 2 * model.num_params * max_seqs / gpu.flops"),
+    ("the trace draws each block table one step late", "exercise5",
+     '            "tables": tables,\n', '            "tables": before,\n', "serving/trace.py"),
+    ("the trace takes the reference counts from the step before", "exercise5",
+     '            "ref": ref,\n', '            "ref": self.frames[-1]["ref"] if self.frames else ref,\n', "serving/trace.py"),
+    ("the trace draws a recompute after a preemption as a first prefill", "exercise5",
+     'kind = "recompute" if seq.num_preemptions else "prefill"', 'kind = "prefill"', "serving/trace.py"),
+    ("the trace counts a newcomer's first chunk in its prefix-cache hit", "exercise5",
+     "self._admitted = {seq.request_id: seq.num_computed_tokens for seq",
+     "self._admitted = {seq.request_id: seq.num_computed_tokens + plan.num_scheduled_tokens[seq.request_id] for seq",
+     "serving/trace.py"),
 ]
 
 
