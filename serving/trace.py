@@ -265,11 +265,13 @@ class Recorder:
         self._preempted: list[dict] = []
         self._copies: list[list[int]] = []
         self._short: tuple[str, int, int] | None = None  # the last sequence that found no free block
+        self._running_before: list[str] = []  # the running queue when the step was planned
         scheduler = engine.scheduler
         schedule, allocate_slots, preempt = scheduler.schedule, scheduler._allocate_slots, scheduler._preempt
 
         def recording_schedule():
             waiting = {id(seq) for seq in scheduler.waiting}
+            self._running_before = [seq.request_id for seq in scheduler.running]
             self._preempted, self._short = [], None
             plan = schedule()
             self._plan = [self._scheduled(seq, plan.num_scheduled_tokens[seq.request_id]) for seq in plan.scheduled]
@@ -297,13 +299,21 @@ class Recorder:
         self.frames.append(self._frame(0, [], []))
 
     def _reason(self, victim) -> str:
+        """Why `victim` is being preempted, in words: who was short of a block, and whether the
+        victim is the newest request still running (the one the chapter's scheduler picks)."""
+        gone = {p["id"] for p in self._preempted}
+        left = [rid for rid in self._running_before if rid not in gone]
+        newest = left[-1] if left else None
+        rid = victim.request_id
+        which = ("the newest running request" if rid == newest else
+                 f"not the newest running request ({newest})" if newest else "a request that was not running")
         if self._short is None:
-            return "the pool had no free block for the running requests' next tokens"
+            return f"the pool had no free block for the running requests' next tokens; {rid} is {which}"
         who, n, free = self._short
         need = f"{who} needed a new block for its next {n} token{'s' if n != 1 else ''} and {free} were free"
-        if who == victim.request_id:
-            return f"{need}; no newer running request was left to preempt, so it gave up its own blocks"
-        return f"{need}: the newest running request, {victim.request_id}, gave its blocks back (recompute later)"
+        if who == rid:
+            return f"{need}; {rid}, {which}, gave up its own blocks (it will recompute)"
+        return f"{need}: {rid}, {which}, gave its blocks back (it will recompute)"
 
     @staticmethod
     def _scheduled(seq, n: int) -> dict:
@@ -316,7 +326,7 @@ class Recorder:
 
     def arrived(self, request_ids: list[str]) -> None:
         """Requests added before the next step (frame 0 takes those added before the first)."""
-        if len(self.frames) == 1 and not self.frames[0]["waiting"] and request_ids:
+        if len(self.frames) == 1:  # before the first step
             self.frames[0] = self._frame(0, request_ids, [])
         else:
             self._arrived = list(request_ids)
@@ -472,8 +482,11 @@ def write_trace(lab: ModuleType, workload: str, path: str) -> Trace:
     """Record the workload (a name or a `loadtest --save-workload` file) on the module's engine
     and write the page to `path`."""
     trace = record(lab, get_workload(workload))
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(render_page(trace))
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(render_page(trace))
+    except OSError as exc:  # a ValueError: the command line says it in one line, exit 2
+        raise ValueError(f"cannot write the page to {path}: {exc.strerror or exc}") from None
     return trace
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import html.parser
+import importlib.util
 import json
 import os
 import shutil
@@ -324,6 +325,27 @@ def test_a_run_that_raises_or_does_not_finish_still_gets_the_steps_before(monkey
 
 
 @pytest.mark.provided
+def test_the_trace_of_a_scheduler_that_preempts_the_wrong_request_says_so(tmp_path, monkeypatch):
+    """What the trace is for: a student's scheduler that preempts the request asking for a block
+    instead of the newest one. The page names the victim that should have gone, and keeps every
+    step up to the one where the run broke."""
+    source = (ROOT / "solution.py").read_text()
+    newest = "victim = self.running.pop()  #"
+    assert source.count(newest) == 1
+    path = tmp_path / "lab_wrong_victim.py"
+    path.write_text(source.replace(newest, "victim = self.running.pop(self.running.index(seq))  #"))
+    spec = importlib.util.spec_from_file_location("lab_wrong_victim", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "lab_wrong_victim", module)  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    rec = trace.record(module, trace.get_workload("memory-pressure"))
+    reasons = [p["reason"] for f in rec.frames for p in f["preempted"]]
+    assert reasons[0] == ("r4 needed a new block for its next 1 token and 0 were free; r4, not the newest running "
+                          "request (r5), gave up its own blocks (it will recompute)")
+    assert rec.error and rec.error.startswith(f"step {len(rec.frames)} raised"), rec.error
+
+
+@pytest.mark.provided
 def test_the_recorder_reports_a_block_in_two_states_and_a_reference_no_table_holds():
     model = lab.ToyTransformer(lab.ModelConfig(**trace.TRACE_MODEL))
     engine = lab.LLMEngine(model, num_blocks=6, block_size=4)
@@ -438,6 +460,14 @@ def test_cli_trace_refuses_a_bad_workload_in_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "trace: error: --workload 'no-such-workload'" in proc.stderr and "memory-pressure" in proc.stderr
     assert not (tmp_path / "t.html").exists()
+
+
+@pytest.mark.exercise5
+def test_cli_trace_says_in_one_line_that_it_cannot_write_the_page(tmp_path):
+    out = tmp_path / "no-such-folder" / "t.html"
+    proc = run_cli("trace", "--workload", "shared-prefix", "--out", str(out))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"trace: error: cannot write the page to {out}: No such file or directory" in proc.stderr
 
 
 @pytest.mark.provided
