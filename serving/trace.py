@@ -192,7 +192,9 @@ def workload_from_file(path: str) -> Workload:
         os.path.basename(path), f"{kept} requests of {os.path.basename(path)}, replayed on the toy model",
         f"Prompts cut to {FILE_MAX_PROMPT} tokens and outputs to {FILE_MAX_OUTPUT} (the toy model's context is "
         f"{TRACE_MODEL['n_positions']}), all queued before the first step (the file has no send times). Watch the "
-        "waiting queue drain into the 8 seats, and the prefix cache find whatever the prompts share.",
+        "waiting queue drain into the 8 seats. Eight long requests do not fit in 96 blocks at once, so the pool "
+        "runs short and the newest are preempted (the red ticks); readmitted, a request finds the full blocks it "
+        "had computed still in the prefix cache unless they were evicted meanwhile.",
         dict(num_blocks=96, block_size=4, max_num_seqs=8, max_num_batched_tokens=64, enable_prefix_caching=True),
         tuple(arrivals))
 
