@@ -27,6 +27,7 @@ is handed the module (or an engine of it), so `python lab.py serve` serves the s
     report.py               one HTML page of figures drawn from real runs   (none)
     hints.py                `hint N`: the hints of docs/hints.md, by level  (none)
     quiz.py                 `quiz N`: numeric questions the module answers  (none)
+    trace.py                a step-by-step page of one recorded engine run  (none)
 """
 
 from .api_server import start_server

@@ -25,6 +25,7 @@ from .sampling import logits_processors
 from .scenarios import run_all_scenarios, scenario_batching, scenario_speculate
 from .sizing import SEED_SIZING, scenario_size
 from .stacks import scenario_stack
+from .trace import WORKLOADS, write_trace
 
 # The model `python solution.py serve` runs by default: the lab's GPT-2 with room for ShareGPT-
 # like requests (prompt + output <= 512 tokens).
@@ -207,6 +208,12 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     load.add_argument("--html", metavar="FILE", help="also draw latency against load as a self-contained HTML page")
     report = commands.add_parser("report", help="one HTML file of pictures drawn from runs of this module's code")
     report.add_argument("--out", default="report.html", help="the file to write (default: report.html here)")
+    trace = commands.add_parser("trace", help="one HTML page that steps through a run of this module's engine: "
+                                              "the queues, the block pool, the block tables")
+    trace.add_argument("--workload", default="skewed", metavar="NAME|FILE",
+                       help=f"{', '.join(WORKLOADS)} (default: skewed), or a file that `loadtest --save-workload` "
+                            "wrote")
+    trace.add_argument("--out", default="trace.html", help="the file to write (default: trace.html here)")
     return parser
 
 
@@ -307,6 +314,14 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
         elif args.command == "quiz":
             seed = random.randrange(10_000) if args.seed is None else args.seed
             return run_quiz(lab, args.exercise, seed, prog)
+        elif args.command == "trace":
+            trace = write_trace(lab, args.workload, args.out)
+            print(f"{os.path.abspath(args.out)}: {len(trace.frames) - 1} steps of {trace.workload.title}, "
+                  f"{os.path.getsize(args.out) / 1024:.0f} KB; open it in a browser")
+            print(f"what to look for: {trace.workload.look_for}")
+            if trace.error or trace.truncated:  # the page shows the steps up to there: worth a look
+                why = trace.error or f"the run had not finished after {len(trace.frames) - 1} steps"
+                parser.exit(1, f"{prog} trace: {why} (the page shows the steps before)\n")
         else:
             print(status_report(lab))
     except (HintsError, QuizError) as exc:

@@ -3,7 +3,8 @@
 
     python tools/bench.py                      # all of them, on solution.py
     python tools/bench.py attention            # one: attention, decode, kv-int8, batching, speculative, serving,
-                                               #   vs-transformers (needs torch + transformers, never a dependency)
+                                               #   trace, vs-transformers (needs torch + transformers, never a
+                                               #   dependency)
     python tools/bench.py blas-threads         # not in "all": 1 vs 2 OpenBLAS threads; serving-threads likewise
     python tools/bench.py attention --module lab   # time YOUR kernel (lab.py) instead
 
@@ -25,6 +26,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 sys.path.insert(0, str(ROOT))
-from serving import api_server, benchmark_serving, cli, datasets, protocol, scenarios, simulator  # noqa: E402
+from serving import api_server, benchmark_serving, cli, datasets, protocol, scenarios, simulator, trace  # noqa: E402
 from serving.tokenizer import ByteTokenizer  # noqa: E402
 
 lab = None  # the module under test (solution or lab): `use_module` sets it before any benchmark runs
@@ -1136,6 +1138,44 @@ def bench_vs_transformers(num_requests: int = 64, static_batch: int = 8, decode_
     return "\n".join(lines)
 
 
+def bench_trace(repeats: int = 7, log=print) -> str:
+    """`python tools/bench.py trace`: what recording costs. Each workload of `python solution.py
+    trace` runs on a fresh engine of the module, untraced (the chapter's code, nothing wrapped:
+    what every engine that is not traced runs) and traced (`trace.record`: the same run with the
+    recorder reading the queues, the pool and the tables after every step), in turns, best of
+    `repeats`; then the size of the page of a 200-step trace (a 64-request ShareGPT-like
+    `loadtest --save-workload` file replayed, cut at 200 steps)."""
+    lines = []
+
+    def say(text: str) -> None:
+        lines.append(text)
+        log(text)
+
+    say(f"== The trace's recorder: one engine run of each workload, untraced and traced, best of {repeats} ==")
+    say(f"{'workload':<17}{'steps':>6}{'untraced ms':>13}{'traced ms':>11}{'traced/untraced':>17}{'page KB':>9}")
+    for name in trace.WORKLOADS:
+        workload = trace.get_workload(name)
+        best = _best_side_by_side({
+            "untraced": lambda: trace.drive(trace.build_engine(lab, workload), lab, workload),
+            "traced": lambda: trace.record(lab, workload),
+        }, repeats)
+        recorded = trace.record(lab, workload)
+        kb = len(trace.render_page(recorded).encode()) / 1024
+        say(f"{name:<17}{len(recorded.frames) - 1:>6}{best['untraced'] * 1e3:>13.1f}{best['traced'] * 1e3:>11.1f}"
+            f"{best['traced'] / best['untraced']:>16.2f}x{kb:>9.0f}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "sharegpt-64.jsonl")
+        datasets.save_workload(datasets.make_workload(lab, "sharegpt", 64, seed=0), path)
+        long = trace.record(lab, trace.get_workload(path), max_steps=200)
+    page = trace.render_page(long).encode()
+    say(f"a {len(long.frames) - 1}-step trace ({len(long.workload.arrivals)} requests of a ShareGPT-like workload, "
+        f"{long.workload.engine['num_blocks']} blocks): the page is {len(page) / 1024:.0f} KB, "
+        f"{len(page) / 1024 / (len(long.frames) - 1):.1f} KB a step")
+    say("An engine that is not traced runs the chapter's code unchanged: the recorder wraps methods of the traced "
+        "engine's own scheduler instance, never a class.")
+    return "\n".join(lines)
+
+
 # Each benchmark prints its lines as it measures them (progress, on a slow machine).
 BENCHMARKS = {
     "attention": lambda: bench_attention(log=print),
@@ -1144,6 +1184,7 @@ BENCHMARKS = {
     "batching": lambda: print(bench_batching()),
     "speculative": lambda: print(bench_speculative()),
     "serving": lambda: bench_serving(log=print),
+    "trace": lambda: bench_trace(log=print),
     "vs-transformers": lambda: bench_vs_transformers(log=print),
     "blas-threads": lambda: print(bench_blas_threads()),
     "serving-threads": lambda: [bench_serving(blas_threads=n, log=print) for n in (1, 2)],
