@@ -193,6 +193,9 @@ class _Frontend:
         if own_process:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's; it closes the server
             _close_fds_except(sock, commands, outputs)
+            # The caller's log handlers may write to descriptors just closed (pytest's do): this
+            # process logs to its standard error, and nowhere else.
+            logging.root.handlers = [logging.StreamHandler(open(2, "w", closefd=False))]
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._serve(sock, commands, outputs))
@@ -276,10 +279,20 @@ class _Frontend:
 def _close_fds_except(*kept) -> None:
     """In the forked front end: close every descriptor it inherited but these and stdio, so that
     a connection or pipe of the caller's (another server's, a test client's) is not held open
-    by this process after the caller closes it."""
-    keep = sorted({0, 1, 2} | {k.fileno() for k in kept})
+    by this process after the caller closes it. The descriptors `sys.stdout` and `sys.stderr`
+    write to stay too: a caller may have pointed them elsewhere (pytest does), and a closed one
+    would be reused by a client's socket, into which the front end's log lines would then go."""
+    streams = {stream.fileno() for stream in (sys.stdout, sys.stderr) if _has_fileno(stream)}
+    keep = sorted({0, 1, 2} | streams | {k.fileno() for k in kept})
     for low, high in zip(keep, keep[1:] + [os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024]):
         os.closerange(low + 1, high)
+
+
+def _has_fileno(stream) -> bool:
+    try:
+        return stream.fileno() >= 0
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return False
 
 
 def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,

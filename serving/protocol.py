@@ -397,7 +397,9 @@ def build_request(served: ServedModel, fields: Fields, kind: str, response_id: s
         if not cache_salt:
             f.fail("cache_salt", "must be a non-empty string")
         check_text(cache_salt, "cache_salt")
-    ignored = sorted(set(f.payload) - f.read) + sorted(f"stream_options.{k}" for k in set(opts.payload) - opts.read)
+    flags = {name: f.get(name, (bool,), default, "true or false") for name, default in (
+        ("include_stop_str_in_output", False), ("skip_special_tokens", True), ("return_token_ids", False),
+        ("return_tokens_as_token_ids", False))}
     engine_stops = tuple(stop_ids) + ((eos,) if eos is not None and eos not in stop_ids else ())
     requests = []
     for i, prompt in enumerate(prompts):
@@ -408,14 +410,13 @@ def build_request(served: ServedModel, fields: Fields, kind: str, response_id: s
                                           top_k=0 if top_k == -1 else top_k, top_p=top_p, extra_args=extra)
             requests.append(lab.Request(f"{response_id}-{i}-{j}-{uuid.uuid4().hex[:8]}", prompt, params_j,
                                         cache_salt=cache_salt))
+    # Every field is read by now: what no one read is in no table.
+    ignored = sorted(set(f.payload) - f.read) + sorted(f"stream_options.{k}" for k in set(opts.payload) - opts.read)
     return GenerateRequest(
         kind, response_id, prompts, list(texts), requests, n, stream, include_usage, continuous_usage, obfuscation,
-        stop, frozenset(engine_stops), eos, (args or {}).get("min_tokens", 0),
-        f.get("include_stop_str_in_output", (bool,), False, "true or false"),
-        f.get("skip_special_tokens", (bool,), True, "true or false"), echo, logprobs, prompt_logprobs,
-        f.get("return_token_ids", (bool,), False, "true or false"),
-        f.get("return_tokens_as_token_ids", (bool,), False, "true or false"), params,
-        tuple(ignored))
+        stop, frozenset(engine_stops), eos, (args or {}).get("min_tokens", 0), flags["include_stop_str_in_output"],
+        flags["skip_special_tokens"], echo, logprobs, prompt_logprobs, flags["return_token_ids"],
+        flags["return_tokens_as_token_ids"], params, tuple(ignored))
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
