@@ -32,6 +32,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from serving.cli import unsolved_exercises
+
 LAB_MODULE = os.environ.get("LAB_MODULE", "lab")
 STUB = re.compile(r"^Exercise (\d+): (\S+)$")
 
@@ -136,7 +138,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     _EXERCISE_OF.update({item.nodeid: exercise_of(item) for item in items})
     # A property test of an exercise that is still a stub fails on its first example; shrinking
     # that failure only costs the student seconds. Those tests skip the shrink phase.
-    stubbed = set(lab.unsolved_exercises(LAB_MODULE)) if hasattr(lab, "unsolved_exercises") else set()
+    stubbed = set(unsolved_exercises(lab))
     for item in items:
         test = getattr(item, "obj", None)
         current = getattr(test, "_hypothesis_internal_use_settings", None)  # Hypothesis' own attribute

@@ -7,13 +7,13 @@ Reading map (this file's own line numbers): the chapter, read top to bottom, eac
 the ideas it needs; the exercises' own code is an afternoon, the whole file a day.
 
    section                                     lines        what it holds
-   0. Conventions                              43-95        checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          96-329       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   330-953      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      954-1650     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1651-1950    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1951-2290    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2291-2324    the list of exercises, and `__main__`
+   0. Conventions                              41-93        checked arguments: what the exercises start from
+   1. Paged KV-cache (PagedAttention)          94-327       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   328-921      a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      922-1566     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1567-1847    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1848-2151    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2152-2175    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -28,11 +28,9 @@ import collections
 import dataclasses
 import enum
 import hashlib
-import inspect
 import itertools
 import math
 import numbers
-import re
 import sys
 import threading
 import time
@@ -438,24 +436,19 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
 
 # --- the KV-cache, in float32 or int8 -----------------------------------------------------
 #
-# Decode reads every cached K/V byte once per step, so the cache's element size is both how
-# many tokens fit and how long a step takes. An int8 cache stores each K (and V) vector of one
-# token and one head as 127 levels of a float32 scale: 1 byte per element plus 4 bytes per
-# head_dim elements, about 3.8x smaller than float32 at head_dim 64 (vLLM's fp8 KV cache and
-# KIVI-style int8 caches are the same lever; per-token scales because a new token's K/V is
-# quantised when it is written, before any later token exists).
+# Decode reads every cached K/V byte once per step, so the element size sets both how many
+# tokens fit and how long a step takes. An int8 cache stores each token's K (and V) vector per
+# head as 127 levels of a float32 scale, ~3.8x smaller than float32 at head_dim 64 (vLLM's fp8
+# cache is the same lever); per-token scales, since a token's K/V is quantised as it is written.
 
 
 KV_CACHE_DTYPES = ("float32", "int8")
 
 
 def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per vector: x (..., D) float32 -> (values int8 (..., D), scale float32 (...)).
-
-    scale = max|x| / 127 over the last axis, values = round(x / scale), so values * scale is x
-    to within scale / 2 = max|x| / 254 per element. An all-zero vector gets scale 0 (and
-    dequantises to exact zeros). Non-finite input is refused: one inf would make its scale inf.
-    """
+    """Symmetric int8 per vector: x (..., D) float32 -> (values int8 (..., D), scale float32 (...)),
+    scale = max|x| / 127, so values * scale is x within max|x| / 254 per element (an all-zero
+    vector: scale 0, exact zeros). Non-finite input is refused: one inf would make its scale inf."""
     x = np.asarray(x)
     if x.dtype != np.float32 or x.ndim < 1:
         raise ValueError(f"quantize_int8 takes a float32 array (..., D), got {x.dtype} {x.shape}")
@@ -475,16 +468,13 @@ def dequantize_int8(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 
 class KVCache:
-    """The physical KV-cache: `.k`, `.v` of shape (n_layer, num_blocks, block_size, n_head, head_dim).
+    """The physical KV-cache: `.k`, `.v` of shape (n_layer, num_blocks, block_size, n_head, head_dim);
+    slot `s` of a layer (block `s // block_size`, offset `s % block_size`, as `BlockTable.slots`
+    numbers them) is `k[layer].reshape(-1, n_head, head_dim)[s]`.
 
-    Slot `s` of a layer is `k[layer].reshape(-1, n_head, head_dim)[s]`, i.e. block `s // block_size`,
-    offset `s % block_size`: exactly what `BlockTable.slots` returns.
-
-    `dtype="int8"` stores `.k`, `.v` as int8 with float32 `.k_scale`, `.v_scale` of shape
-    (n_layer, num_blocks, block_size, n_head), one scale per token and head (`quantize_int8`).
-    Writers and readers go through `write`, `read` and `attention_args`, which quantise on the
-    way in and dequantise on the way out, so the model path sees float32 either way.
-    """
+    `dtype="int8"` stores `.k`, `.v` as int8 with float32 `.k_scale`, `.v_scale` (n_layer,
+    num_blocks, block_size, n_head) (`quantize_int8`); `write`, `read` and `attention_args`
+    quantise on the way in and dequantise on the way out, so the model sees float32 either way."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: str = "float32"):
         if num_blocks < 1 or block_size < 1:
@@ -553,23 +543,16 @@ class KVCache:
 # --- paged attention: the kernel that reads K/V through block tables ----------------------
 
 
-# Bytes of K (and as many of V) one step of the kernel gathers, as whole block columns (4 at
-# batch 8, 8 heads x 64, block size 16; 1 at batch 32 x 12 heads; a short context at batch 1):
-# NumPy's per-call overhead is paid rarely, and the gathered K and V are still in the CPU's
-# caches when the matmuls read them. Measured in the engine, where a layer's weights stream
-# through those caches between two calls: a batch-8 decode step took 0.85-0.87x as long with
-# 1 MiB as with 3 MiB (README, Performance, section 1).
+# Bytes of K (and as many of V) one step of the kernel gathers, as whole block columns: NumPy's
+# per-call overhead is paid rarely, and the gathered K/V are still in the CPU's caches when the
+# matmuls read them (a batch-8 decode step took 0.85-0.87x as long as with 3 MiB: docs/performance.md).
 PAGED_ATTENTION_CHUNK_BYTES = 2**20
 
 
 def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, k_scale=None, v_scale=None):
-    """Validate the kernel's inputs; return (block_tables, context_lens) as int64 arrays.
-
-    Also checks that every table entry a sequence really uses names a block of the cache: a
-    -1 there would otherwise silently read the LAST block (NumPy's negative indexing). Unsigned
-    integers are accepted and converted once checked: `-x` of an unsigned x wraps around, so the
-    kernel's `-(-lens // block_size)` would be garbage on them.
-    """
+    """Validate the kernel's inputs; return (block_tables, context_lens) as int64 arrays. A table
+    entry in use must name a block (a -1 would read the LAST block: NumPy's negative indexing);
+    unsigned ints are converted once checked (`-x` of an unsigned x wraps around)."""
     if not (isinstance(q, np.ndarray) and q.ndim == 3 and q.dtype == np.float32):
         raise ValueError(f"q must be a float32 array (batch, n_head, head_dim), got "
                          f"{getattr(q, 'dtype', type(q).__name__)} {np.shape(q)}")
@@ -619,9 +602,8 @@ def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens,
 # --- reading blocks for paged_attention: a column at a time, dequantised on the way ---------
 
 
-# Gather buffers kept between kernel calls, one set per thread: a fresh multi-MiB array every
-# call costs page faults on every page of it (the allocator returns big arrays to the OS on
-# free), as much as the gather itself on a short context.
+# Gather buffers kept between kernel calls, one set per thread: a fresh multi-MiB array per call
+# costs page faults on every page of it, as much as the gather itself on a short context.
 _GATHER_BUFFERS = threading.local()
 
 
@@ -644,22 +626,14 @@ class BlockGather:
 
     `BlockGather(k_cache, v_cache, k_scale, v_scale, batch, max_blocks)` holds buffers for
     `max_blocks` blocks of each of `batch` sequences (scales None for a float32 cache).
-    `gather(ids)` with `ids` (n, c) int block ids (n <= batch, c <= max_blocks, valid ids only)
-    returns `(k, v, k_scales, v_scales)`:
-
-      k, v (n, c * block_size, H, D) float32: token t of row i is slot t % block_size of block
-           ids[i, t // block_size]; views of the buffers, overwritten by the next gather;
-      k_scales, v_scales None for a float32 cache; for an int8 cache (n, c * block_size, H)
-           float32, the per-token-and-head scales, and k, v are the int8 values cast to float32.
-
-    So the K a kernel reads is `k` for float32 and `k * k_scales[..., None]` for int8 (V alike).
-    The int8 multiply is left to the kernel because a scale per token and head factors out of
-    every dot product over D: q . (s k) = s (q . k), and sum_t p_t (s_t v_t) = sum_t (p_t s_t) v_t,
-    so it costs one multiply per score instead of one per element (64x fewer at head_dim 64).
-    The cast happens inside the gather, into the reused buffer (a GPU kernel does it in
-    registers): no float32 copy of all the blocks read is ever made. The caches are never
-    written. The buffers are per thread and shared by every BlockGather of that thread: one
-    kernel call at a time per thread, as the engine runs.
+    `gather(ids)`, `ids` (n, c) valid block ids (n <= batch, c <= max_blocks), returns
+    `(k, v, k_scales, v_scales)`: k, v (n, c * block_size, H, D) float32, token t of row i being
+    slot t % block_size of block ids[i, t // block_size] (views of the buffers, overwritten by the
+    next gather); the scales None for float32, else (n, c * block_size, H) float32 beside the
+    int8 values cast to float32. So a kernel reads K as `k` for float32 and `k * k_scales[...,
+    None]` for int8 (V alike): a scale per token and head factors out of the dot products over
+    D (q . (s k) = s (q . k)), one multiply per score instead of per element. The caches are never
+    written; the buffers are per thread (one kernel call at a time per thread, as the engine runs).
     """
 
     def __init__(self, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
@@ -857,14 +831,11 @@ class ToyTransformer:
     ) -> np.ndarray:
         """One engine step over a batch that mixes prefill chunks and decode tokens.
 
-        Sequence i contributes `block_tables[i].token_ids[start_i : start_i + n_i]`; the K/V of its
-        positions before `start_i` must already be in `kv_cache`. Each new token's K/V is written
-        into its slot before attention reads it. Returns logits (sum(num_tokens), vocab_size) for
-        every processed token, in batch order; with `logits_indices` (vLLM's name), only for
-        those rows of that order: the engine samples one row per sequence, and the LM head over
-        every other row of a prefill chunk would be wasted work. Speculative verification, which
-        scores every row, passes None.
-        """
+        Sequence i contributes `block_tables[i].token_ids[start_i : start_i + n_i]`, the K/V of its
+        positions before `start_i` already in `kv_cache`; each new token's K/V is written into its
+        slot before attention reads it. Returns logits (sum(num_tokens), vocab_size) in batch
+        order, or with `logits_indices` (vLLM's name) only those rows: the engine samples one row
+        per sequence, and the LM head over a prefill chunk's other rows would be wasted work."""
         self._check_cache(kv_cache, block_tables)
         batch = _PagedBatch(self.config, block_tables, start_positions, num_tokens)
         rows = _check_logits_indices(logits_indices, len(batch.token_ids))
@@ -909,12 +880,9 @@ class ToyTransformer:
 
 
 class _PagedBatch:
-    """The flat layout of one step, computed once and shared by every layer.
-
-    Decode rows (one new token) go through `paged_attention` together; a prefill chunk of n
-    tokens starting at position s attends over slots 0..s+n-1 with a causal mask in which
-    query j (position s+j) sees keys 0..s+j.
-    """
+    """The flat layout of one step, shared by every layer: decode rows (one new token) go through
+    `paged_attention` together; a prefill chunk of n tokens from position s attends over slots
+    0..s+n-1 with a causal mask (query j, at position s+j, sees keys 0..s+j)."""
 
     def __init__(self, config: ModelConfig, block_tables, start_positions, num_tokens):
         if not (len(block_tables) == len(start_positions) == len(num_tokens)) or not block_tables:
@@ -957,10 +925,9 @@ class _PagedBatch:
 #
 # A static batch runs until its LAST sequence finishes, so one long answer holds every other
 # slot hostage. Iteration-level scheduling decides again at every step: finished sequences
-# leave at once and waiting ones take their slots. The scheduler has no prefill phase and no
-# decode phase (vLLM v1): every sequence has `num_computed_tokens`, and a step gives it
-# `min(tokens still missing K/V, token budget left)` new tokens. A decode is the case
-# "one token missing"; chunked prefill is the case "the budget ran out first".
+# leave at once and waiting ones take their slots. There is no prefill phase and no decode
+# phase (vLLM v1): a step gives each sequence `min(tokens still missing K/V, budget left)` new
+# tokens; a decode is "one token missing", chunked prefill "the budget ran out first".
 
 
 @dataclasses.dataclass(frozen=True)
@@ -999,13 +966,9 @@ class Request:
 
 @dataclasses.dataclass
 class RequestMetrics:
-    """Per-request latency, with vLLM's benchmark definitions (all in seconds, or in steps
-    for the simulator's step clock).
-
-    ttft: first token time - arrival. tpot: (e2e - ttft) / (output tokens - 1), NaN with
-    fewer than 2 tokens. itl: the gaps between consecutive tokens. e2e_latency: finish - arrival.
-    (The load generator in serving/ computes a streamed request's metrics with `from_times` too.)
-    """
+    """Per-request latency with vLLM's benchmark definitions (seconds, or simulator steps):
+    ttft = first token - arrival; tpot = (e2e - ttft) / (output tokens - 1), NaN with fewer than
+    2 tokens; itl = the gaps between tokens; e2e_latency = finish - arrival."""
 
     ttft: float
     tpot: float
@@ -1047,9 +1010,8 @@ class RequestOutput:
 
 @dataclasses.dataclass
 class EngineCoreOutput:
-    """What one step did for one request (vLLM's name): only what is new, never the prompt or
-    the tokens reported before. `new_token_ids` holds the token the step sampled for it (none
-    for a prefill chunk that stops short, or an abort); `finish_reason` is set in the last one."""
+    """What one step did for one request (vLLM's name): only what is new. `new_token_ids` holds
+    the token the step sampled for it (none for an abort); `finish_reason` is set in the last."""
 
     request_id: str
     new_token_ids: list[int]
@@ -1074,10 +1036,7 @@ class SequenceState:
 
     Invariant between steps: `block_table` holds exactly the first `num_computed_tokens`
     tokens, whose K/V is in the cache; the tokens after them (the rest of a prompt being
-    prefilled, or the last sampled token) are still to be processed. A step appends its
-    tokens to the table as it is planned, and the full blocks it computed enter the prefix
-    cache in `update` (`cache_full_blocks`), after the forward pass.
-    """
+    prefilled, or the last sampled token) are still to be processed."""
 
     def __init__(self, request: Request, allocator: BlockAllocator):
         self.request = request
@@ -1172,25 +1131,19 @@ class Scheduler:
     Liveness: the oldest running sequence is never preempted for a newer one, and a request whose
     worst case cannot fit in the whole cache is rejected on arrival."""
 
-    reserves_worst_case = False  # True: blocks for prompt + max_tokens at admission (static)
-
     def __init__(self, allocator: BlockAllocator, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  enable_chunked_prefill: bool = True):
-        if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1, "
-                             f"got {max_num_seqs}, {max_num_batched_tokens}")
         self.allocator = allocator
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
+        self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: collections.deque[SequenceState] = collections.deque()
         self.running: list[SequenceState] = []  # in admission order: the newest is last
         self.num_preemptions = 0
 
     def add_request(self, request: Request) -> SequenceState:
-        """Queue a request; one that can never run is finished at once as "rejected", with the
-        reason in `finish_detail`.
-        An empty prompt, or no max_tokens >= 1, is a ValueError: there would be nothing to run."""
+        """Queue a request; one that can never run is finished at once as "rejected", the reason in
+        `finish_detail`. An empty prompt, or max_tokens < 1, is a ValueError (nothing to run)."""
         if len(request.prompt_token_ids) == 0 or check_int("max_tokens", request.sampling.max_tokens) < 1:
             raise ValueError(f"request {request.request_id!r} needs a non-empty prompt and max_tokens >= 1")
         seq = SequenceState(request, self.allocator)
@@ -1205,8 +1158,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _rejection(self, seq: SequenceState) -> str | None:
-        """Why this request can never finish here, or None. Judged on its worst case,
-        prompt + max_tokens, so that running alone it always fits."""
+        """Why this request can never finish here (judged on prompt + max_tokens), or None."""
         worst = len(seq.prompt_token_ids) + seq.sampling.max_tokens
         need = blocks_needed(worst, self.allocator.block_size)
         if need > self.allocator.num_blocks:
@@ -1218,19 +1170,8 @@ class Scheduler:
                     f"{self.max_num_batched_tokens} and chunked prefill is off")
         return None
 
-    # --- helpers of schedule(): each asks before it acts, and changes nothing on failure ---
-
-    def _num_cached_tokens(self, token_ids: list[int], cache_salt: str | None) -> int:
-        """Leading tokens whose K/V allocate_prompt will reuse (a peek: no reference is taken)."""
-        if not self.allocator.enable_prefix_caching:
-            return 0
-        block_size = self.allocator.block_size
-        hashes = chained_block_hashes(token_ids, block_size, cache_salt)
-        return len(self.allocator.cached_prefix(hashes, len(token_ids))) * block_size
-
     def _allocate_slots(self, seq: SequenceState, num_new_tokens: int, plan: SchedulerOutput) -> bool:
-        """Put the next `num_new_tokens` tokens into the block table; False if the blocks
-        are not there (the table is unchanged)."""
+        """Put the next `num_new_tokens` tokens into the block table; False (unchanged) if it can't."""
         stop = seq.num_computed_tokens + num_new_tokens
         try:
             plan.blocks_to_copy += seq.block_table.append_tokens(seq.token_ids_slice(seq.block_table.num_tokens, stop))
@@ -1239,10 +1180,11 @@ class Scheduler:
         return True
 
     def _try_admit(self, seq: SequenceState, token_budget: int) -> int:
-        """Give a waiting sequence its first blocks (prefix-cache hits included) and return
-        how many tokens it runs this step; 0 if the budget, the seats or the free blocks say wait."""
+        """Give a waiting sequence its first blocks (cache hits included); the tokens it runs now,
+        0 if the budget, the seats or the free blocks say wait."""
         tokens = seq.all_token_ids  # prompt + output: a preempted sequence recomputes both
-        num_cached = self._num_cached_tokens(tokens, seq.request.cache_salt)
+        hashes = chained_block_hashes(tokens, self.allocator.block_size, seq.request.cache_salt)
+        num_cached = len(self.allocator.cached_prefix(hashes, len(tokens))) * self.allocator.block_size  # a peek
         num_new = len(tokens) - num_cached
         if self.enable_chunked_prefill:
             num_new = min(num_new, token_budget)
@@ -1259,22 +1201,21 @@ class Scheduler:
         raise NotImplementedError("Exercise 5: Scheduler._preempt")
 
     def schedule(self) -> SchedulerOutput:
-        """Plan one step (see the class docstring) and return it. Never exceeds `max_num_seqs` running
-        sequences or `max_num_batched_tokens` scheduled tokens."""
+        """Plan one step (see the class docstring): at most `max_num_seqs` running sequences and
+        `max_num_batched_tokens` scheduled tokens."""
         raise NotImplementedError("Exercise 5: Scheduler.schedule")
 
     # --- one step, for whoever drives the scheduler (the engine, the simulator) -----------
 
     def plan_step(self) -> SchedulerOutput:
-        """`schedule()`, checked: a step that runs nothing while requests wait would repeat forever."""
+        """`schedule()`, checked: an empty step while requests wait would repeat forever."""
         plan = self.schedule()
         if not plan.scheduled and self.has_unfinished():
             raise RuntimeError("the scheduler planned an empty step while requests are waiting")
         return plan
 
     def finish_step(self, plan: SchedulerOutput, sampled_token_ids: dict[str, int], now: float) -> list[SequenceState]:
-        """`update()`, then the driver's clock: `now` is the time of every token sampled in the
-        step and the finish time of every sequence it retired. Returns the retired ones."""
+        """`update()`, with the driver's clock: `now` stamps the step's tokens and retirements."""
         finished = self.update(plan, sampled_token_ids)
         for seq in plan.scheduled:
             if seq.request_id in sampled_token_ids:
@@ -1284,15 +1225,14 @@ class Scheduler:
         return finished
 
     def _finish(self, seq: SequenceState, reason: str) -> None:
-        """Retire `seq` from whichever queue holds it; its blocks go back to the pool now (a
-        waiting one may hold some: a prompt whose prefill was cut short by a preemption)."""
+        """Retire `seq` from whichever queue holds it, its blocks back to the pool now."""
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
         seq.block_table.free()
         (self.running if seq in self.running else self.waiting).remove(seq)
 
     def abort(self, request_id: str) -> SequenceState | None:
-        """Drop a waiting or running request now and free its blocks (its client went away).
-        Returns its finished record ("abort"), or None when no unfinished request has this id."""
+        """Finish a waiting or running request as "abort" now (its client went away); None if
+        no unfinished request has this id."""
         for seq in [*self.waiting, *self.running]:
             if seq.request_id == request_id:
                 self._finish(seq, "abort")
@@ -1300,24 +1240,17 @@ class Scheduler:
         return None
 
     def update(self, plan: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[SequenceState]:
-        """After the step ran: every scheduled sequence has its scheduled tokens computed (the full
-        blocks among them become findable at once: a request admitted in the next step may reuse
-        them), each sequence of `sampled_token_ids` gets its token, and the sequences that are done
-        now are retired, their blocks back in the pool before the next step is planned, with the
-        reason `seq.check_stop()` gives. Returns the retired sequences."""
+        """After the step ran: each scheduled sequence has its scheduled tokens computed (their full
+        blocks findable at once), each one in `sampled_token_ids` gets its token, and those done now
+        (`seq.check_stop()`) retire, their blocks back in the pool. Returns the retired ones."""
         raise NotImplementedError("Exercise 5: Scheduler.update")
 
 
 class StaticBatchScheduler(Scheduler):
-    """The baseline: a batch of up to `batch_size` requests runs until ALL of them finished;
-    only then does the next batch start. A finished sequence frees its blocks, but its slot
-    stays empty until the whole batch is done (head-of-line blocking).
-
-    Like the static servers it stands for, it reserves each request's worst case
-    (prompt + max_tokens) at admission, so it never preempts; prompts run whole, unchunked.
-    """
-
-    reserves_worst_case = True
+    """The baseline: a batch of up to `batch_size` requests runs until ALL of them finished, and
+    only then does the next batch start: a finished sequence's slot stays empty until the whole
+    batch is done (head-of-line blocking). Like the static servers it stands for, it reserves each
+    request's worst case (prompt + max_tokens) at admission, so it never preempts."""
 
     def __init__(self, allocator: BlockAllocator, batch_size: int):
         super().__init__(allocator, max_num_seqs=batch_size, max_num_batched_tokens=sys.maxsize,
@@ -1363,15 +1296,9 @@ def make_scheduler(scheduling: str, allocator: BlockAllocator, max_num_seqs: int
 
 
 def token_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
-    """The distribution a sampler draws from, per row of `logits`, in float64: one-hot on the
-    argmax at T = 0; else softmax(logits / T) cut to the `top_k` most likely tokens (0: all;
-    ties with the k-th are kept) and then to the most likely tokens whose mass reaches `top_p`
-    (the token that crosses it is kept), renormalised.
-
-    Writing greedy decoding as a one-hot distribution lets one accept/resample rule serve both:
-    with one-hot p and q, min(1, p/q) accepts exactly when the draft equals the target's argmax,
-    and the residual is the target's argmax.
-    """
+    """The distribution a sampler draws from (SamplingParams), per row of `logits`, in float64;
+    top-k keeps ties with the k-th token, top-p the token whose mass crosses it. At T = 0 it is
+    one-hot on the argmax, so one accept/resample rule serves greedy speculation too."""
     logits = np.asarray(logits, dtype=np.float64)
     if temperature == 0:
         probs = np.zeros(logits.shape)
@@ -1395,11 +1322,8 @@ def token_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: f
 
 def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Generator | None) -> int:
     """One output token from one row of logits: the argmax at temperature 0, else one draw
-    `rng.choice(V, p=token_probs(...))` from the request's generator.
-
-    Each request owns its generator and draws exactly once per output token, so what it
-    samples does not depend on what it was batched with, nor on preemptions.
-    """
+    `rng.choice(V, p=token_probs(...))` from the request's own generator, so that what it samples
+    depends neither on its batch nor on preemptions."""
     if sampling.temperature == 0:
         return int(np.argmax(logits))
     p = token_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
@@ -1477,15 +1401,13 @@ class LLMEngine:
     length fit at once (then nothing is ever preempted); pass fewer to study memory pressure.
     `scheduling` is "continuous" (Scheduler) or "static" (StaticBatchScheduler with
     batch_size = max_num_seqs). Metrics are wall-clock seconds from `time.perf_counter`.
-    `kv_cache_dtype="int8"` keeps K/V as int8 with per-token scales (`KVCache`): each block
-    takes 3.2-3.8x fewer bytes than float32 (the scales cost the rest of 4x), at a small cost
-    in logit accuracy; the engine keeps `num_blocks` blocks either way.
+    `kv_cache_dtype="int8"` keeps K/V as int8 with per-token scales (`KVCache`), `num_blocks`
+    blocks of 3.2-3.8x fewer bytes than float32.
 
-    `logits_processors` (vLLM's hook): each is called as `processor(seq, logits)` with a
-    sequence about to sample and its row of raw logits, in order, each on what the previous
-    one returned, and returns the row to sample from (it may change the row in place: the row
-    is the sequence's own). Penalties and the rest of vLLM's API are processors that the
-    serving package supplies; the chapter's sampler is temperature, top-k and top-p.
+    `logits_processors` (vLLM's hook): each is called in order as `processor(seq, logits)` with
+    a sequence about to sample and its raw logits row (or the previous one's result), and
+    returns the row to sample from (it may change the row in place: the row is the sequence's
+    own). vLLM's API extras (penalties, ...) are processors that the serving package supplies.
     """
 
     def __init__(self, model: ToyTransformer, num_blocks: int | None = None, block_size: int = 16,
@@ -1570,13 +1492,10 @@ class LLMEngine:
 
     def step(self) -> list[EngineCoreOutput]:
         """Run one scheduler step on the model. Returns what is new for every request that got
-        a token or finished in this step (and the outputs `generate` held for the caller of
-        `step`); a request is forgotten once its finished output is returned.
-
-        If the model or the sampler raises, every sequence of the step is finished as "error"
-        (its blocks freed, its output reported by the next step) and the error propagates:
-        no request is left behind half-computed. The outputs that were due from this step
-        (aborted or rejected requests, those `generate` held) come from the next one, not lost."""
+        a token or finished (and the outputs `generate` held); a request is forgotten once its
+        finished output is returned. If the model or the sampler raises, every sequence of the
+        step is finished as "error" (its blocks freed) and the error propagates; what this step
+        owed its callers comes from the next one, never lost."""
         plan = self.scheduler.plan_step()
         done, self._just_finished = self._just_finished, []
         sampled: dict[str, int] = {}
@@ -1621,13 +1540,10 @@ class LLMEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; one RequestOutput per prompt, in order.
-
-        `sampling` is one SamplingParams for all, or one per prompt. Every prompt is checked
-        before any work starts, so a bad one raises ValueError and nothing runs. Requests
-        added earlier with `add_request` run alongside; their outputs are kept for the next
-        `step()`, never dropped. If a step raises, this batch's unfinished requests are aborted
-        before the error propagates."""
+        """Run every prompt to completion; one RequestOutput per prompt, in order. `sampling`:
+        one for all, or one per prompt. Every prompt is checked before any work starts (a
+        ValueError, and nothing runs). Requests added with `add_request` run alongside, their
+        outputs kept for the next `step()`; if a step raises, this batch is aborted."""
         if sampling is None or isinstance(sampling, SamplingParams):
             sampling = [sampling or SamplingParams()] * len(prompts)
         if len(sampling) != len(prompts):
@@ -1659,11 +1575,9 @@ class LLMEngine:
 
 
 
-# A row is a probability distribution when it is finite, non-negative and sums to 1 within
-# PROB_ATOL. 1e-5 admits float32 softmax rows over a large vocabulary (their sums drift by a few
-# float32 ulps per term) and still rejects logits, counts or a forgotten normalisation. Accepted
-# rows are renormalised in float64 before any arithmetic, because `Generator.choice` itself
-# insists on a sum within ~1.5e-8.
+# A row is a distribution when finite, non-negative and summing to 1 within PROB_ATOL: 1e-5 admits
+# float32 softmax rows over a large vocabulary and still rejects logits or a forgotten normalisation.
+# Accepted rows are renormalised in float64 (`Generator.choice` wants a sum within ~1.5e-8).
 PROB_ATOL = 1e-5
 
 
@@ -1757,13 +1671,9 @@ def accept_or_resample(draft_token_ids, draft_probs, target_probs,
 
 
 def speculative_output_distribution(p, q) -> np.ndarray:
-    """Exact distribution of the first token one accept/resample step emits, for a draft x ~ q.
-
-    Computed in closed form, not sampled: draft x is proposed with probability q(x) and kept with
-    probability min(1, p(x)/q(x)), which together contribute q(x)*min(1, p/q) = min(p(x), q(x));
-    the rest, 1 - sum(min(p, q)), goes to the residual. Their sum is min(p, q) + max(0, p - q) = p:
-    the output equals the target row whatever the draft.
-    """
+    """Exact distribution of the first token one accept/resample step emits, for a draft x ~ q, in
+    closed form: x is proposed with probability q(x) and kept with min(1, p(x)/q(x)), together
+    min(p(x), q(x)); the rest, 1 - sum(min(p, q)), goes to the residual. The sum is p, whatever q."""
     p = _as_distributions("p", p, ndim=1)
     q = _as_distributions("q", q, ndim=1)
     _check_same_vocab(p, q)
@@ -1797,12 +1707,9 @@ def _check_cost(name: str, value: float, allow_zero: bool) -> None:
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """Expected tokens one draft+verify step emits: (1 - alpha**(k+1)) / (1 - alpha).
-
-    Treating acceptances as independent with rate alpha, the step emits j+1 tokens when the first
-    j drafts are kept, so the mean is 1 + alpha + ... + alpha**k: the geometric sum above, and
-    k+1 at alpha = 1, where the closed form is 0/0. O(1) in k.
-    """
+    """Expected tokens one draft+verify step emits: (1 - alpha**(k+1)) / (1 - alpha). With
+    acceptances independent at rate alpha it emits j+1 tokens when the first j drafts are kept,
+    so the mean is 1 + alpha + ... + alpha**k (k+1 at alpha = 1, where the closed form is 0/0)."""
     _check_alpha_k(alpha, k)
     alpha, k = float(alpha), int(k)
     if alpha == 1.0:
@@ -1811,33 +1718,23 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 
 
 def speculative_speedup(alpha: float, k: int, c: float) -> float:
-    """Leviathan et al.'s walltime improvement: (1 - alpha**(k+1)) / ((1 - alpha) * (k*c + 1)).
-
-    c = cost of one draft step / cost of one target step. A step costs k draft steps plus ONE
-    target pass, and that pass is assumed to cost one decode step although it scores k+1 tokens
-    (true while decode is bandwidth-bound; see `predicted_speedup`).
-    """
+    """Leviathan et al.'s walltime improvement: (1 - alpha**(k+1)) / ((1 - alpha) * (k*c + 1)),
+    c = draft step cost / target step cost: k draft steps plus ONE target pass, costed as one
+    decode step although it scores k+1 tokens (true while decode is bandwidth-bound)."""
     _check_cost("c", c, allow_zero=True)
     return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
 
 
 def breakeven_draft_cost(alpha: float, k: int) -> float:
-    """The draft cost c at which `speculative_speedup(alpha, k, c) == 1`; cheaper drafts win.
-
-    Solves E/(k*c + 1) = 1 for c: c = (E - 1)/k = (alpha + ... + alpha**k)/k, the mean acceptance
-    probability of the k positions; 0 at alpha = 0 (no draft, however cheap, pays off), 1 at
-    alpha = 1 (a perfect draft pays while it is cheaper than the target).
-    """
+    """The draft cost c at which `speculative_speedup(alpha, k, c) == 1` (cheaper drafts win):
+    c = (E - 1)/k = (alpha + ... + alpha**k)/k, 0 at alpha = 0 and 1 at alpha = 1."""
     return (expected_tokens_per_step(alpha, k) - 1.0) / k
 
 
 def predicted_speedup(alpha: float, k: int, c: float, verify_cost: float) -> float:
-    """Speedup when the target pass over k+1 tokens costs `verify_cost` one-token decode steps.
-
-    E / (k*c + verify_cost). `speculative_speedup` is the case verify_cost = 1, which holds only
-    while the pass is bandwidth-bound (reading the weights dominates); measure verify_cost on the
-    real model. Compute-bound (prefill, large batch) it tends to k+1 and the speedup drops below 1.
-    """
+    """Speedup when the target pass over k+1 tokens costs `verify_cost` decode steps: E / (k*c +
+    verify_cost). `speculative_speedup` is verify_cost = 1, true while the pass is bandwidth-bound;
+    compute-bound (prefill, large batch) it tends to k+1 and the speedup drops below 1."""
     _check_cost("verify_cost", verify_cost, allow_zero=False)
     _check_cost("c", c, allow_zero=True)
     return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
@@ -1952,28 +1849,21 @@ def estimate_alpha(out: SpeculativeOutput, k: int) -> float:
 # 5. Capacity planning: KV blocks, concurrency and QPS for a real GPU
 # =====================================================================================
 #
-# Units. Sizes are bytes (int), bandwidth bytes/s, compute FLOP/s, times seconds.
-# Printouts quote sizes in GB = 1e9 bytes (the unit vendors use for bandwidth and
-# for the "80 GB" in a product name); device memory comes from what `nvidia-smi`
-# reports for the device, in MiB = 2**20 bytes, because that, not the marketing
-# figure, is the total an engine such as vLLM multiplies by gpu_memory_utilization.
+# Units: bytes (int), bytes/s, FLOP/s, seconds. Printouts quote GB = 1e9 bytes (vendors' unit);
+# device memory is what `nvidia-smi` reports, in MiB = 2**20 bytes: that, not the marketing
+# figure, is what an engine such as vLLM multiplies by gpu_memory_utilization.
 
 
 GB = 10**9
-
-
 MiB = 2**20
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """What a decoder-only model costs to serve: parameters, and the shape of its KV cache.
-
-    `num_kv_heads` is the number of key/value heads: it equals the number of query heads
-    (`num_attention_heads`) for multi-head attention and is smaller under grouped-query
-    attention (GQA), where each KV head serves `num_attention_heads // num_kv_heads` query
-    heads. `max_position_embeddings` is the context the model was trained for (0: unknown).
-    """
+    `num_kv_heads` equals the query heads (`num_attention_heads`) for multi-head attention and is
+    smaller under grouped-query attention (GQA), each KV head serving a group of query heads.
+    `max_position_embeddings` is the context the model was trained for (0: unknown)."""
 
     name: str
     num_params: int
@@ -2004,8 +1894,7 @@ class ModelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class GPUSpec:
-    """One accelerator: device memory (bytes), peak memory bandwidth (bytes/s), and peak
-    dense BF16 tensor-core FLOP/s (no structured sparsity)."""
+    """One accelerator: memory (bytes), peak bandwidth (bytes/s), peak dense BF16 FLOP/s."""
 
     name: str
     memory_bytes: int
@@ -2019,10 +1908,8 @@ class GPUSpec:
 
 
 def kv_bytes_per_token(model: ModelSpec) -> int:
-    """KV-cache bytes one token occupies: a key AND a value vector (the 2) of `head_dim`
-    for every KV head in every layer. GQA shrinks it by using num_kv_heads, not query heads;
-    an 8-bit KV cache by storing 1 byte per element (`kv_dtype_bytes`) instead of the model's
-    `dtype_bytes`."""
+    """KV-cache bytes one token occupies: a key AND a value vector (the 2) of `head_dim` for every
+    KV head (GQA: fewer than query heads) in every layer, at `kv_dtype_bytes` (8-bit: 1) each."""
     element = model.dtype_bytes if model.kv_dtype_bytes is None else model.kv_dtype_bytes
     return 2 * model.num_layers * model.num_kv_heads * model.head_dim * element
 
@@ -2030,57 +1917,38 @@ def kv_bytes_per_token(model: ModelSpec) -> int:
 # --- presets: real models and GPUs, and the KV cache's dtype ------------------------------
 
 
-# Presets. Shapes from each model's Hugging Face config.json (num_hidden_layers,
-# num_attention_heads, num_key_value_heads, hidden_size / num_attention_heads = head_dim,
-# max_position_embeddings); parameter counts are the safetensors totals the model pages
-# show, which equal the count the config implies (test_model_presets_match_their_configs
-# recomputes them from vocab, hidden and intermediate sizes).
+# Presets. Model shapes from each Hugging Face config.json (num_hidden_layers, num_attention_heads,
+# num_key_value_heads, hidden_size / heads = head_dim, max_position_embeddings); parameter counts
+# as the safetensors totals (test_model_presets_match_their_configs recomputes them).
 MODELS: dict[str, ModelSpec] = {
-    # huggingface.co/meta-llama/Llama-2-7b-hf config.json: 32 layers, 32 heads, 32 KV heads,
-    # hidden 4096 (head_dim 128), 4096 positions; 6,738,415,616 parameters.
+    # meta-llama/Llama-2-7b-hf: 32 layers, 32 heads = 32 KV heads, hidden 4096, 4096 positions.
     "llama-2-7b": ModelSpec("llama-2-7b", 6_738_415_616, 32, 32, 128,
                             num_attention_heads=32, max_position_embeddings=4096),
-    # huggingface.co/meta-llama/Llama-2-13b-hf config.json: 40 layers, 40 heads, 40 KV heads,
-    # hidden 5120 (head_dim 128), 4096 positions; 13,015,864,320 parameters.
+    # meta-llama/Llama-2-13b-hf: 40 layers, 40 heads = 40 KV heads, hidden 5120, 4096 positions.
     "llama-2-13b": ModelSpec("llama-2-13b", 13_015_864_320, 40, 40, 128,
                              num_attention_heads=40, max_position_embeddings=4096),
-    # huggingface.co/meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads, 8 KV heads
-    # (GQA), hidden 8192 (head_dim 128), 4096 positions; 68,976,648,192 parameters.
+    # meta-llama/Llama-2-70b-hf: 80 layers, 64 heads, 8 KV heads (GQA), hidden 8192, 4096 positions.
     "llama-2-70b": ModelSpec("llama-2-70b", 68_976_648_192, 80, 8, 128,
                              num_attention_heads=64, max_position_embeddings=4096),
-    # huggingface.co/meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads, 8 KV heads
-    # (GQA), hidden 4096 (head_dim 128), 8192 positions; 8,030,261,248 parameters.
+    # meta-llama/Meta-Llama-3-8B: 32 layers, 32 heads, 8 KV heads (GQA), hidden 4096, 8192 positions.
     "llama-3-8b": ModelSpec("llama-3-8b", 8_030_261_248, 32, 8, 128,
                             num_attention_heads=32, max_position_embeddings=8192),
-    # huggingface.co/mistralai/Mistral-7B-v0.1 config.json: 32 layers, 32 heads, 8 KV heads
-    # (GQA), hidden 4096 (head_dim 128), 32768 positions, sliding_window 4096 (ignored here:
-    # the planner charges the full context, an upper bound); 7,241,732,096 parameters.
+    # mistralai/Mistral-7B-v0.1: 32 layers, 32 heads, 8 KV heads, hidden 4096, 32768 positions
+    # (its 4096-token sliding window is ignored: the planner charges the full context, an upper bound).
     "mistral-7b": ModelSpec("mistral-7b", 7_241_732_096, 32, 8, 128,
                             num_attention_heads=32, max_position_embeddings=32768),
 }
 
 
-# Presets, SXM parts where there is a choice. memory_bytes = nvidia-smi's memory.total
-# (MiB) for the device (as collected in modal-labs/modal-client PR #2797 for A100/H100/L4,
-# and nvidia-smi output for H200): e.g. the "80GB" A100 is 81920 MiB = 80 GiB = 85.9 GB.
-# Bandwidth and FLOP/s from NVIDIA's datasheets; NVIDIA quotes Hopper and Ada BF16 "with
-# sparsity", so the dense figure is half of it.
+# Presets, SXM parts where there is a choice. memory_bytes is nvidia-smi's memory.total (MiB),
+# not the marketing figure (the "80GB" A100 is 81920 MiB); bandwidth and dense BF16 FLOP/s from
+# NVIDIA's datasheets (Hopper and Ada are quoted "with sparsity": the dense figure is half).
 GPUS: dict[str, GPUSpec] = {
-    # A100 datasheet (SXM4 40GB): 40 GB HBM2, 1,555 GB/s, BF16 312 TFLOPS (624 sparse).
-    # nvidia-smi: 40960 MiB.
-    "a100-40gb": GPUSpec("a100-40gb", 40_960 * MiB, 1_555e9, 312e12),
-    # A100 datasheet (SXM4 80GB): 80 GB HBM2e, 2,039 GB/s, BF16 312 TFLOPS (624 sparse).
-    # nvidia-smi: 81920 MiB.
-    "a100-80gb": GPUSpec("a100-80gb", 81_920 * MiB, 2_039e9, 312e12),
-    # H100 datasheet (SXM5): 80 GB HBM3, 3.35 TB/s, BF16 1,979 TFLOPS with sparsity -> 989
-    # dense. nvidia-smi ("NVIDIA H100 80GB HBM3"): 81559 MiB.
-    "h100-80gb": GPUSpec("h100-80gb", 81_559 * MiB, 3.35e12, 989e12),
-    # H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, BF16 1,979 TFLOPS with sparsity -> 989
-    # dense. nvidia-smi ("NVIDIA H200"): 143771 MiB.
-    "h200": GPUSpec("h200", 143_771 * MiB, 4.8e12, 989e12),
-    # L4 datasheet: 24 GB GDDR6, 300 GB/s, BF16 242 TFLOPS with sparsity -> 121 dense.
-    # nvidia-smi: 23034 MiB.
-    "l4": GPUSpec("l4", 23_034 * MiB, 300e9, 121e12),
+    "a100-40gb": GPUSpec("a100-40gb", 40_960 * MiB, 1_555e9, 312e12),  # HBM2, 1,555 GB/s, 312 TFLOPS
+    "a100-80gb": GPUSpec("a100-80gb", 81_920 * MiB, 2_039e9, 312e12),  # HBM2e, 2,039 GB/s, 312 TFLOPS
+    "h100-80gb": GPUSpec("h100-80gb", 81_559 * MiB, 3.35e12, 989e12),  # SXM5 HBM3, 3.35 TB/s, 1,979/2
+    "h200": GPUSpec("h200", 143_771 * MiB, 4.8e12, 989e12),  # HBM3e, 4.8 TB/s, 1,979/2 TFLOPS
+    "l4": GPUSpec("l4", 23_034 * MiB, 300e9, 121e12),  # GDDR6, 300 GB/s, 242/2 TFLOPS
 }
 
 
@@ -2101,15 +1969,13 @@ def get_gpu(gpu: GPUSpec | str) -> GPUSpec:
     return _preset(gpu, GPUS, "GPU")
 
 
-# vLLM's `kv_cache_dtype`: "auto" stores K/V in the model's dtype; fp8 (on GPUs) and int8 store
-# 1 byte per element. The few bytes of scales per block are left out, as vLLM's sizing does for
-# fp8 with per-tensor scales.
+# vLLM's `kv_cache_dtype`: "auto" is the model's dtype; fp8 and int8 store 1 byte per element
+# (the few bytes of scales per block left out, as vLLM's sizing does for per-tensor fp8 scales).
 PLAN_KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "int8": 1}
 
 
 def with_kv_cache_dtype(model: ModelSpec | str, kv_cache_dtype: str) -> ModelSpec:
-    """`model` with its KV-cache elements stored as `kv_cache_dtype`: "fp8" or "int8" (1 byte),
-    or "auto" (the spec unchanged: its `kv_dtype_bytes`, by default the model's own dtype)."""
+    """`model` with its KV cache stored as `kv_cache_dtype`: "fp8"/"int8" (1 byte), "auto" as is."""
     if not (isinstance(kv_cache_dtype, str) and kv_cache_dtype in PLAN_KV_CACHE_DTYPES):
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, PLAN_KV_CACHE_DTYPES))}, "
                          f"got {kv_cache_dtype!r}")
@@ -2129,10 +1995,8 @@ class LengthStats:
     source: str
 
 
-# Kwon et al., "Efficient Memory Management for Large Language Model Serving with
-# PagedAttention", SOSP 2023, Fig. 11 (input/output length distributions, means in its
-# legends) and §6.1: "the ShareGPT dataset has 8.4x longer input prompts and 5.8x longer
-# outputs than the Alpaca dataset" (161.31 / 19.31 = 8.4, 337.99 / 58.45 = 5.8).
+# Kwon et al., "Efficient Memory Management for Large Language Model Serving with PagedAttention",
+# SOSP 2023, Fig. 11 (the means in its legends) and §6.1 (ShareGPT's prompts are 8.4x Alpaca's).
 SHAREGPT = LengthStats("ShareGPT", 161.31, 337.99, "Kwon et al. SOSP'23, Fig. 11a")
 ALPACA = LengthStats("Alpaca", 19.31, 58.45, "Kwon et al. SOSP'23, Fig. 11b")
 
@@ -2142,12 +2006,9 @@ ALPACA = LengthStats("Alpaca", 19.31, 58.45, "Kwon et al. SOSP'23, Fig. 11b")
 
 @dataclasses.dataclass(frozen=True)
 class DeploymentPlan:
-    """One serving configuration, sized per GPU (a tensor-parallel group of
-    `tensor_parallel_size` GPUs holds one copy of the model and one KV cache, each split
-    evenly: every GPU holds 1/tp of the weights and 1/tp of the KV heads).
-
-    Fields: what was asked (model ... mean_output_len) and what `plan_deployment` computed
-    (num_kv_blocks ... prefill_s); everything else is derived from those, as properties."""
+    """One serving configuration, sized per GPU (a tensor-parallel group of tp GPUs holds one copy
+    of the model and one KV cache, 1/tp on each): what was asked (model ... mean_output_len), what
+    `plan_deployment` computed (num_kv_blocks ... prefill_s), and properties derived from those."""
 
     model: ModelSpec
     gpu: GPUSpec
@@ -2292,9 +2153,8 @@ def plan_deployment(
 # 6. The exercises, and the command line
 # =====================================================================================
 #
-# `python solution.py ARGS` (and `python lab.py ARGS`) hand this module to `serving.main`: the
-# server, the load generator, the simulator and the design-review scenarios live in serving/,
-# which is handed the module it runs and never imports it by name.
+# `python solution.py ARGS` (and `python lab.py ARGS`) hand this module to `serving.main`: what
+# runs it lives in serving/, which is handed the module and never imports it by name.
 
 
 EXERCISES = {
@@ -2307,15 +2167,6 @@ EXERCISES = {
     7: "speculative generation: speculative_generate",
     8: "capacity planning: plan_deployment",
 }
-
-
-def unsolved_exercises(module_name: str | None = None) -> dict[int, list[str]]:
-    """Exercise number -> the functions still stubbed in a module's source (empty when all are done)."""
-    source = inspect.getsource(sys.modules[module_name or __name__])
-    stubs: dict[int, list[str]] = {}
-    for number, name in re.findall(r'raise NotImplementedError\("Exercise (\d+): ([\w.]+)"\)', source):
-        stubs.setdefault(int(number), []).append(name)
-    return stubs
 
 
 if __name__ == "__main__":

@@ -5,12 +5,13 @@ import sys
 
 sys.path.insert(0, ".")
 import lab  # noqa: E402
+from serving.cli import unsolved_exercises  # noqa: E402
 
 rows = json.load(open(sys.argv[1]))
 # A failure must be a stub's, in a test marked with an exercise (a `provided` test must pass).
 bad = [r["test"] for r in rows if r["outcome"] == "failed" and not (r["stub"] and r["exercise"])]
 red = {r["exercise"] for r in rows if r["outcome"] == "failed" and r["stub"] and r["exercise"]}
-stubbed = sorted(lab.unsolved_exercises("lab"))
+stubbed = sorted(unsolved_exercises(lab))
 missing = [n for n in stubbed if n not in red]
 failed = sum(r["outcome"] == "failed" for r in rows)
 print(f"lab: {len(rows)} tests, {failed} red, all on stubs: {not bad}; exercises stubbed {stubbed}, red {sorted(red)}")

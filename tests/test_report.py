@@ -16,6 +16,7 @@ from serving import (
     report,
     scenarios,
 )
+from serving.cli import unsolved_exercises
 from tests.support import (
     MODEL_CONFIGS,
     reraise_stub,
@@ -250,7 +251,7 @@ def test_report_cli_writes_one_self_contained_page_naming_the_stubs_it_needs(tmp
     page = ReportPage(out.read_text(encoding="utf-8"))
     assert list(page.figures) == [fig_id for fig_id, *_ in report.FIGURES]
     assert page.scripts == 0 and page.outside == [], f"self-contained: no script, nothing fetched ({page.outside})"
-    stubbed = {f"Exercise {n}: {name}" for n, names in lab.unsolved_exercises(lab.__name__).items() for name in names}
+    stubbed = {f"Exercise {n}: {name}" for n, names in unsolved_exercises(lab).items() for name in names}
     for fig_id, fig in page.figures.items():
         assert fig["title"] and fig["caption"], f"{fig_id}: every figure has a title and a caption"
         if fig["stub"] is None:
