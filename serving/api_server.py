@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
-from . import sampling
+from . import sampling, serving_tokenization
 from .async_llm import AsyncLLM, CommandWriter, EngineCore, command_pipe
 from .chat import parse_chat_request
 from .http_server import Connection as ClientConnection
@@ -229,12 +229,13 @@ class _Frontend:
 
     async def _route(self, request: HTTPRequest, conn: ClientConnection, sink: Sink) -> None:
         path, method = request.path, request.method
-        gets = {"/health", "/v1/models", "/metrics"}
-        posts = {"/v1/completions": parse_completion_request, "/v1/chat/completions": parse_chat_request}
+        gets = {"/health", "/v1/models", "/metrics", "/tokenizer_info"}
+        posts = {"/v1/completions": parse_completion_request, "/v1/chat/completions": parse_chat_request,
+                 "/tokenize": serving_tokenization.tokenize, "/detokenize": serving_tokenization.detokenize}
         model_path = path.startswith("/v1/models/")
         if path not in gets and path not in posts and not model_path:
             raise APIError(f"no route {path}; try /v1/completions, /v1/chat/completions, /v1/models, /health, "
-                           f"/metrics", 404, "NotFoundError")
+                           f"/metrics, /tokenize, /detokenize, /tokenizer_info", 404, "NotFoundError")
         allowed = ("POST",) if path in posts else ("GET", "HEAD")
         if method not in allowed:
             raise APIError(f"{path} takes {' or '.join(allowed)}, not {method}", 405)
@@ -249,6 +250,10 @@ class _Frontend:
             sink.json(200, self._model_card(name))
         elif path == "/metrics":
             sink.whole(200, "text/plain; version=0.0.4", self._metrics().encode())
+        elif path == "/tokenizer_info":
+            sink.json(200, serving_tokenization.tokenizer_info(self.served))
+        elif path in ("/tokenize", "/detokenize"):
+            sink.json(200, posts[path](self.served, request.body))
         else:
             if len(request.body) <= INLINE_PARSE_BYTES:
                 gen = posts[path](self.served, request.body)

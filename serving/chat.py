@@ -75,7 +75,7 @@ def parse_chat_request(served: protocol.ServedModel, body: bytes | dict) -> Gene
     an APIError otherwise (400 naming the field, 404 for another model)."""
     payload = protocol.load_json(body) if isinstance(body, bytes) else body
     f = Fields(payload)
-    protocol.check_model(f, served)
+    model = protocol.check_model(f, served)
     protocol.refuse_unsupported(f, protocol.UNSUPPORTED_COMMON | protocol.UNSUPPORTED_CHAT)
     f.read.add("messages")
     messages = parse_messages(payload.get("messages"))
@@ -100,6 +100,6 @@ def parse_chat_request(served: protocol.ServedModel, body: bytes | dict) -> Gene
         f.fail("top_logprobs", "needs logprobs: true")
     params["logprobs"] = "top_logprobs" if top else "logprobs"
     prompt_logprobs = f.integer("prompt_logprobs", None, what="an int")
-    return protocol.build_request(served, f, "chat", f"chatcmpl-{protocol.base_id(f)}", [prompt], [text],
+    return protocol.build_request(served, f, "chat", model, f"chatcmpl-{protocol.base_id(f)}", [prompt], [text],
                                   max_tokens, logprobs=(top or 0) if want_logprobs else None,
                                   prompt_logprobs=prompt_logprobs, params=params)

@@ -8,7 +8,9 @@ delimited by the close.
   delimited by the close (it knows no chunked encoding). HEAD is GET without the body.
 - No client can stall the others: a body over MAX_BODY_BYTES is refused from its
   Content-Length before it is read, every read has a deadline, and a head that cannot be read
-  gets its 400 at once and the connection closes (its framing is lost).
+  gets its 400 at once and the connection closes (its framing is lost). A head whose lines end
+  in a bare LF is read as if they ended in CRLF (RFC 9112 allows a recipient to).
+- A request still arriving when the server shuts down gets a 503, not a silent close.
 
 `Connections` runs every connection and hands each request to a `route(request, conn, sink)`
 coroutine, which answers through the `Sink` or raises an `APIError`.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ MAX_HEADER_BYTES = 16 << 10
 READ_TIMEOUT_S = 10.0  # to receive a request's head and body; a silent client is dropped
 KEEP_ALIVE_TIMEOUT_S = 5.0  # an idle persistent connection is closed after this long (uvicorn's default)
 
+HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line after the head, CRLF or bare LF
 REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            500: "Internal Server Error", 503: "Service Unavailable"}
 # One encoder for every event: json.dumps with any non-default argument builds a new one per call.
@@ -62,12 +66,12 @@ class Connection:
 
     async def read_head(self) -> bytes:
         while True:
-            while self.buffer[:2] == b"\r\n":  # blank lines between requests are allowed (RFC 9112)
-                del self.buffer[:2]
-            end = self.buffer.find(b"\r\n\r\n")
-            if end >= 0:
-                head = bytes(self.buffer[:end])
-                del self.buffer[:end + 4]
+            while self.buffer.startswith((b"\r\n", b"\n")):  # blank lines between requests are allowed (RFC 9112)
+                del self.buffer[:2 if self.buffer.startswith(b"\r\n") else 1]
+            end = HEAD_END.search(self.buffer)
+            if end:
+                head = bytes(self.buffer[:end.start()])
+                del self.buffer[:end.end()]
                 return head
             if len(self.buffer) > MAX_HEADER_BYTES:
                 raise APIError(f"the request head is over {MAX_HEADER_BYTES} bytes")
@@ -93,7 +97,7 @@ class Connection:
 
 def parse_head(head: bytes) -> HTTPRequest:
     """Request line and headers; the connection must close after an error here (framing is lost)."""
-    request_line, *header_lines = head.decode("latin-1").split("\r\n")
+    request_line, *header_lines = (line.removesuffix("\r") for line in head.decode("latin-1").split("\n"))
     parts = request_line.split(" ")
     if len(parts) != 3 or parts[2] not in ("HTTP/1.0", "HTTP/1.1"):
         raise APIError(f"malformed request line {request_line[:80]!r}")
@@ -174,6 +178,7 @@ def error_response(error: APIError) -> bytes:
     return head.encode("latin-1") + data
 
 
+SHUTTING_DOWN = APIError("the server is shutting down", 503, "server_error")
 Route = Callable[[HTTPRequest, Connection, Sink], Awaitable[None]]
 
 
@@ -200,6 +205,10 @@ class Connections:
                 except APIError as exc:  # a head we cannot read: answer, then close (framing is lost)
                     writer.write(error_response(exc))
                     break
+                except asyncio.CancelledError:
+                    if conn.buffer.strip():  # a request had begun to arrive: it is owed an answer
+                        writer.write(error_response(SHUTTING_DOWN))
+                    raise
                 conn.idle, timeout = False, KEEP_ALIVE_TIMEOUT_S
                 if not await self._one_request(conn, head):
                     break
@@ -228,7 +237,12 @@ class Connections:
             if length and request.headers.get("expect", "").lower() == "100-continue":
                 conn.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for this before a large body
             conn.idle = True  # until the body is in, there is nothing a shutdown should wait for
-            request.body = await asyncio.wait_for(conn.read_exactly(length), READ_TIMEOUT_S)
+            try:
+                request.body = await asyncio.wait_for(conn.read_exactly(length), READ_TIMEOUT_S)
+            except asyncio.CancelledError:  # the server shut down while the body was arriving
+                sink.keep_alive = False
+                conn.writer.write(error_response(SHUTTING_DOWN))
+                raise
             conn.idle = False
             await self.route(request, conn, sink)
         except APIError as exc:

@@ -187,8 +187,9 @@ class LogprobFormatter:
 
 
 def prompt_offsets(tokenizer, prompt: list[int]) -> list[int]:
-    """Each prompt token's character offset in the prompt's text (for echo with logprobs)."""
-    detokenizer, offsets, length = IncrementalDetokenizer(tokenizer), [], 0
+    """Each prompt token's character offset in the prompt's text as echoed (for logprobs): the
+    text as sent, special tokens included."""
+    detokenizer, offsets, length = IncrementalDetokenizer(tokenizer, skip_special_tokens=False), [], 0
     for token_id in prompt:
         offsets.append(length)
         length += len(detokenizer.add(token_id))

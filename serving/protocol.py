@@ -180,6 +180,7 @@ class GenerateRequest:
     """
 
     kind: str  # "completion" or "chat"
+    model: str  # the served name it asked for: its responses carry it, as vLLM's do
     response_id: str
     prompts: list[list[int]]
     prompt_texts: list[str | None]  # None for a prompt of token ids until its text is needed
@@ -275,7 +276,7 @@ def parse_completion_request(served: ServedModel, body: bytes | dict) -> Generat
     field, 404 for another model)."""
     payload = load_json(body) if isinstance(body, bytes) else body
     fields = Fields(payload)
-    check_model(fields, served)
+    model = check_model(fields, served)
     refuse_unsupported(fields, UNSUPPORTED_COMMON | UNSUPPORTED_COMPLETION)
     fields.read.add("prompt")
     prompts = _completion_prompts(payload, served.tokenizer, truncation(fields))
@@ -289,14 +290,16 @@ def parse_completion_request(served: ServedModel, body: bytes | dict) -> Generat
         params["prompt_logprobs"] = "prompt_logprobs" if "prompt_logprobs" in payload else "logprobs"
     texts = [p if isinstance(p, str) else None for p in (payload["prompt"] if _is_prompt_list(payload["prompt"])
                                                          else [payload["prompt"]])]
-    return build_request(served, fields, "completion", f"cmpl-{base_id(fields)}", prompts, texts, max_tokens,
+    return build_request(served, fields, "completion", model, f"cmpl-{base_id(fields)}", prompts, texts, max_tokens,
                          echo=echo, logprobs=logprobs, prompt_logprobs=prompt_logprobs, params=params)
 
 
-def check_model(fields: Fields, served: ServedModel) -> None:
+def check_model(fields: Fields, served: ServedModel) -> str:
+    """The served name the request asked for (absent or "": the first, as vLLM); 404 for another."""
     model = fields.get("model", (str,), None, "a string")
-    if model and model not in served.names:  # absent or "": the served model, as vLLM
+    if model and model not in served.names:
         raise model_not_found(model)
+    return model or served.name
 
 
 def base_id(fields: Fields) -> str:
@@ -351,8 +354,8 @@ def _extra_args(served: ServedModel, fields: Fields, max_tokens: int, logprobs: 
     return args
 
 
-def build_request(served: ServedModel, fields: Fields, kind: str, response_id: str, prompts: list[list[int]],
-                  texts: list[str | None], max_tokens: int | None, *, echo: bool = False,
+def build_request(served: ServedModel, fields: Fields, kind: str, model: str, response_id: str,
+                  prompts: list[list[int]], texts: list[str | None], max_tokens: int | None, *, echo: bool = False,
                   logprobs: int | None = None, prompt_logprobs: int | None = None,
                   params: dict | None = None) -> GenerateRequest:
     """The fields both endpoints share, and the Requests: one per prompt and sample."""
@@ -413,9 +416,10 @@ def build_request(served: ServedModel, fields: Fields, kind: str, response_id: s
     # Every field is read by now: what no one read is in no table.
     ignored = sorted(set(f.payload) - f.read) + sorted(f"stream_options.{k}" for k in set(opts.payload) - opts.read)
     return GenerateRequest(
-        kind, response_id, prompts, list(texts), requests, n, stream, include_usage, continuous_usage, obfuscation,
-        stop, frozenset(engine_stops), eos, (args or {}).get("min_tokens", 0), flags["include_stop_str_in_output"],
-        flags["skip_special_tokens"], echo, logprobs, prompt_logprobs, flags["return_token_ids"],
+        kind, model, response_id, prompts, list(texts), requests, n, stream, include_usage, continuous_usage,
+        obfuscation, stop, frozenset(engine_stops), eos, (args or {}).get("min_tokens", 0),
+        flags["include_stop_str_in_output"], flags["skip_special_tokens"], echo, logprobs, prompt_logprobs,
+        flags["return_token_ids"],
         flags["return_tokens_as_token_ids"], params, tuple(ignored))
 
 

@@ -107,7 +107,7 @@ class OpenAIServing:
             yield state, delta, not queue.empty()
 
     def _header(self, gen: GenerateRequest, kind: str) -> dict:
-        return {"id": gen.response_id, "object": kind, "created": int(time.time()), "model": self.served.name}
+        return {"id": gen.response_id, "object": kind, "created": int(time.time()), "model": gen.model}
 
     def _usage(self, gen: GenerateRequest, states: dict) -> dict:
         return usage(sum(map(len, gen.prompts)), sum(len(s.token_ids) for s in states.values()))
