@@ -16,6 +16,7 @@ import re
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -187,3 +188,19 @@ def stream_then_hang_up(srv, count: int, **fields) -> bytes:
                 break
     reraise_stub(reply.decode(errors="replace"))
     return reply
+
+
+CKPT_TINY = dict(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2)  # the checkpoints' model
+
+
+# A vocabulary worked out by hand, and its files: byte-level characters ("Ġ" is the space byte).
+HAND_VOCAB = {"l": 0, "o": 1, "w": 2, "e": 3, "r": 4, "s": 5, "t": 6, "Ġ": 7,
+              "lo": 8, "low": 9, "er": 10, "Ġlow": 11, "es": 12, "est": 13, "we": 14, "<|endoftext|>": 15}
+
+
+HAND_MERGES = [("l", "o"), ("lo", "w"), ("e", "r"), ("Ġ", "low"), ("e", "s"), ("es", "t"), ("w", "e")]
+
+
+def write_tokenizer(path: Path, vocab=HAND_VOCAB, merges=HAND_MERGES) -> None:
+    (path / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")

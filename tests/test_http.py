@@ -208,3 +208,49 @@ def test_rule8_a_huge_prompt_is_refused_by_its_length(server):
     status, error = error_of(server, "/v1/completions", {"prompt": [1] * 300_000})
     assert status == 400 and error["param"] == "prompt" and "n_positions" in error["message"], error
     assert http_call(server, "GET", "/health")[0] == 200
+
+
+@pytest.mark.provided
+def test_rule7_an_http_1_0_connection_closes_after_one_response_unless_it_asks_to_persist(server):
+    reply = raw_exchange(server, b"GET /health HTTP/1.0\r\n\r\n")  # returns only once the server closes
+    assert reply.startswith(b"HTTP/1.0 200") and b"connection: close" in reply.lower(), (
+        "rule 7: an HTTP/1.0 connection does not persist by default (RFC 9112): one response, then close")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
+        replies = b""
+        for _ in range(2):
+            sock.sendall(b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            replies += sock.recv(65536)
+    assert replies.count(b"HTTP/1.0 200") == 2 and b"connection: keep-alive" in replies.lower(), (
+        "rule 7: an HTTP/1.0 client that says Connection: keep-alive keeps its connection for the next request")
+
+
+@pytest.mark.provided
+def test_rule7_a_head_whose_lines_end_in_a_bare_lf_is_answered_at_once(server):
+    start = time.monotonic()
+    reply = raw_exchange(server, b"GET /health HTTP/1.1\nHost: x\nConnection: close\n\n")
+    assert reply.startswith(b"HTTP/1.1 200") and time.monotonic() - start < HTTP_TIMEOUT / 2, (
+        f"rule 7: a request whose lines end in a bare LF (RFC 9112 lets a server accept it) is answered, not left "
+        f"to time out: {reply[:80]!r}")
+
+
+@pytest.mark.provided
+def test_rule7_a_request_cut_off_by_shutdown_gets_a_503(engine_model):
+    srv = serving.start_server(api_engine(engine_model))
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n" + b'{"prompt": [1')
+            time.sleep(0.1)  # the head is read; the body is still arriving
+            closer = threading.Thread(target=srv.close)
+            closer.start()
+            reply = b""
+            for _ in range(100):
+                data = sock.recv(65536)
+                if not data:
+                    break
+                reply += data
+            closer.join(HTTP_TIMEOUT)
+    finally:
+        srv.close()
+    assert reply.startswith(b"HTTP/1.1 503"), (
+        f"rule 7: a request whose body was still arriving when the server shut down is owed an answer (503), "
+        f"not a silent close: {reply[:80]!r}")

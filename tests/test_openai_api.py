@@ -13,6 +13,7 @@ import pytest
 import serving
 from conftest import lab
 from serving import (
+    api_server,
     chat,
     output,
     protocol,
@@ -439,3 +440,106 @@ def test_rule4_the_end_of_text_token_stops_with_no_stop_reason_unless_ignore_eos
     assert kept["token_ids"] == free_run and kept["finish_reason"] == "length", (
         "ignore_eos: the end-of-text token is an ordinary token and the request runs to max_tokens")
     assert own["stop_reason"] == free_run[1], "a stop token of the request's own is its stop_reason"
+
+
+# --- every OpenAI field has a home; a made-up one is logged -------------------------------------
+
+
+NEW_OPENAI_FIELDS = [  # (field, a value the server honours or ignores with reason, a value it must refuse)
+    ("prompt_cache_key", "user-42", 5), ("safety_identifier", "hash-1", 5),
+    ("prompt_cache_retention", "in_memory", "24h"), ("moderation", False, True),
+]
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("field, accepted, refused", NEW_OPENAI_FIELDS, ids=[f for f, *_ in NEW_OPENAI_FIELDS])
+def test_rule1_each_openai_field_is_honoured_documented_as_a_no_op_or_refused(engine_model, field, accepted, refused):
+    served = served_model(engine_model.config, ByteTokenizer(64))
+    gen = protocol.parse_completion_request(served, json.dumps({"prompt": [1], field: accepted}).encode())
+    assert field not in gen.ignored, f"rule 1: {field} is in a table of the server's, not an unknown field"
+    with pytest.raises(protocol.APIError) as error:
+        protocol.parse_completion_request(served, json.dumps({"prompt": [1], field: refused}).encode())
+    assert error.value.param == field, f"rule 1: {field}={refused!r} is refused with a 400 naming it"
+
+
+@pytest.mark.provided
+def test_rule1_chat_verbosity_other_than_medium_is_refused():
+    assert chat_request({"messages": [{"role": "user", "content": "!"}], "verbosity": "medium"}).n == 1
+    with pytest.raises(protocol.APIError) as error:
+        chat_request({"messages": [{"role": "user", "content": "!"}], "verbosity": "low"})
+    assert error.value.param == "verbosity", "rule 1: a verbosity the server cannot honour is a 400 naming it"
+
+
+@pytest.mark.provided
+def test_rule1_an_unknown_field_is_accepted_and_logged_once_by_name(engine_model, caplog):
+    served = served_model(engine_model.config, ByteTokenizer(64))
+    gen = protocol.parse_completion_request(served, json.dumps(
+        {"prompt": [1], "frobnicate": 1, "stream": True, "stream_options": {"include_usage": True, "zap": 1}}).encode())
+    assert gen.ignored == ("frobnicate", "stream_options.zap"), (
+        f"rule 1: fields in no table are reported as ignored, and only they: {gen.ignored}")
+    frontend = api_server._Frontend(served)
+    with caplog.at_level("WARNING", logger="serving.api_server"):
+        for _ in range(3):
+            frontend._log_ignored(gen.ignored)
+        frontend._log_ignored(("other",))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "frobnicate" in lines[0] and "other" in lines[1], (
+        f"rule 1: each ignored field's name is logged once, the first time it comes: {lines}")
+
+
+@pytest.mark.exercise5
+def test_rule1_stream_options_include_obfuscation_pads_each_chunk(server):
+    events = stream_events_at(server, "/v1/completions", prompt=[1, 2], max_tokens=3, temperature=0,
+                              stream_options={"include_obfuscation": True})
+    chunks = [e for e in events[:-1] if e["choices"]]
+    assert chunks and all(isinstance(e.get("obfuscation"), str) and e["obfuscation"] for e in chunks), (
+        "rule 1: include_obfuscation adds a random padding field to every chunk, as OpenAI does")
+    plain = stream_events_at(server, "/v1/completions", prompt=[1, 2], max_tokens=3, temperature=0)
+    assert not any("obfuscation" in e for e in plain[:-1]), "and nothing without it"
+
+
+@pytest.mark.exercise5
+def test_rule1_a_stop_list_as_long_as_a_harness_sends_is_accepted(server):
+    stops = [f"<stop{i}>" for i in range(10)] + ["\n\n"]
+    body = complete(server, prompt=[1, 2], max_tokens=3, temperature=0, stop=stops)
+    assert body["choices"][0]["finish_reason"] in ("length", "stop"), (
+        "rule 1: 11 stop strings (an evaluation harness adds the end-of-text string to a task's own) are accepted")
+
+
+@pytest.mark.exercise5
+def test_rule6_the_model_answers_to_each_of_its_served_names(engine_model):
+    with serving.start_server(api_engine(engine_model), model_name=["gpt2", "openai-community/gpt2"]) as srv:
+        listed = json.loads(http_call(srv, "GET", "/v1/models")[2])["data"]
+        body = complete(srv, model="openai-community/gpt2", prompt=[1, 2], max_tokens=2, temperature=0)
+        status, error = error_of(srv, "/v1/completions", {"model": "gpt3", "prompt": [1]})
+    assert [m["id"] for m in listed] == ["gpt2", "openai-community/gpt2"], "rule 6: every served name is listed"
+    assert body["model"] == "openai-community/gpt2", "rule 6: a response carries the name it was asked for (vLLM)"
+    assert status == 404 and error["param"] == "model"
+
+
+# --- vLLM's tokenizer endpoints ------------------------------------------------------------------
+
+
+@pytest.mark.provided
+def test_tokenize_and_detokenize_are_the_servers_tokenizer(server, byte_server):
+    status, _, data = http_call(server, "POST", "/tokenize", json.dumps({"prompt": "!(*", "return_token_strs": True}))
+    assert status == 200 and json.loads(data) == {"count": 3, "max_model_len": 128, "tokens": [33, 40, 42],
+                                                  "token_strs": ["!", "(", "*"]}, data
+    chat = json.loads(http_call(byte_server, "POST", "/tokenize", json.dumps({"messages": [{"role": "user",
+                                                                                            "content": "!"}]}))[2])
+    assert chat["tokens"] == list(b"user: !\nassistant:") and chat["token_strs"] is None, (
+        "messages are tokenized as the chat template renders them")
+    status, _, data = http_call(server, "POST", "/detokenize", json.dumps({"tokens": [33, 40, 42]}))
+    assert status == 200 and json.loads(data) == {"prompt": "!(*"}
+    status, error = error_of(server, "/detokenize", {"tokens": [1, 99]})
+    assert status == 400 and error["param"] == "tokens", "a token id outside the vocabulary is a 400 naming tokens"
+    status, error = error_of(server, "/tokenize", {"model": "other", "prompt": "!"})
+    assert status == 404, "another model is a 404, as on every route"
+
+
+@pytest.mark.provided
+def test_tokenizer_info_describes_the_tokenizer_under_hugging_faces_names(server):
+    status, _, data = http_call(server, "GET", "/tokenizer_info")
+    info = json.loads(data)
+    assert status == 200 and info["tokenizer_class"] == "ByteTokenizer" and info["model_max_length"] == 128
+    assert info["eos_token"] is None and info["vocab_size"] == 64, info

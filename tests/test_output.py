@@ -1,0 +1,166 @@
+"""The output processor (serving/output.py) and the choices built from it: stop strings against a
+plain reference that reads the text character by character, whatever the tokens; min_tokens
+holding stop strings back; echo (whole, streamed, several prompts) and its text offsets around
+special tokens; the chat API's logprobs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import serving
+from conftest import lab
+from serving.async_llm import StepOutput
+from serving.output import ChoiceState
+from serving.tokenizer import ByteTokenizer
+from tests.support import MODEL_CONFIGS, api_engine, complete, http_call, stream_events_at
+
+
+class ChunkTokenizer:
+    """Token i is the i-th of a fixed list of strings: text split into tokens of any length."""
+
+    eos_token_id, special_token_ids = None, frozenset()
+
+    def __init__(self, pieces):
+        self.pieces, self.vocab_size = list(pieces), len(pieces)
+
+    def token_bytes(self, token_id):
+        return self.pieces[token_id].encode()
+
+    def decode(self, token_ids, skip_special_tokens=False):
+        return "".join(self.pieces[t] for t in token_ids)
+
+
+def reference_cut(text: str, stops, min_chars: int = 0) -> tuple[str, str | None]:
+    """The text a stream of `text` ends with: read it character by character and stop as soon as
+    some stop string is complete (ending past `min_chars`); of two complete at one character, the
+    longer (it began first). The text before that stop string, and the stop string."""
+    for end in range(1, len(text) + 1):
+        done = [s for s in stops if end > min_chars and text[:end].endswith(s)]
+        if done:
+            stop = max(done, key=len)
+            return text[:end - len(stop)], stop
+    return text, None
+
+
+def run_choice(pieces, stops, min_tokens=0):
+    """Feed a ChoiceState the tokens of `pieces` one step each; its text and stop reason."""
+    state = ChoiceState(0, ChunkTokenizer(pieces), tuple(stops), min_tokens=min_tokens)
+    for i in range(len(pieces)):
+        state.update(StepOutput("r", [i], finish_reason="length" if i == len(pieces) - 1 else None))
+        if state.finished:
+            break
+    return state.text, state.stop_reason
+
+
+@pytest.mark.provided
+@given(text=st.text("abc ", min_size=1, max_size=24), stops=st.lists(st.text("abc ", min_size=1, max_size=3),
+                                                                      min_size=1, max_size=4, unique=True),
+       cuts=st.lists(st.integers(1, 23), max_size=8))
+def test_of_several_stop_strings_the_text_ends_before_the_first_one_complete(text, stops, cuts):
+    bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    got = run_choice(pieces, stops)
+    want = reference_cut(text, stops)
+    assert got == want, (
+        f"text {text!r} in tokens {pieces}, stop {stops}: the text ends before the stop string complete first "
+        f"when read character by character, the same whatever the tokens; got {got}, want {want}")
+
+
+@pytest.mark.provided
+def test_min_tokens_holds_stop_strings_back_as_it_holds_stop_tokens():
+    pieces = list("ab.cd.ef")  # one character a token
+    assert run_choice(pieces, ["."]) == ("ab", "."), "the reference case: the first '.' stops"
+    assert run_choice(pieces, ["."], min_tokens=3) == ("ab.cd", "."), (
+        "min_tokens = 3: no stop string may end the text within the first 3 tokens (vLLM's rule), so the "
+        "second '.' stops it")
+    assert run_choice(pieces, ["."], min_tokens=8) == ("ab.cd.ef", None), "no stop string within min_tokens"
+    assert run_choice(list("ab.c"), ["b.c"], min_tokens=2) == ("a", "b.c"), (
+        "a stop string completed by a token past min_tokens counts, even if it began within them")
+
+
+@pytest.mark.exercise5
+def test_min_tokens_holds_stop_strings_back_through_the_server(byte_server):
+    free = complete(byte_server, prompt="abc", max_tokens=20, temperature=0)["choices"][0]["text"]
+    stop = free[1]
+    early = complete(byte_server, prompt="abc", max_tokens=20, temperature=0, stop=[stop])["choices"][0]
+    held = complete(byte_server, prompt="abc", max_tokens=20, temperature=0, stop=[stop], min_tokens=20)["choices"][0]
+    assert early["finish_reason"] == "stop" and len(early["text"]) <= 1, "the stop string cuts the text"
+    assert held["text"] == free and held["finish_reason"] == "length", (
+        "with min_tokens = max_tokens no stop string may end the request, as no stop token may")
+
+
+class SpecialByteTokenizer(ByteTokenizer):
+    """Bytes as tokens, but token 0 is `<|endoftext|>`, a special token with text of its own."""
+
+    eos_token_id, special_token_ids = 0, frozenset({0})
+    MARK = "<|endoftext|>"
+
+    def encode(self, text):
+        parts = text.split(self.MARK)
+        ids = super().encode(parts[0])
+        for part in parts[1:]:
+            ids += [0, *super().encode(part)]
+        return ids
+
+    def token_bytes(self, token_id):
+        return self.MARK.encode() if token_id == 0 else super().token_bytes(token_id)
+
+    def decode(self, token_ids, skip_special_tokens=False):
+        return "".join(self.token_bytes(t).decode("utf-8", "replace") for t in token_ids
+                       if not (skip_special_tokens and t == 0))
+
+
+@pytest.mark.provided
+def test_echoed_text_offsets_count_a_special_tokens_text():
+    prompt = "<|endoftext|>The river"
+    model = lab.ToyTransformer(lab.ModelConfig(**(MODEL_CONFIGS["engine"] | {"vocab_size": 128})), seed=2)
+    with serving.start_server(api_engine(model), tokenizer=SpecialByteTokenizer(128)) as srv:
+        body = complete(srv, prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+    choice = body["choices"][0]
+    assert choice["text"] == prompt, "echo gives the prompt as sent, its special token's text included"
+    want = [0] + [13 + i for i in range(len("The river"))]
+    assert choice["logprobs"]["text_offset"] == want, (
+        f"text_offset of each prompt token in the echoed text: the special token spans 13 characters, so the "
+        f"next token starts at 13; got {choice['logprobs']['text_offset']}")
+
+
+@pytest.mark.exercise5
+def test_echo_gives_each_choice_its_own_prompt(byte_server):
+    prompts = ["ab", "xyz"]
+    body = complete(byte_server, prompt=prompts, max_tokens=3, temperature=0, echo=True, logprobs=1)
+    for i, choice in enumerate(sorted(body["choices"], key=lambda c: c["index"])):
+        alone = complete(byte_server, prompt=prompts[i], max_tokens=3, temperature=0)["choices"][0]["text"]
+        assert choice["text"] == prompts[i] + alone, f"choice {i} echoes its own prompt, then its completion"
+        assert len(choice["logprobs"]["tokens"]) == len(prompts[i]) + 3, (
+            f"choice {i}: logprobs for its own prompt's tokens and its completion's")
+
+
+@pytest.mark.exercise5
+def test_a_streamed_echo_comes_once_at_the_start_of_each_choice(byte_server):
+    prompts = ["ab", "xyz"]
+    events = stream_events_at(byte_server, "/v1/completions", prompt=prompts, max_tokens=4, temperature=0, echo=True)
+    texts = {}
+    for event in events[:-1]:
+        for choice in event["choices"]:
+            texts.setdefault(choice["index"], []).append(choice["text"])
+    for i, prompt in enumerate(prompts):
+        whole = complete(byte_server, prompt=prompt, max_tokens=4, temperature=0, echo=True)["choices"][0]["text"]
+        assert "".join(texts[i]) == whole and texts[i][0].startswith(prompt), (
+            f"choice {i}: the echo comes once, in its first chunk, then the completion: {texts[i]}")
+
+
+@pytest.mark.exercise5
+def test_chat_logprobs_without_top_logprobs_give_each_tokens_own(byte_server):
+    messages = [{"role": "user", "content": "hi"}]
+    status, _, data = http_call(byte_server, "POST", "/v1/chat/completions", json.dumps(
+        {"messages": messages, "max_tokens": 4, "temperature": 0, "logprobs": True}))
+    assert status == 200, data[:300]
+    content = json.loads(data)["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4, "logprobs: true gives one entry per output token"
+    for item in content:
+        assert item["top_logprobs"] == [] and item["logprob"] <= 0 and item["logprob"] != -9999.0, (
+            f"without top_logprobs each entry holds the token's own logprob and no alternatives: {item}")
