@@ -60,6 +60,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 _EXERCISE_OF: dict[str, int | None] = {}  # nodeid -> exercise number (None: provided code)
+_NEEDS: dict[str, int | None] = {}  # nodeid -> the exercise a test of provided code runs (`needs(N)`), or None
 _RESULTS: dict[str, tuple[int | None, str, bool]] = {}  # nodeid -> (exercise, outcome, failed on a stub)
 _STUB_OF: dict[str, tuple[int, str]] = {}  # nodeid -> (exercise, function) of the stub it hit
 _SELECTED: dict[int | None, int] = {}  # exercise -> how many of its tests this run selected
@@ -72,6 +73,8 @@ def pytest_configure(config: pytest.Config) -> None:
     for number, title in EXERCISES.items():
         config.addinivalue_line("markers", f"exercise{number}: Exercise {number}, {title}")
     config.addinivalue_line("markers", "provided: provided code the exercises build on (green from the start)")
+    config.addinivalue_line("markers", "needs(n): provided code (serving/, the command line) that runs the code of "
+                                       "exercises 1..n: green once they are written")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -83,6 +86,11 @@ def exercise_of(item: pytest.Item) -> int | None:
         if mark.name.startswith("exercise") and mark.name[8:].isdigit():
             return int(mark.name[8:])
     return None
+
+
+def needs_of(item: pytest.Item) -> int | None:
+    mark = item.get_closest_marker("needs")
+    return None if mark is None else int(mark.args[0])
 
 
 def stub_hit(excinfo: pytest.ExceptionInfo | None) -> re.Match | None:
@@ -136,13 +144,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     _EXERCISE_OF.update({item.nodeid: exercise_of(item) for item in items})
+    _NEEDS.update({item.nodeid: needs_of(item) for item in items})
     # A property test of an exercise that is still a stub fails on its first example; shrinking
     # that failure only costs the student seconds. Those tests skip the shrink phase.
     stubbed = set(unsolved_exercises(lab))
     for item in items:
         test = getattr(item, "obj", None)
         current = getattr(test, "_hypothesis_internal_use_settings", None)  # Hypothesis' own attribute
-        if _EXERCISE_OF[item.nodeid] in stubbed and inspect.isfunction(test) and current is not None:
+        needed = _EXERCISE_OF[item.nodeid] or _NEEDS[item.nodeid]
+        if needed in stubbed and inspect.isfunction(test) and current is not None:
             test._hypothesis_internal_use_settings = settings(current, phases=[Phase.explicit, Phase.generate])
 
 
@@ -181,14 +191,24 @@ def _scoreboard(terminalreporter) -> None:
         if number == 4 and passed == len(mine) == _SELECTED.get(4):
             for text in exercise4_speed():
                 terminalreporter.write_line(f"  {text}")
-    provided = {k: r for k, r in results.items() if r[0] is None}
+    provided = {k: r for k, r in results.items() if r[0] is None and _NEEDS.get(k) is None}
     if provided:
         passed = sum(r[1] == "passed" for r in provided.values())
         terminalreporter.write_line(f"provided code (nothing to write): {passed}/{len(provided)}")
         _list_failures(terminalreporter, [k for k, r in provided.items() if r[1] != "passed"])
+    running = {k: r for k, r in results.items() if r[0] is None and _NEEDS.get(k) is not None}
+    if running:  # the server, the command line: provided, but running the exercises' code
+        passed = sum(r[1] == "passed" for r in running.values())
+        line = f"provided code running your exercises (the server, the command line): {passed}/{len(running)}"
+        stubs = sorted({_STUB_OF[k] for k, r in running.items() if r[2] and k in _STUB_OF})
+        if stubs:
+            line += f", waiting for {', '.join(f'{name} (Exercise {n})' for n, name in stubs)}"
+        terminalreporter.write_line(line)
+        _list_failures(terminalreporter, [k for k, r in running.items() if r[1] != "passed" and not r[2]])
     path = os.environ.get("LAB_REPORT")
     if path:
-        rows = [{"test": k, "exercise": e, "outcome": o, "stub": s} for k, (e, o, s) in results.items()]
+        rows = [{"test": k, "exercise": e, "needs": _NEEDS.get(k), "outcome": o, "stub": s}
+                for k, (e, o, s) in results.items()]
         with open(path, "w") as fh:
             json.dump(rows, fh, indent=1)
 

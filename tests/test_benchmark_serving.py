@@ -277,7 +277,7 @@ def test_workload_is_deterministic_and_saved_as_vllm_custom_jsonl(tmp_path):
         "vLLM's custom dataset: one JSON object per line, a text prompt and output_tokens")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_loadtest_cli_against_the_lab_server_reports_every_request(tmp_path):
     # Vocabulary 256, so that text prompts (one-letter words) are in it too.
     model = lab.ToyTransformer(lab.ModelConfig(**MODEL_CONFIGS["bytes"]))

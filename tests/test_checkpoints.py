@@ -303,7 +303,7 @@ def test_a_vocabulary_larger_than_the_model_is_refused(tmp_path, tiny_weights):
 # --- The commands: generate and speculate on checkpoints (they run the engine's exercises)
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_a_served_checkpoint_speaks_text_through_its_own_tokenizer(tmp_path):
     config = lab.ModelConfig(**(CKPT_TINY | {"vocab_size": 300}))
     weights = lab.init_gpt2_weights(config, seed=2)
@@ -324,7 +324,7 @@ def test_a_served_checkpoint_speaks_text_through_its_own_tokenizer(tmp_path):
     assert choice["text"] == tokenizer.decode(choice["token_ids"]), "the text is the tokens decoded by the BPE"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_generate_text_is_the_greedy_continuation_decoded(tmp_path):
     config = lab.ModelConfig(**(CKPT_TINY | {"vocab_size": 300}))
     weights = lab.init_gpt2_weights(config, seed=2)
@@ -350,14 +350,14 @@ def early_exit_pair(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "target", tmp_path / "draft"
 
 
-@pytest.mark.exercise7
+@pytest.mark.needs(7)
 def test_speculate_on_checkpoints_keeps_the_targets_greedy_tokens(tmp_path):
     target, draft = early_exit_pair(tmp_path)
     report = speculate_checkpoints(lab, target, draft, prompt="low", max_tokens=20, repeats=1)
     assert "identical to the target's own greedy tokens" in report, report
 
 
-@pytest.mark.exercise7
+@pytest.mark.needs(7)
 def test_a_draft_identical_to_its_target_is_always_accepted(tmp_path):
     target, _ = early_exit_pair(tmp_path)
     report = speculate_checkpoints(lab, target, target, prompt="low", max_tokens=20, repeats=1)

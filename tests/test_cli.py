@@ -17,7 +17,7 @@ from tests.support import (
 # =====================================================================================
 
 
-@pytest.mark.exercise8
+@pytest.mark.needs(8)
 def test_cli_size_shows_13b_on_80gb_at_8k_and_that_kv_blocks_set_the_ceiling():
     proc = run_cli("size")
     assert proc.returncode == 0, proc.stderr
@@ -26,14 +26,14 @@ def test_cli_size_shows_13b_on_80gb_at_8k_and_that_kv_blocks_set_the_ceiling():
     assert re.search(r"max concurrent sequences at 8192 tokens: \d+ // 512 blocks = \d+", proc.stdout)
 
 
-@pytest.mark.exercise8
+@pytest.mark.needs(8)
 def test_cli_size_with_options():
     proc = run_cli("size", "--model", "llama-3-8b", "--gpu", "h100-80gb", "--max-model-len", "4096", "--tp", "2")
     assert proc.returncode == 0, proc.stderr
     assert "llama-3-8b on 2 x h100-80gb, max_model_len 4096" in proc.stdout
 
 
-@pytest.mark.exercise8
+@pytest.mark.needs(8)
 def test_cli_size_with_an_int8_kv_cache_shows_the_blocks_and_concurrency_double():
     proc = run_cli("size", "--kv-cache-dtype", "int8")
     assert proc.returncode == 0, proc.stderr
@@ -44,7 +44,7 @@ def test_cli_size_with_an_int8_kv_cache_shows_the_blocks_and_concurrency_double(
         "the default sizing names the int8 KV cache among the levers"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_cli_batching_shows_both_timelines():
     proc = run_cli("batching", "--long", "400", "--short", "20", "--num-short", "15")
     assert proc.returncode == 0, proc.stderr
@@ -64,7 +64,7 @@ def test_cli_subcommands_exit_0_and_print_their_headline(args, headline):
     assert proc.returncode == 0 and headline in proc.stdout, f"{args}: exit {proc.returncode}\n{proc.stderr}"
 
 
-@pytest.mark.exercise7
+@pytest.mark.needs(7)
 def test_cli_speculate_runs_speculative_generate_and_sets_measured_alpha_beside_the_formula():
     proc = run_cli("speculate")
     stub = re.search(r"(Exercise \d+: \S+) is still a stub", proc.stdout)
@@ -78,7 +78,7 @@ def test_cli_speculate_runs_speculative_generate_and_sets_measured_alpha_beside_
         "the speculate scenario must show, on the measured rows, that accept/resample emits exactly p")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_cli_stack_measures_what_prefix_sharing_saves_on_the_lab_engine():
     proc = run_cli("stack")
     stub = re.search(r"(Exercise \d+: \S+) is still a stub", proc.stdout)
@@ -115,7 +115,7 @@ def test_cli_bad_options_exit_2_with_one_line(args, says):
     assert len(lines) == 1 and says in lines[0], f"expected one line of error mentioning {says!r}, got {lines}"
 
 
-@pytest.mark.exercise8
+@pytest.mark.needs(8)
 def test_cli_main_job_prints_the_four_scenarios_in_order():
     proc = run_script()
     assert proc.returncode == 0, proc.stderr

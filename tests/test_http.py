@@ -97,7 +97,7 @@ def test_rule7_an_idle_connection_is_closed_after_the_keep_alive_timeout(engine_
         "rule 7: an idle persistent connection is closed after KEEP_ALIVE_TIMEOUT_S")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule7_an_http_1_0_client_gets_a_stream_delimited_by_close(server):
     body = json.dumps({"prompt": [1, 2], "max_tokens": 3, "stream": True}).encode()
     reply = raw_exchange(server, b"POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))

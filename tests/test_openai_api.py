@@ -136,7 +136,7 @@ def test_rule1_an_unsupported_field_with_a_value_that_asks_for_nothing_is_accept
     assert chat_request(payload).n == 1, "rule 1: a neutral value asks for nothing"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule1_n_samples_each_prompt_with_seeds_seed_plus_j_prompt_major(server):
     body = complete(server, prompt=[[1, 2, 3], [4, 5]], n=2, seed=5, max_tokens=4, return_token_ids=True)
     choices = body["choices"]
@@ -149,7 +149,7 @@ def test_rule1_n_samples_each_prompt_with_seeds_seed_plus_j_prompt_major(server)
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 16, "total_tokens": 21}
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule2_a_stop_string_across_tokens_cuts_the_text_there(byte_server):
     free = complete(byte_server, prompt="abc", max_tokens=24, temperature=0)["choices"][0]["text"]
     stop = free[4:7]  # three tokens' text: found only across token boundaries
@@ -177,7 +177,7 @@ def test_rule2_the_output_processor_releases_only_text_no_stop_string_can_claim(
     assert state.stopped_by_string and len(state.token_ids) == 9, "the tokens stop with the one that completed it"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule2_a_streamed_stop_string_is_held_back_until_it_cannot_match(byte_server):
     free = complete(byte_server, prompt="abc", max_tokens=24, temperature=0)["choices"][0]["text"]
     stop = free[4:7]
@@ -189,7 +189,7 @@ def test_rule2_a_streamed_stop_string_is_held_back_until_it_cannot_match(byte_se
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule2_a_stop_string_aborts_the_request_in_the_engine(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
     outputs, step = [], engine.step
@@ -238,7 +238,7 @@ class HalfCharTokenizer:
         return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", errors="replace")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule3_a_character_split_across_tokens_streams_whole(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
     with serving.start_server(engine, tokenizer=HalfCharTokenizer(), model_name="half") as srv:
@@ -258,14 +258,14 @@ def test_rule4_echo_with_max_tokens_0_returns_the_prompt_only(server):
     assert choice["prompt_token_ids"] == [33, 40, 42] and choice["token_ids"] == []
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule4_echo_prepends_the_prompt_text(server):
     plain = complete(server, prompt="!(*", max_tokens=5, temperature=0)["choices"][0]["text"]
     echoed = complete(server, prompt="!(*", max_tokens=5, temperature=0, echo=True)["choices"][0]["text"]
     assert echoed == "!(*" + plain, "rule 4: echo puts the prompt's text before the completion"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule4_logprobs_are_served_in_openais_format(server):
     body = complete(server, prompt=[1, 2], max_tokens=3, temperature=0, logprobs=2)
     logprobs = body["choices"][0]["logprobs"]
@@ -286,7 +286,7 @@ def test_rule5_the_chat_template_is_the_documented_plain_one():
     assert continued.endswith("\nassistant: Hel"), "continue_final_message leaves the last message open"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule5_a_chat_completion_is_the_completion_of_its_rendered_prompt(byte_server):
     prompt = chat.render_chat(chat.parse_messages(CHAT))
     expected = complete(byte_server, prompt=prompt, max_tokens=6, temperature=0)["choices"][0]["text"]
@@ -301,7 +301,7 @@ def test_rule5_a_chat_completion_is_the_completion_of_its_rendered_prompt(byte_s
     assert body["usage"]["completion_tokens"] == 6
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule5_a_streamed_chat_sends_the_role_first_then_content_deltas_and_usage(byte_server):
     prompt = chat.render_chat(chat.parse_messages(CHAT))
     expected = complete(byte_server, prompt=prompt, max_tokens=5, temperature=0)["choices"][0]["text"]
@@ -344,7 +344,7 @@ def test_rule6_model_objects_carry_created_owner_root_and_max_model_len(server):
     assert http_call(server, "GET", "/v1/models/gpt-4")[0] == 404
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule6_completion_ids_are_unique_and_token_ids_come_when_asked(server):
     bodies = [complete(server, prompt=[1, 2], max_tokens=2) for _ in range(3)]
     ids = [b["id"] for b in bodies]
@@ -369,7 +369,7 @@ def ids_of(top: dict) -> dict[int, float]:
     return {int(k.split(":")[1]): v for k, v in top.items()}
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule4_logprobs_are_the_raw_log_softmax_of_each_sampled_position(server, engine_model):
     prompt = random_prompts(1, seed=33)[0]
     body = complete(server, prompt=prompt, max_tokens=8, temperature=1.5, top_k=6, seed=4, logprobs=3,
@@ -390,19 +390,24 @@ def test_rule4_logprobs_are_the_raw_log_softmax_of_each_sampled_position(server,
         assert logprobs["token_logprobs"][i] == pytest.approx(want[token], abs=1e-4)
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule4_prompt_logprobs_score_every_prompt_token_but_the_first(server, engine_model):
     prompts = random_prompts(3, seed=34, low=6, high=20)
-    bodies = [None] * 3
+    bodies, errors = [None] * 3, []
 
     def client(i):  # three at once: each one's prompt rows are its own, whatever it is batched with
-        bodies[i] = complete(server, prompt=prompts[i], max_tokens=2, temperature=0, prompt_logprobs=2)
+        try:
+            bodies[i] = complete(server, prompt=prompts[i], max_tokens=2, temperature=0, prompt_logprobs=2)
+        except Exception as exc:  # noqa: BLE001 - raised below, in the test's thread
+            errors.append(exc)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(HTTP_TIMEOUT)
+    if errors:
+        raise errors[0]
     for prompt, body in zip(prompts, bodies):
         scored = body["choices"][0]["prompt_logprobs"]
         dense = engine_model.forward_dense(prompt)
@@ -423,7 +428,7 @@ class EosTokenizer(ByteTokenizer):
         self.eos_token_id = eos_token_id
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule4_the_end_of_text_token_stops_with_no_stop_reason_unless_ignore_eos(engine_model):
     prompt = random_prompts(1, seed=32)[0]
     free_run = greedy_reference(engine_model, prompt, 12)
@@ -487,7 +492,7 @@ def test_rule1_an_unknown_field_is_accepted_and_logged_once_by_name(engine_model
         f"rule 1: each ignored field's name is logged once, the first time it comes: {lines}")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule1_stream_options_include_obfuscation_pads_each_chunk(server):
     events = stream_events_at(server, "/v1/completions", prompt=[1, 2], max_tokens=3, temperature=0,
                               stream_options={"include_obfuscation": True})
@@ -498,7 +503,7 @@ def test_rule1_stream_options_include_obfuscation_pads_each_chunk(server):
     assert not any("obfuscation" in e for e in plain[:-1]), "and nothing without it"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule1_a_stop_list_as_long_as_a_harness_sends_is_accepted(server):
     stops = [f"<stop{i}>" for i in range(10)] + ["\n\n"]
     body = complete(server, prompt=[1, 2], max_tokens=3, temperature=0, stop=stops)
@@ -506,7 +511,7 @@ def test_rule1_a_stop_list_as_long_as_a_harness_sends_is_accepted(server):
         "rule 1: 11 stop strings (an evaluation harness adds the end-of-text string to a task's own) are accepted")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_rule6_the_model_answers_to_each_of_its_served_names(engine_model):
     with serving.start_server(api_engine(engine_model), model_name=["gpt2", "openai-community/gpt2"]) as srv:
         listed = json.loads(http_call(srv, "GET", "/v1/models")[2])["data"]

@@ -82,7 +82,7 @@ def test_min_tokens_holds_stop_strings_back_as_it_holds_stop_tokens():
         "a stop string completed by a token past min_tokens counts, even if it began within them")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_min_tokens_holds_stop_strings_back_through_the_server(byte_server):
     free = complete(byte_server, prompt="abc", max_tokens=20, temperature=0)["choices"][0]["text"]
     stop = free[1]
@@ -128,7 +128,7 @@ def test_echoed_text_offsets_count_a_special_tokens_text():
         f"next token starts at 13; got {choice['logprobs']['text_offset']}")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_echo_gives_each_choice_its_own_prompt(byte_server):
     prompts = ["ab", "xyz"]
     body = complete(byte_server, prompt=prompts, max_tokens=3, temperature=0, echo=True, logprobs=1)
@@ -139,7 +139,7 @@ def test_echo_gives_each_choice_its_own_prompt(byte_server):
             f"choice {i}: logprobs for its own prompt's tokens and its completion's")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_a_streamed_echo_comes_once_at_the_start_of_each_choice(byte_server):
     prompts = ["ab", "xyz"]
     events = stream_events_at(byte_server, "/v1/completions", prompt=prompts, max_tokens=4, temperature=0, echo=True)
@@ -153,7 +153,7 @@ def test_a_streamed_echo_comes_once_at_the_start_of_each_choice(byte_server):
             f"choice {i}: the echo comes once, in its first chunk, then the completion: {texts[i]}")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_chat_logprobs_without_top_logprobs_give_each_tokens_own(byte_server):
     messages = [{"role": "user", "content": "hi"}]
     status, _, data = http_call(byte_server, "POST", "/v1/chat/completions", json.dumps(

@@ -29,7 +29,7 @@ def choices_tokens(body):
     return [c["token_ids"] for c in sorted(body["choices"], key=lambda c: c["index"])]
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 @pytest.mark.parametrize("caching", [True, False])
 def test_each_sample_is_the_single_request_seeded_seed_plus_its_index(engine_model, caching):
     with serving.start_server(api_engine(engine_model, enable_prefix_caching=caching)) as srv:
@@ -39,7 +39,7 @@ def test_each_sample_is_the_single_request_seeded_seed_plus_its_index(engine_mod
         assert tokens == want, f"sample {j} must be what the request alone draws with seed {30 + j} (vLLM's seeds)"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_the_samples_hold_the_prompts_full_blocks_once(engine_model):
     engine = api_engine(engine_model, enable_prefix_caching=True)
     with serving.start_server(engine) as srv:
@@ -50,7 +50,7 @@ def test_the_samples_hold_the_prompts_full_blocks_once(engine_model):
         "computed (the partial last block is each sample's own), instead of computing and holding them again")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_samples_under_memory_pressure_or_static_batching_still_equal_their_single_requests(engine_model):
     for options in (dict(num_blocks=20, max_num_seqs=8), dict(scheduling="static", max_num_seqs=6)):
         engine = api_engine(engine_model, **options)
@@ -71,7 +71,7 @@ class EosTokenizer(ByteTokenizer):
     eos_token_id = 9
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_every_sample_inherits_the_end_of_text_rule_and_the_sampling_fields(engine_model):
     with serving.start_server(api_engine(engine_model), tokenizer=EosTokenizer(64)) as srv:
         body = complete(srv, prompt=PROMPT, n=4, seed=3, temperature=1.0, max_tokens=40, logit_bias={"9": 4},
@@ -98,7 +98,7 @@ def test_an_n_over_the_servers_limit_is_a_400_naming_n_and_the_limit(engine_mode
         serving.start_server(api_engine(engine_model), max_n=0)
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_a_request_with_the_largest_n_leaves_seats_for_another_client(engine_model):
     with serving.start_server(api_engine(engine_model)) as srv:  # 8 seats: n is at most 4
         errors, done = [], threading.Event()
@@ -126,7 +126,7 @@ def test_a_request_with_the_largest_n_leaves_seats_for_another_client(engine_mod
         "a request's n must leave running seats free for others")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_a_client_that_goes_aborts_every_sample(engine_model):
     engine = api_engine(engine_model, num_blocks=64)
     with serving.start_server(engine) as srv:

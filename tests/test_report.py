@@ -94,7 +94,7 @@ def first_number(label):
     return float(re.search(r"-?\d+(?:\.\d+)?", label).group())
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_report_kv_pool_utilisation_labels_are_the_slots_holding_tokens():
     fig, run = drawn("kv_pool")
     bs, mml = run["block_size"], run["max_model_len"]
@@ -110,7 +110,7 @@ def test_report_kv_pool_utilisation_labels_are_the_slots_holding_tokens():
             f"snapshot {r}: slab utilisation = tokens / (sequences x max_model_len {mml})")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_report_kv_pool_shows_shared_blocks_a_copy_on_write_and_cached_free_blocks():
     fig, run = drawn("kv_pool")
     for r, snap in enumerate(run["snapshots"]):
@@ -131,7 +131,7 @@ def test_report_kv_pool_shows_shared_blocks_a_copy_on_write_and_cached_free_bloc
     assert fig["title"] and fig["caption"] and fig["svg_title"] and fig["svg_desc"]
 
 
-@pytest.mark.exercise2
+@pytest.mark.needs(2)
 def test_report_block_table_slots_are_block_times_size_plus_offset():
     fig, run = drawn("block_table")
     bs, ids, n = run["block_size"], run["block_ids"], run["num_tokens"]
@@ -145,7 +145,7 @@ def test_report_block_table_slots_are_block_times_size_plus_offset():
         "the last block is partly filled: n - (blocks - 1) * block_size tokens")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_report_batching_numbers_are_the_simulators():
     fig, run = drawn("batching")
     p = run["params"]
@@ -159,7 +159,7 @@ def test_report_batching_numbers_are_the_simulators():
         assert run[scheduling]["timeline"] == sim.timeline
 
 
-@pytest.mark.exercise7
+@pytest.mark.needs(7)
 def test_report_speculative_rounds_count_what_speculative_generate_did():
     fig, run = drawn("speculative")
     p = run["params"]
@@ -181,7 +181,7 @@ def test_report_speculative_rounds_count_what_speculative_generate_did():
     assert [r["accepted"] for r in run["rounds"]] == out.accepted_per_pass
 
 
-@pytest.mark.exercise7
+@pytest.mark.needs(7)
 def test_report_speedup_curve_is_the_formula_at_the_measured_alpha():
     fig, run = drawn("speculative")
     assert run["alpha"] == lab.estimate_alpha(lab.SpeculativeOutput([0] * run["num_tokens"], run["num_target_passes"],
@@ -210,7 +210,7 @@ def test_report_latency_figure_labels_every_rate_and_marks_the_knee():
     assert labels["rate-4"] == "inf"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_report_latency_numbers_are_the_simulators_at_each_rate():
     fig, run = drawn("latency_load")
     p, last = run["params"], len(run["rates"]) - 1
@@ -227,7 +227,7 @@ def test_report_latency_numbers_are_the_simulators_at_each_rate():
         "the simulated rates must reach past the knee, and the figure marks find_knee's rate")
 
 
-@pytest.mark.exercise8
+@pytest.mark.needs(8)
 def test_report_capacity_numbers_are_plan_deployments():
     fig, run = drawn("capacity")
     p = run["params"]
@@ -285,7 +285,7 @@ def test_report_draws_the_other_figures_when_one_hits_a_stub_and_names_an_error(
     assert built.errors == ["broken: IndexError: list index out of range"], "a failure that is not a stub is named"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_loadtest_html_draws_latency_against_load_from_a_real_run(tmp_path):
     model = lab.ToyTransformer(lab.ModelConfig(**MODEL_CONFIGS["bytes"]))
     engine = lab.LLMEngine(model, num_blocks=256, block_size=4, max_num_seqs=8)

@@ -238,7 +238,7 @@ def engine_run(model, prompt, sp, eos=None, **engine_args):
     return engine.generate([prompt], sp)[0]
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 @pytest.mark.parametrize("params", [
     dict(temperature=0.8, min_p=0.15), dict(temperature=1.0, presence_penalty=1.5),
     dict(temperature=1.0, frequency_penalty=1.0), dict(temperature=1.0, repetition_penalty=1.8),
@@ -258,7 +258,7 @@ def test_the_engine_samples_each_field_as_the_plain_reference(engine_model, para
         f"{params}: the engine drew other tokens than vLLM's sampler on the sequence's own prompt and output")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 @pytest.mark.parametrize("min_tokens", [2, 6])
 def test_min_tokens_keeps_eos_and_stop_tokens_out_until_reached(engine_model, min_tokens):
     prompt = random_prompts(1, seed=32)[0]

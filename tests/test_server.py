@@ -40,7 +40,7 @@ from tests.support import (
 # stub it hits comes back as a 500, which these helpers re-raise as the stub's NotImplementedError.
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_concurrent_streaming_clients_get_the_tokens_of_greedy_decoding_alone(server, engine_model):
     prompts = random_prompts(6, seed=40)
     max_tokens = [3, 9, 1, 14, 6, 11]
@@ -74,7 +74,7 @@ def test_concurrent_streaming_clients_get_the_tokens_of_greedy_decoding_alone(se
         assert "".join(c["choices"][0]["text"] for c in chunks) == bytes(tokens).decode()
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_a_completion_has_its_tokens_text_and_usage(server, engine_model):
     prompt = "!(*/+"  # bytes 33..47: inside the 64-token vocabulary
     expected = greedy_reference(engine_model, list(prompt.encode()), 7)
@@ -86,7 +86,7 @@ def test_a_completion_has_its_tokens_text_and_usage(server, engine_model):
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_a_stop_token_ends_the_stream_and_usage_comes_last(server, engine_model):
     prompt = random_prompts(1, seed=41)[0]
     free_run = greedy_reference(engine_model, prompt, 10)
@@ -214,7 +214,7 @@ def test_a_histogram_bucket_counts_every_value_less_than_or_equal_to_its_bound()
     assert read_metric(text, f"{name}_count") == 4 and read_metric(text, f"{name}_sum") == pytest.approx(3.6)
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_metrics_count_a_served_request(server):
     before = http_call(server, "GET", "/metrics")[2].decode()
     complete(server, prompt=[1, 2, 3], max_tokens=4)
@@ -225,7 +225,7 @@ def test_metrics_count_a_served_request(server):
     assert read_metric(after, "vllm:kv_cache_usage_perc") == 0, "a finished request holds no KV block"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_metrics_count_every_token_of_a_streamed_request(server):
     before = http_call(server, "GET", "/metrics")[2].decode()
     events = stream_events(server, prompt=[1, 2, 3], max_tokens=5)
@@ -239,7 +239,7 @@ def test_metrics_count_every_token_of_a_streamed_request(server):
         "counts every token it sent, not its last chunk's")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_metrics_count_the_tokens_of_a_stream_its_client_abandoned(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
     step = engine.step
@@ -264,7 +264,7 @@ def test_metrics_count_the_tokens_of_a_stream_its_client_abandoned(engine_model)
         "only when it completes")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_a_stream_is_server_sent_events_each_ended_by_a_blank_line(server):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
     try:
@@ -282,7 +282,7 @@ def test_a_stream_is_server_sent_events_each_ended_by_a_blank_line(server):
     assert all(e.startswith(b"data: ") and b"\n" not in e for e in events[:-1]) and events[-2] == b"data: [DONE]"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_return(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
     outputs, stubs, step = [], [], engine.step
@@ -313,7 +313,7 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_return(e
 
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_a_failing_engine_step_is_a_500_for_its_requests_and_the_server_keeps_serving(engine_model, monkeypatch):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
     with serving.start_server(engine) as srv:
@@ -336,7 +336,7 @@ def test_a_failing_engine_step_is_a_500_for_its_requests_and_the_server_keeps_se
         assert not engine.has_unfinished(), "the failed request must not be left in the engine"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_a_stream_interval_sends_the_same_tokens_k_to_a_chunk(engine_model):
     streams = {}
     for k in (1, 4):
@@ -356,7 +356,7 @@ def test_a_stream_interval_that_is_not_a_positive_int_is_refused(engine_model, v
         serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4), stream_interval=value)
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_the_front_end_in_a_thread_answers_as_the_one_in_its_own_process(engine_model, monkeypatch):
     # Where there is no fork the front end runs in a thread of the engine's process, on the
     # same pipes: same answers, only slower (async_llm's docstring says why).

@@ -125,7 +125,7 @@ def slots_of(table, block_size):
 WORKLOAD_NAMES = list(trace.WORKLOADS)
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 @pytest.mark.parametrize("name", WORKLOAD_NAMES)
 def test_trace_page_shows_the_engines_state_after_every_step(name):
     rec, data, states = recorded(name)
@@ -166,7 +166,7 @@ def pool_invariants(frame, where):
         assert (ref > 0) == (code in "hH"), f"{where}: block {b} with reference count {ref} drawn as {code!r}"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 @pytest.mark.parametrize("name", WORKLOAD_NAMES)
 def test_pool_invariants_hold_at_every_step(name):
     _, data, _ = recorded(name)
@@ -180,7 +180,7 @@ def generated(workload):
     return {o.request_id: o.output_token_ids for o in outputs}
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 @pytest.mark.parametrize("name", WORKLOAD_NAMES)
 def test_recorded_tokens_are_what_generate_returns(name):
     rec, data, _ = recorded(name)
@@ -198,7 +198,7 @@ def plain_run(workload):
     return [[(o.request_id, o.new_token_ids, o.finish_reason) for o in out] for out in steps], engine
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_recording_changes_nothing_the_engine_does():
     workload = trace.get_workload("memory-pressure")
     plain, engine = plain_run(workload)
@@ -223,7 +223,7 @@ def test_the_recorder_wraps_only_its_own_engine():
     assert methods == {name: vars(type(other.scheduler)).get(name) for name in methods}, "no class is patched"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_preemptions_kinds_and_hits_are_the_engines():
     _, data, states = recorded("memory-pressure")
     frames, prompts = data["frames"], {rid: len(r["prompt"]) for rid, r in data["requests"].items()}
@@ -278,7 +278,7 @@ def workloads(draw):
     return trace.Workload("random", "random", "", engine, tuple(arrivals))
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 @settings(max_examples=12)
 @given(workloads())
 def test_random_workloads_keep_the_invariants_and_generates_tokens(workload):
@@ -296,7 +296,7 @@ def test_random_workloads_keep_the_invariants_and_generates_tokens(workload):
     assert outputs == rec.outputs, "the recorder changes nothing"
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_a_run_that_raises_or_does_not_finish_still_gets_the_steps_before(monkeypatch):
     workload = trace.get_workload("memory-pressure")
     build = trace.build_engine
@@ -400,7 +400,7 @@ def test_a_saved_loadtest_workload_is_replayed_cut_to_the_toy_model(tmp_path):
         assert len(a.prompt) + a.max_tokens <= trace.TRACE_MODEL["n_positions"]
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_a_saved_loadtest_workload_runs_and_its_tokens_are_generates(tmp_path):
     path = tmp_path / "w.jsonl"
     datasets.save_workload(datasets.make_workload(lab, "tiny", 12, seed=2), str(path))
@@ -444,7 +444,7 @@ def test_an_unknown_workload_names_the_known_ones(tmp_path):
 # --- the command line ----------------------------------------------------------------------
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_cli_trace_writes_the_page(tmp_path):
     out = tmp_path / "t.html"
     proc = run_cli("trace", "--workload", "shared-prefix", "--out", str(out))
@@ -462,7 +462,7 @@ def test_cli_trace_refuses_a_bad_workload_in_one_line(tmp_path):
     assert not (tmp_path / "t.html").exists()
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_cli_trace_says_in_one_line_that_it_cannot_write_the_page(tmp_path):
     out = tmp_path / "no-such-folder" / "t.html"
     proc = run_cli("trace", "--workload", "shared-prefix", "--out", str(out))
@@ -592,7 +592,7 @@ def busiest_step(data, request):
     return max(candidates, key=lambda k: (bool(data["frames"][k]["preempted"]), len(data["frames"][k]["ran"]), -k))
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 @pytest.mark.skipif(BROWSER is None, reason="needs Chromium to render the page: apt-get install chromium "
                                             "(or any chromium / chromium-browser on PATH)")
 def test_the_page_rendered_in_chromium_shows_the_recorded_step(tmp_path):

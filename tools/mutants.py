@@ -434,7 +434,8 @@ def run(name: str, marker: str, path: str, source: str, workdir: Path, hint: str
         code, failed, _ = _pytest(project, env, [hint])
         if code == 1 and failed:
             return True, failed[0]
-    code, failed, out = _pytest(project, env, [*SUITE, "-m", marker])
+    # serving/'s tests that run the exercises' code are marked needs(N), not exerciseN
+    code, failed, out = _pytest(project, env, [*SUITE, "-m", marker if path == "solution.py" else f"{marker} or needs"])
     if failed:
         return code == 1, failed[0]
     return False, out.splitlines()[-1:] or f"pytest exited {code}"
