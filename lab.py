@@ -1189,7 +1189,7 @@ class Scheduler:
         num_new = len(tokens) - num_cached
         if self.enable_chunked_prefill:
             num_new = min(num_new, token_budget)
-        if num_new > token_budget or len(self.running) >= self.max_num_seqs:
+        if not 0 < num_new <= token_budget or len(self.running) >= self.max_num_seqs:
             return 0
         try:
             seq.num_computed_tokens = seq.block_table.allocate_prompt(tokens[: num_cached + num_new])
