@@ -16,6 +16,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,27 @@ def run_script(*args) -> subprocess.CompletedProcess:
     if proc.returncode == 1 and stub:
         raise NotImplementedError(stub.group(1))
     return proc
+
+
+def at_once(call, *argument_lists) -> list:
+    """`call(*arguments)` for every argument list, each in a thread of its own, all at once; their
+    results in order. A failure is raised here, a stub's first (the scoreboard names it)."""
+    results, errors = [None] * len(argument_lists), []
+
+    def run(i, arguments):
+        try:
+            results[i] = call(*arguments)
+        except Exception as exc:  # noqa: BLE001 - raised below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, a)) for i, a in enumerate(argument_lists)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(HTTP_TIMEOUT)
+    if errors:
+        raise next((e for e in errors if isinstance(e, NotImplementedError)), errors[0])
+    return results
 
 
 def error_of(server, path, body):

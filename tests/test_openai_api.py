@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 
 import numpy as np
@@ -27,6 +26,7 @@ from tests.support import (
     HTTP_TIMEOUT,
     MODEL_CONFIGS,
     api_engine,
+    at_once,
     complete,
     error_of,
     greedy_reference,
@@ -393,21 +393,8 @@ def test_rule4_logprobs_are_the_raw_log_softmax_of_each_sampled_position(server,
 @pytest.mark.needs(5)
 def test_rule4_prompt_logprobs_score_every_prompt_token_but_the_first(server, engine_model):
     prompts = random_prompts(3, seed=34, low=6, high=20)
-    bodies, errors = [None] * 3, []
-
-    def client(i):  # three at once: each one's prompt rows are its own, whatever it is batched with
-        try:
-            bodies[i] = complete(server, prompt=prompts[i], max_tokens=2, temperature=0, prompt_logprobs=2)
-        except Exception as exc:  # noqa: BLE001 - raised below, in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(HTTP_TIMEOUT)
-    if errors:
-        raise errors[0]
+    bodies = at_once(lambda prompt: complete(server, prompt=prompt, max_tokens=2, temperature=0, prompt_logprobs=2),
+                     *[(p,) for p in prompts])  # at once: each one's rows are its own, whatever its batch
     for prompt, body in zip(prompts, bodies):
         scored = body["choices"][0]["prompt_logprobs"]
         dense = engine_model.forward_dense(prompt)

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import lab
 from serving import sampling
+from test_lab import ROW, reference_draws  # the chapter sampler's hand-made row and reference
 from tests.support import random_prompts
 
 CORE = ("temperature", "max_tokens", "seed", "stop_token_ids", "top_k", "top_p")
@@ -91,17 +92,9 @@ def processed(logits, sp, prompt=(), output=(), eos=None):
     return row
 
 
-ROW = np.log(np.array([0.05, 0.30, 0.02, 0.15, 0.40, 0.03, 0.01, 0.04]))  # V = 8, a hand-made row
-
-
 def draws(sp, logits=ROW, n=300, **history):
     rng = np.random.default_rng(sp.seed)
     return [lab.sample_token(processed(logits, sp, **history), sp, rng) for _ in range(n)]
-
-
-def reference_draws(p, seed, n=300):
-    rng = np.random.default_rng(seed)
-    return [int(rng.choice(len(p), p=p)) for _ in range(n)]
 
 
 # --- the processors, one row at a time ----------------------------------------------------

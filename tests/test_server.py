@@ -22,6 +22,7 @@ from serving import (
 )
 from tests.support import (
     HTTP_TIMEOUT,
+    at_once,
     complete,
     greedy_reference,
     http_call,
@@ -44,24 +45,8 @@ from tests.support import (
 def test_concurrent_streaming_clients_get_the_tokens_of_greedy_decoding_alone(server, engine_model):
     prompts = random_prompts(6, seed=40)
     max_tokens = [3, 9, 1, 14, 6, 11]
-    events, errors = [None] * 6, []
-
-    def client(i):
-        try:
-            events[i] = stream_events(server, prompt=prompts[i], max_tokens=max_tokens[i], temperature=0,
-                                      return_token_ids=True)
-        except Exception as exc:  # noqa: BLE001 - reported below, stub first
-            errors.append(exc)
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(HTTP_TIMEOUT)
-    for exc in errors:
-        if isinstance(exc, NotImplementedError):
-            raise exc
-    assert not errors, errors
+    events = at_once(lambda i: stream_events(server, prompt=prompts[i], max_tokens=max_tokens[i], temperature=0,
+                                             return_token_ids=True), *[(i,) for i in range(6)])
     for i, got in enumerate(events):
         chunks, done = got[:-1], got[-1]
         assert done == "[DONE]"
