@@ -321,8 +321,13 @@ def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | N
     `duration` seconds. False if its front end ended of itself first (killed, or failed): a
     server nobody can reach must not run on."""
     with start_server(engine, host, port, **options) as server:
-        print(f"serving {server.model_name} at {server.url}  (POST /v1/completions /v1/chat/completions, "
-              f"GET /v1/models /health /metrics; Ctrl-C stops)", flush=True)
+        print(f"serving {', '.join(server.served.names)} at {server.url}  (POST /v1/completions "
+              f"/v1/chat/completions /tokenize /detokenize, GET /v1/models /health /metrics /tokenizer_info; "
+              f"Ctrl-C stops)", flush=True)
+        if threading.current_thread() is threading.main_thread():
+            # Stop on SIGINT even when it came in ignored (a shell's `serve &`), and on SIGTERM as on it.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
             if server.wait(duration):
                 return False

@@ -87,13 +87,12 @@ def parse_chat_request(served: protocol.ServedModel, body: bytes | dict) -> Gene
         f.fail("continue_final_message", "needs the last message to be the assistant's")
     text = render_chat(messages, add_generation_prompt and not continue_final, continue_final)
     prompt = protocol.prompt_ids(text, served.tokenizer, "messages", protocol.truncation(f))
-    # max_completion_tokens is OpenAI's newer name; max_tokens the deprecated one (either wins if alone).
+    # max_completion_tokens is OpenAI's newer name, max_tokens the deprecated one: both are checked.
     params = {"prompt_token_ids": "messages", "max_tokens": "max_tokens"}
-    max_tokens = f.integer("max_completion_tokens", None, 1, what="an int >= 1")
-    if max_tokens is None:
-        max_tokens = f.integer("max_tokens", None, 1, what="an int >= 1")
-    else:
-        params["max_tokens"] = "max_completion_tokens"
+    max_tokens = f.integer("max_tokens", None, 1, what="an int >= 1")
+    newer = f.integer("max_completion_tokens", None, 1, what="an int >= 1")
+    if newer is not None:  # the newer name wins when both are sent
+        max_tokens, params["max_tokens"] = newer, "max_completion_tokens"
     want_logprobs = f.get("logprobs", (bool,), False, "true or false")
     top = f.integer("top_logprobs", None, what="an int")
     if top and not want_logprobs:  # top_logprobs 0 asks for nothing (vLLM's default)

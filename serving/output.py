@@ -89,7 +89,9 @@ class ChoiceState:
             if is_stop_token and not self.include_stop:
                 continue
             before = len(self.text)
-            self.text += self.detokenizer.add(token)
+            piece = self.detokenizer.add(token)
+            self.offsets[-1] += own_text_start(self.detokenizer.tokenizer, token, piece)
+            self.text += piece
             if self.stop and len(self.token_ids) > self.min_tokens and self._cut_at_stop_string(before):
                 break
         if out.finished and not self.finished:
@@ -161,7 +163,10 @@ class LogprobFormatter:
             out["token_logprobs"].append(None if entry is None else chosen)
             # The chosen token first, then the k most likely (vLLM's order: up to k + 1 entries).
             top = [(token_id, chosen)] + [(t, lp) for t, lp in pairs[:k] if t != token_id]
-            out["top_logprobs"].append(None if entry is None else {self.token(t): lp for t, lp in top})
+            spelled: dict[str, float] = {}  # tokens spelled alike ("\ufffd"): the chosen, then the likelier
+            for t, lp in top:
+                spelled.setdefault(self.token(t), lp)
+            out["top_logprobs"].append(None if entry is None else spelled)
         return out
 
     def chat(self, token_ids: list[int], entries: list, k: int) -> dict:
@@ -186,11 +191,19 @@ class LogprobFormatter:
             for t, lp, rank in ranked(entry)} for entry in entries[:len(prompt)]]
 
 
+def own_text_start(tokenizer, token_id: int, piece: str) -> int:
+    """Where a token's own text starts in the `piece` its detokenizer step released: after the
+    U+FFFD of earlier bytes that this token showed to be no character (0 otherwise)."""
+    own = tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+    return len(piece) - len(own) if own and len(piece) > len(own) and piece.endswith(own) else 0
+
+
 def prompt_offsets(tokenizer, prompt: list[int]) -> list[int]:
     """Each prompt token's character offset in the prompt's text as echoed (for logprobs): the
     text as sent, special tokens included."""
     detokenizer, offsets, length = IncrementalDetokenizer(tokenizer, skip_special_tokens=False), [], 0
     for token_id in prompt:
-        offsets.append(length)
-        length += len(detokenizer.add(token_id))
+        piece = detokenizer.add(token_id)
+        offsets.append(length + own_text_start(tokenizer, token_id, piece))
+        length += len(piece)
     return offsets

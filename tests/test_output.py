@@ -164,3 +164,34 @@ def test_chat_logprobs_without_top_logprobs_give_each_tokens_own(byte_server):
     for item in content:
         assert item["top_logprobs"] == [] and item["logprob"] <= 0 and item["logprob"] != -9999.0, (
             f"without top_logprobs each entry holds the token's own logprob and no alternatives: {item}")
+
+
+@pytest.mark.needs(5)
+def test_top_logprobs_keep_the_chosen_tokens_value_when_tokens_are_spelled_alike(byte_server):
+    # In a byte vocabulary every byte >= 0x80 alone is spelled U+FFFD: keyed by spelling, a likelier
+    # or less likely token spelled alike must not overwrite the chosen one's logprob.
+    body = complete(byte_server, prompt="Hello", max_tokens=12, temperature=3.0, seed=5, logprobs=5)
+    logprobs = body["choices"][0]["logprobs"]
+    for token, value, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]):
+        assert top[token] == value, (
+            f"top_logprobs must hold the chosen token {token!r} with its own logprob {value}, got {top[token]}")
+
+
+@pytest.mark.provided
+def test_a_tokens_text_offset_comes_after_earlier_bytes_it_showed_to_be_no_character():
+    from serving.output import prompt_offsets
+    tokenizer = ByteTokenizer(256)
+    ids = [0xC3, ord("H"), 0xE2, 0x82, ord("F")]  # C3 starts a character H cannot finish; E2 82 F likewise
+    text = tokenizer.decode(ids)
+    offsets = prompt_offsets(tokenizer, ids)
+    assert text == "\ufffdH\ufffdF" and offsets == [0, 1, 2, 2, 3], (
+        f"each token's offset is where its own text starts in {text!r}: 'H' after the U+FFFD of the byte "
+        f"before it, got {offsets}")
+
+
+@pytest.mark.provided
+def test_chat_checks_max_tokens_even_beside_max_completion_tokens(byte_server):
+    status, _, data = http_call(byte_server, "POST", "/v1/chat/completions", json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2, "max_tokens": "abc"}))
+    assert status == 400 and json.loads(data)["error"]["param"] == "max_tokens", (
+        "a bad max_tokens is a 400 naming it, whether or not max_completion_tokens (which wins) is sent too")
