@@ -311,7 +311,8 @@ def _stop_strings(fields: Fields) -> tuple[str, ...]:
     stop = fields.get("stop", (str, list), [], f"a string or a list of up to {MAX_STOP_STRINGS} strings")
     stop = [stop] if isinstance(stop, str) else stop
     if len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in stop):
-        fields.fail("stop", f"must be a non-empty string or a list of up to {MAX_STOP_STRINGS} of them, got {_show(stop)}")
+        fields.fail("stop", f"must be a non-empty string or a list of up to {MAX_STOP_STRINGS} of them, "
+                            f"got {_show(stop)}")
     if any(len(s) > MAX_STOP_STRING_CHARS for s in stop):
         fields.fail("stop", f"strings are at most {MAX_STOP_STRING_CHARS} characters each")
     return tuple(dict.fromkeys(check_text(s, "stop") for s in stop))
