@@ -18,8 +18,9 @@ and can look at it afterwards), and the front end is the forked child:
   send commands; the event loop reads the step outputs as they arrive and hands each to its
   request's queue, where the request's handler (`output.ChoiceState`) accumulates the text.
 
-Front end -> engine, through a `command_pipe`: ("ready",), ("add", Request), ("abort",
-request_id), ("answered", [request_id, ...]) after a failure, ("bye",) at the end.
+Front end -> engine, through a `command_pipe`: ("ready",), ("add", [Request, ...]) (one
+response's choices, added in the same step), ("abort", request_id), ("answered", [request_id,
+...]) after a failure, ("bye",) at the end.
 Engine -> front end, through a multiprocessing Connection: ("outputs", {rejected id: (field,
 message)}, [StepOutput, ...], gauges), ("failed", message) when a step raised, ("close",) to
 shut down.
@@ -246,6 +247,8 @@ class EngineCore:
             self._answered = True
         elif kind == "bye":
             self._gone = True
+        elif kind == "add":  # the choices of one response: all in the same step
+            self._inbox += [("add", request) for request in message[1]]
         else:
             self._inbox.append(message)
 
@@ -404,15 +407,17 @@ class AsyncLLM:
         self.send(("bye",))
         self.commands.flush(timeout, self.outputs, self._read_outputs)
 
-    def submit(self, request, queue: asyncio.Queue | None = None) -> asyncio.Queue:
-        """Queue `request` for the engine; its outputs go to `queue` (a new one by default; several
-        requests may share one, as the choices of one response do: outputs carry their request_id)."""
+    def submit(self, requests: list, queue: asyncio.Queue | None = None) -> asyncio.Queue:
+        """Queue `requests` for the engine in one command, so they reach the same step; their
+        outputs go to `queue` (a new one by default; the choices of one response share one:
+        outputs carry their request_id)."""
         queue = asyncio.Queue() if queue is None else queue
         if self.closing:
             queue.put_nowait(APIError("the server is shutting down", 503, "server_error"))
             return queue
-        self.streams[request.request_id] = queue
-        self.send(("add", request))
+        for request in requests:
+            self.streams[request.request_id] = queue
+        self.send(("add", list(requests)))
         return queue
 
     def abort(self, request_id: str) -> None:

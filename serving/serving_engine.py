@@ -59,8 +59,7 @@ class OpenAIServing:
         if gen.n > 1 and self.served.prefix_caching:
             siblings = {gen.requests[i].request_id: gen.requests[i + 1:i + gen.n]
                         for i in range(0, len(gen.requests), gen.n)}
-        for request in gen.requests[::gen.n] if siblings else gen.requests:
-            self.bridge.submit(request, queue)
+        self.bridge.submit(gen.requests[::gen.n] if siblings else gen.requests, queue)
         watcher = asyncio.create_task(conn.watch_disconnect())
         watcher.add_done_callback(lambda t: t.cancelled() or not t.result() or queue.put_nowait(_CLIENT_GONE))
         try:
@@ -88,8 +87,8 @@ class OpenAIServing:
             if isinstance(item, APIError):
                 item.param = gen.param(item.param)
                 raise item
-            for request in siblings.pop(item.request_id, ()):
-                self.bridge.submit(request, queue)
+            if item.request_id in siblings:
+                self.bridge.submit(siblings.pop(item.request_id), queue)
             state = states.get(item.request_id)
             if state is None or state.finished:  # a late output of a choice that has ended
                 if queue.empty():
