@@ -25,12 +25,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
-import serving
 from conftest import lab
 from serving import (
     metrics,
-    scenarios,
-    sizing,
 )
 
 # =====================================================================================
@@ -1322,18 +1319,6 @@ def test_rollback_frees_blocks_and_leaves_no_stale_kv(spec_target):
 # --- for Exercise 7: speculative generation on the paged models ---------------------------
 
 
-@pytest.mark.exercise4
-def test_paged_greedy_generate_matches_dense_greedy():
-    config = lab.ModelConfig(**MODEL_CONFIGS["short"])
-    model = lab.ToyTransformer(config)
-    prompt = [3, 1, 4, 1, 5]
-    out = scenarios.paged_greedy_generate(lab, model, prompt, 6)
-    tokens = list(prompt)
-    for _ in range(6):  # the reference: re-run the whole sequence densely, no cache
-        tokens.append(int(np.argmax(model.forward_dense(tokens)[-1])))
-    assert out == tokens[len(prompt):], "plain paged decoding must emit the dense model's greedy tokens"
-
-
 # =====================================================================================
 # Exercise 5: continuous batching
 # =====================================================================================
@@ -2040,78 +2025,6 @@ def test_engine_metrics_follow_the_vllm_benchmark_definitions(engine_model):
 
 
 @pytest.mark.exercise5
-def test_simulator_without_a_timeline_measures_the_same():
-    workload = [(0.1 * i, 8, 4 + i % 5) for i in range(20)]
-    full = serving.simulate_serving(lab, workload, max_num_seqs=4)
-    lean = serving.simulate_serving(lab, workload, max_num_seqs=4, record_timeline=False)
-    assert lean.timeline == [] and len(full.timeline) == full.num_steps
-    assert (lean.num_steps, lean.duration, lean.wasted_slot_steps) == (full.num_steps, full.duration,
-                                                                       full.wasted_slot_steps)
-
-
-@pytest.mark.exercise5
-def test_simulator_reports_a_request_that_can_never_fit_as_rejected():
-    sim = serving.simulate_serving(lab, [(0.0, 8, 8), (0.0, 200, 8), (1.0, 8, 8)], num_blocks=4, block_size=8)
-    reasons = [o.finish_reason for o in sim.outputs]
-    assert reasons[1] == "rejected" and reasons[0] == reasons[2] == "length", (
-        f"finish reasons {reasons}: like the engine, the simulator must reject a request larger than the "
-        "whole cache and serve the others")
-
-
-@pytest.mark.exercise5
-def test_simulator_counts_steps_and_wasted_slot_steps_of_a_hand_traced_workload():
-    workload = [(0.0, 4, 1), (0.0, 4, 3), (0.0, 4, 1)]
-    static = serving.simulate_serving(lab, workload, "static", max_num_seqs=2)
-    continuous = serving.simulate_serving(lab, workload, "continuous", max_num_seqs=2)
-    # static: {0,1} prefill (0 done) | 1 | 1 (done) | {2} -- slot of 0 idle for 2 steps while 2 waits
-    assert (static.num_steps, static.wasted_slot_steps) == (4, 2)
-    # continuous: {0,1} (0 done) | 1 + 2's prefill (2 done) | 1 (done)
-    assert (continuous.num_steps, continuous.wasted_slot_steps) == (3, 0)
-    assert static.num_output_tokens == continuous.num_output_tokens == 5
-    assert [o.metrics.ttft for o in continuous.outputs_in_steps] == [1, 1, 2]
-
-
-@pytest.mark.exercise5
-def test_simulated_time_of_a_hand_traced_workload():
-    cost = serving.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
-                                           compute_time_per_token=0.3)
-    sim = serving.simulate_serving(lab, [(0.0, 4, 1), (0.0, 4, 3)], max_num_seqs=2, cost=cost)
-    # step 1: both prefills, 8 tokens, 8 context: max(1.8, 2.4) | step 2: decode at context 5: 1.5 | 6: 1.6
-    assert sim.num_steps == 3
-    assert sim.duration == pytest.approx(2.4 + 1.5 + 1.6), (
-        f"simulated {sim.duration:.2f} s, by hand 5.5 s: a step reads each scheduled sequence's computed "
-        "tokens and its new ones (attention reads the new tokens' K/V too)")
-    assert [o.metrics.ttft for o in sim.outputs] == pytest.approx([2.4, 2.4])
-    assert sim.outputs[1].metrics.e2e_latency == pytest.approx(5.5)
-
-
-@pytest.mark.exercise5
-def test_simulated_ttft_of_a_chunked_prefill_is_the_end_of_its_last_chunk():
-    cost = serving.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
-                                           compute_time_per_token=0.3)
-    sim = serving.simulate_serving(lab, [(0.0, 8, 2)], max_num_batched_tokens=4, cost=cost)
-    # chunk 0..3: max(1.4, 1.2) | chunk 4..7, first token: max(1.8, 1.2) | decode at context 9: 1.9
-    metrics = sim.outputs[0].metrics
-    assert (metrics.ttft, metrics.e2e_latency) == (pytest.approx(1.4 + 1.8), pytest.approx(5.1)), (
-        f"TTFT {metrics.ttft:.2f} s, by hand 3.2 s: a request's first token comes with its last prefill chunk; "
-        "a chunk that samples nothing is no token")
-    assert metrics.itl == pytest.approx([1.9])
-
-
-@pytest.mark.exercise5
-def test_simulator_shows_head_of_line_blocking_on_the_skewed_workload():
-    workload = [(0.0, 16, 400)] + [(0.0, 16, 10)] * 31
-    static = serving.simulate_serving(lab, workload, "static", max_num_seqs=8)
-    continuous = serving.simulate_serving(lab, workload, "continuous", max_num_seqs=8)
-    assert static.wasted_slot_steps > 50 * continuous.wasted_slot_steps + 1000
-    assert continuous.summary()["mean_ttft"] < static.summary()["mean_ttft"] / 5
-    picture = scenarios.format_timeline(static, width=40)
-    assert "#" in picture and "." in picture, "the static timeline shows the long request and idle slots"
-    report = scenarios.format_batching_report(static, continuous)
-    assert "wasted slot-steps" in report and "throughput" in report
-
-
-@pytest.mark.exercise5
 def test_hundreds_of_requests_under_memory_pressure_finish_in_seconds(engine_model):
     prompts = random_prompts(300, seed=11, low=4, high=24)
     engine = lab.LLMEngine(engine_model, num_blocks=60, block_size=4, max_num_seqs=32, max_num_batched_tokens=128)
@@ -2123,7 +2036,6 @@ def test_hundreds_of_requests_under_memory_pressure_finish_in_seconds(engine_mod
         f"expected preemptions under pressure and no leak: {engine.num_preemptions} preemptions, "
         f"{engine.allocator.num_free_blocks} of 60 blocks free")
     assert elapsed < 10, f"300 requests took {elapsed:.1f} s"
-
 
 
 # --- logits only where they are used ------------------------------------------------------
@@ -2915,44 +2827,6 @@ def test_plan_blocks_are_the_floor_and_tensor_parallelism_at_least_doubles_them(
         "two GPUs hold half the weights and half of each block each: per-GPU blocks at least double"
 
 
-@pytest.mark.exercise8
-def test_format_plan_shows_the_kv_blocks_set_the_ceiling():
-    text = sizing.format_plan(lab, lab.plan_deployment(**sizing.SEED_SIZING))
-    assert "The KV blocks, not the weights, set the ceiling" in text
-    assert "3912" in text and "// 512 blocks = 7" in text
-    assert "deleting the weights altogether -> 11" in text, "zero-byte weights only lift 7 to 11 sequences"
-    assert "QPS" in text
-
-
-@pytest.mark.exercise8
-def test_format_plan_prices_a_million_output_tokens_from_the_plans_throughput():
-    plan = lab.plan_deployment(**sizing.SEED_SIZING)
-    text = sizing.format_plan(lab, plan, usd_per_gpu_hour=2.0)
-    per_million = 2.0 / (plan.output_tokens_per_s * 3600) * 1e6   # one GPU's hour over its tokens
-    assert f"${per_million:.2f} per 1M output tokens" in text, (
-        f"expected ${per_million:.2f} per 1M output tokens (price per hour / output tokens per hour):\n{text}")
-
-
-@pytest.mark.exercise8
-def test_format_plan_prices_a_tensor_parallel_group_at_every_gpu_it_holds():
-    plan = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2)
-    text = sizing.format_plan(lab, plan, usd_per_gpu_hour=2.0)
-    per_million = 2 * 2.0 / (plan.output_tokens_per_s * 3600) * 1e6   # the group's 2 GPUs, its tokens
-    assert f"${per_million:.2f} per 1M output tokens" in text, (
-        f"expected ${per_million:.2f} per 1M output tokens: output_tokens_per_s is the whole tp=2 group's, "
-        f"so the price is both GPUs' hour:\n{text}")
-
-
-@pytest.mark.exercise8
-def test_format_plan_prints_the_block_size_in_mib_of_two_to_the_twenty_bytes():
-    # 16 tokens x 819,200 B = 13,107,200 B = 12.5 x 2**20 (13.1 million: MB would be the other unit)
-    text = sizing.format_plan(lab, lab.plan_deployment(**sizing.SEED_SIZING))
-    assert "3912 blocks x 12.5 MiB" in text, (
-        "the plan prints its KV blocks as '3912 blocks x 12.5 MiB': a MiB is 2**20 bytes, like nvidia-smi's")
-    text2 = sizing.format_plan(lab, lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2))
-    assert "29205 blocks x 1 MiB" in text2, "with tp=2 a llama-3-8b block is 1,048,576 B per GPU = 1 MiB"
-
-
 # =====================================================================================
 # Provided code: what the exercises build on (green from the start)
 # =====================================================================================
@@ -3302,55 +3176,11 @@ def test_a_request_may_fill_the_models_context_exactly(engine_model):
 
 
 @pytest.mark.provided
-def test_summarize_serving_statistics_on_hand_made_metrics():
-    outs = [lab.RequestOutput(str(i), [1], [1] * n, lab.RequestMetrics.from_times(0.0, times, times[-1]), "length")
-            for i, (n, times) in enumerate(((3, [1.0, 2.0, 4.0]), (1, [2.0])))]
-    assert outs[0].metrics.tpot == 1.5 and outs[0].metrics.itl == [1.0, 2.0]
-    summary = metrics.summarize_serving(outs, duration=4.0)
-    assert summary["mean_ttft"] == 1.5 and summary["p50_e2e"] == 3.0
-    assert summary["mean_tpot"] == 1.5, "a one-token request has no TPOT and is left out of it"
-    assert summary["output_throughput"] == 1.0
-
-
-@pytest.mark.provided
-def test_summarize_serving_counts_a_rejected_request_but_not_in_the_latencies():
-    served = lab.RequestOutput("0", [1], [1, 1], lab.RequestMetrics.from_times(0.0, [1.0, 3.0], 3.0), "length")
-    rejected = lab.RequestOutput("1", [1], [], lab.RequestMetrics.from_times(0.0, [], 0.5), "rejected")
-    summary = metrics.summarize_serving([served, rejected], duration=4.0)
-    assert (summary["num_requests"], summary["num_rejected"], summary["num_output_tokens"]) == (2, 1, 2)
-    assert (summary["mean_ttft"], summary["mean_e2e"], summary["mean_tpot"]) == (1.0, 3.0, 2.0), (
-        "a rejected request produced no token: it counts as a request, never in TTFT, TPOT or E2E")
-
-
-@pytest.mark.provided
-@pytest.mark.parametrize("workload, says", [
-    ([], "empty"),
-    ([(0.0, 4, 0)], "output_len"),
-    ([(0.0, 4, -3)], "output_len"),
-    ([(float("nan"), 4, 4)], "arrival_time"),
-    ([(0.0, 4.5, 4)], "prompt_len"),
-])
-def test_simulator_rejects_a_bad_workload_by_name(workload, says):
-    with pytest.raises(ValueError, match=says):
-        serving.simulate_serving(lab, workload)
-
-
-@pytest.mark.provided
 def test_the_scheduler_refuses_an_empty_prompt_instead_of_planning_zero_work_forever():
     scheduler = lab.Scheduler(lab.BlockAllocator(8, 4))
     with pytest.raises(ValueError, match="prompt"):
         scheduler.add_request(lab.Request("empty", [], lab.SamplingParams(max_tokens=2)))
     assert not scheduler.has_unfinished(), "a refused request must not be queued"
-
-
-@pytest.mark.provided
-def test_a_simulated_step_costs_the_slower_of_memory_and_compute():
-    cost = serving.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
-                                           compute_time_per_token=0.3)
-    assert cost.step_time(1, 5) == pytest.approx(1.5), "a decode step is memory-bound: 1 + 5 x 0.1 > 1 x 0.3"
-    assert cost.step_time(8, 8) == pytest.approx(2.4), (
-        "a prefill of 8 tokens is compute-bound: 8 x 0.3 > 1 + 8 x 0.1; a roofline takes the max, not the sum")
-
 
 
 @pytest.mark.provided
@@ -3501,15 +3331,6 @@ def test_predicted_speedup_rejects_non_positive_verify_cost(verify_cost):
         lab.predicted_speedup(0.5, 2, 0.1, verify_cost)
 
 
-@pytest.mark.provided
-def test_speculation_table_shows_speedups_breakeven_and_reasons():
-    text = scenarios.format_speculation_table(lab, 0.05, alphas=(0.6, 0.8), ks=(1, 4))
-    assert f"{lab.speculative_speedup(0.8, 4, 0.05):.2f}" in text
-    assert f"{lab.breakeven_draft_cost(0.8, 4):.3f}" in text
-    for needle in ("prefill", "batch", "bandwidth", "Leviathan", "Chen"):
-        assert needle in text, f"the design-review table should mention {needle!r}"
-
-
 # --- beside Exercise 7: speculative generation on the paged models ------------------------
 
 
@@ -3522,18 +3343,6 @@ def test_estimate_alpha_counts_only_judged_drafts():
     assert lab.estimate_alpha(out, 4) == pytest.approx(5 / 7), \
         "alpha must be accepts / (accepts + rejections), not accepted / drafted"
     assert out.acceptance_rate == pytest.approx(5 / 12)
-
-
-@pytest.mark.provided
-def test_early_exit_target_shrinks_only_later_residual_projections():
-    config = lab.ModelConfig(**MODEL_CONFIGS["early_exit"])
-    plain = lab.ToyTransformer(config, lab.init_gpt2_weights(config, 0))
-    target = scenarios.make_early_exit_target(lab, config, 1, 0.25)
-    for name, w in target.weights.items():
-        assert w.dtype == np.float32, f"{name} became {w.dtype}: the model path must stay float32"
-        later = name.startswith(("h.1.", "h.2.")) and name.endswith("c_proj.weight")
-        expected = plain.weights[name] * np.float32(0.25) if later else plain.weights[name]
-        assert np.array_equal(w, expected), f"{name}: only c_proj of layers >= 1 may be scaled"
 
 
 # --- presets and KV bytes per token -------------------------------------------------------
@@ -3636,10 +3445,4 @@ def test_plan_rejects_bad_input_with_a_clear_message(kwargs, fragment):
     args.update(kwargs)
     with pytest.raises(ValueError, match=fragment):
         lab.plan_deployment(**args)
-
-
-
-
-
-
 
