@@ -12,6 +12,7 @@ import functools
 import math
 import os
 import pickle
+import re
 import subprocess
 import sys
 import threading
@@ -21,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, given, settings, stateful
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant
 
 from conftest import lab
 from serving import (
@@ -60,6 +61,23 @@ def tiny_model():
 @pytest.fixture(scope="module")
 def engine_model():
     return lab.ToyTransformer(lab.ModelConfig(**ENGINE_TINY), seed=0)
+
+
+def rule(exercise, text, level=None):
+    """A failure message: the rule the code broke, then where the hints explain it."""
+    return f"{text}; see `python lab.py hint {exercise}{f' --level {level}' if level else ''}`"
+
+
+@contextlib.contextmanager
+def must_raise(exception, message, match=None):
+    """pytest.raises whose failure, when nothing (or something else) is raised, says `message`."""
+    try:
+        yield
+    except exception as exc:
+        if match is None or re.search(match, str(exc)):
+            return
+        pytest.fail(f"{message} (it raised {type(exc).__name__}: {exc})")
+    pytest.fail(f"{message} (it raised nothing)")
 
 
 def greedy_reference(model, prompt, max_tokens, stop_token_ids=()):
@@ -131,53 +149,50 @@ def _stream_model():
 
 
 @pytest.mark.exercise1
-@pytest.mark.parametrize(
-    "num_tokens, expected",
-    [(0, 0), (1, 1), (15, 1), (16, 1), (17, 2), (32, 2), (33, 3)],
-)
+@pytest.mark.parametrize("num_tokens, expected", [(0, 0), (1, 1), (15, 1), (16, 1), (17, 2), (32, 2), (33, 3)])
 def test_blocks_needed_at_the_block_boundary(num_tokens, expected):
     got = lab.blocks_needed(num_tokens, 16)
-    assert got == expected, (
-        f"{num_tokens} tokens in blocks of 16 need {expected} blocks, got {got}: "
-        "a new block is needed only when token 16 (0-based) arrives"
-    )
+    assert got == expected, rule(1, f"{num_tokens} tokens in blocks of 16 need {expected} blocks, got {got}: a new "
+                                    "block is needed only when token 16 (0-based) arrives")
 
 
 @pytest.mark.exercise1
 @given(num_tokens=st.integers(0, 10_000), block_size=st.integers(1, 64))
 def test_blocks_needed_is_the_smallest_count_that_holds_every_token(num_tokens, block_size):
     n = lab.blocks_needed(num_tokens, block_size)
-    assert n * block_size >= num_tokens, f"{n} blocks of {block_size} cannot hold {num_tokens} tokens"
-    assert n == 0 or (n - 1) * block_size < num_tokens, f"{n} blocks of {block_size} is one too many for {num_tokens}"
+    assert n * block_size >= num_tokens, rule(1, f"{n} blocks of {block_size} cannot hold {num_tokens} tokens")
+    assert n == 0 or (n - 1) * block_size < num_tokens, rule(
+        1, f"{n} blocks of {block_size} is one too many for {num_tokens} tokens: blocks_needed is the fewest that hold "
+           "them")
 
 
 @pytest.mark.exercise1
 def test_blocks_needed_is_exact_for_counts_past_float_precision():
-    assert lab.blocks_needed(2**60 + 1, 16) == 2**56 + 1, (
-        "2**60 + 1 tokens need 2**56 + 1 blocks of 16: a float division rounds the extra token away "
-        "(floats hold integers exactly only up to 2**53); use integer arithmetic")
-    assert lab.blocks_needed(10**18 + 1, 1) == 10**18 + 1
-    assert lab.blocks_needed(2**60, 16) == 2**56
+    got = [lab.blocks_needed(n, b) for n, b in ((2**60 + 1, 16), (10**18 + 1, 1), (2**60, 16))]
+    assert got == [2**56 + 1, 10**18 + 1, 2**56], rule(
+        1, f"got {got} blocks for 2**60 + 1 tokens in blocks of 16, 10**18 + 1 in blocks of 1 and 2**60 in blocks of "
+           "16: blocks_needed is exact for every count however large (a float holds integers exactly only up to 2**53)")
 
 
 @pytest.mark.exercise1
 def test_allocate_hands_out_distinct_blocks_with_one_reference():
     alloc = lab.BlockAllocator(num_blocks=4, block_size=16)
     blocks = [alloc.allocate() for _ in range(4)]
-    assert sorted(blocks) == [0, 1, 2, 3], f"expected every block id 0..3 exactly once, got {blocks}"
-    assert all(alloc.ref_count(b) == 1 for b in blocks), "a freshly allocated block has reference count 1"
-    assert alloc.num_free_blocks == 0
+    assert sorted(blocks) == [0, 1, 2, 3], rule(1, "a pool of 4 hands out every block id 0..3 exactly once, got "
+                                                   f"{blocks}")
+    assert [alloc.ref_count(b) for b in blocks] == [1] * 4, rule(1, "a freshly allocated block has reference count 1")
+    assert alloc.num_free_blocks == 0, rule(1, "all 4 blocks are in use but num_free_blocks is "
+                                               f"{alloc.num_free_blocks}")
 
 
 @pytest.mark.exercise1
 def test_allocate_from_an_empty_pool_raises_out_of_blocks_and_changes_nothing():
     alloc = lab.BlockAllocator(num_blocks=2, block_size=16)
     a, b = alloc.allocate(), alloc.allocate()
-    with pytest.raises(lab.OutOfBlocksError):
+    with must_raise(lab.OutOfBlocksError, rule(1, "allocate() with no block left raises OutOfBlocksError")):
         alloc.allocate()
-    assert alloc.num_free_blocks == 0 and alloc.ref_count(a) == 1 and alloc.ref_count(b) == 1, (
-        "a failed allocate must leave the allocator exactly as it was"
-    )
+    assert (alloc.num_free_blocks, alloc.ref_count(a), alloc.ref_count(b)) == (0, 1, 1), rule(
+        1, "a failed allocate leaves the allocator exactly as it was")
 
 
 @pytest.mark.exercise1
@@ -186,10 +201,12 @@ def test_a_shared_block_returns_to_the_pool_only_after_the_last_free():
     block = alloc.allocate()
     alloc.incref(block)
     alloc.free(block)
-    assert alloc.ref_count(block) == 1, "free drops ONE reference"
-    assert alloc.num_free_blocks == 1, "freed a block that another table still uses"
+    assert alloc.ref_count(block) == 1, rule(1, f"incref then free leaves reference count {alloc.ref_count(block)}: "
+                                                "each call adds or drops ONE reference")
+    assert alloc.num_free_blocks == 1, rule(1, "a block came back to the pool while another table still holds it")
     alloc.free(block)
-    assert alloc.ref_count(block) == 0 and alloc.num_free_blocks == 2, "the last free returns the block to the pool"
+    assert (alloc.ref_count(block), alloc.num_free_blocks) == (0, 2), rule(
+        1, "the last free (reference count 0) returns the block to the pool")
 
 
 @pytest.mark.exercise1
@@ -197,11 +214,11 @@ def test_double_free_is_an_error_that_changes_nothing():
     alloc = lab.BlockAllocator(num_blocks=2, block_size=16)
     block = alloc.allocate()
     alloc.free(block)
-    with pytest.raises(ValueError, match="(?i)free"):
+    with must_raise(ValueError, rule(1, "a double free is a ValueError, and changes nothing"), match="(?i)free"):
         alloc.free(block)
-    assert alloc.num_free_blocks == 2 and alloc.ref_count(block) == 0, "a rejected double free changed the pool"
-    # The block is in the pool once, not twice: two allocations give two different blocks.
-    assert alloc.allocate() != alloc.allocate(), "a double free put the same block into the pool twice"
+    assert alloc.num_free_blocks == 2 and alloc.ref_count(block) == 0, rule(1, "a rejected double free changed the "
+                                                                               "pool")
+    assert alloc.allocate() != alloc.allocate(), rule(1, "the same block was handed out twice: it is in the pool once")
 
 
 @pytest.mark.exercise1
@@ -210,28 +227,76 @@ def test_unknown_block_ids_are_rejected(bad_id):
     alloc = lab.BlockAllocator(num_blocks=4, block_size=16)
     alloc.allocate()
     for call in (alloc.free, alloc.incref, alloc.ref_count):
-        with pytest.raises(ValueError, match="range"):
+        with must_raise(ValueError, rule(1, f"{call.__name__}({bad_id}) on a pool of 4 is a "
+                                            "ValueError"), match="range"):
             call(bad_id)
-    assert alloc.num_free_blocks == 3
+    assert alloc.num_free_blocks == 3, rule(1, "a rejected block id changed the pool")
 
 
 @pytest.mark.exercise1
 def test_incref_of_a_free_block_is_an_error():
     alloc = lab.BlockAllocator(num_blocks=2, block_size=16)
-    with pytest.raises(ValueError):
+    with must_raise(ValueError, rule(1, "incref of a free block is a ValueError")):
         alloc.incref(0)
-    assert alloc.ref_count(0) == 0 and alloc.num_free_blocks == 2
+    assert alloc.ref_count(0) == 0 and alloc.num_free_blocks == 2, rule(1, "a rejected incref changed the pool")
 
 
 @pytest.mark.exercise1
 def test_freed_blocks_are_reused_least_recently_freed_first():
     alloc = lab.BlockAllocator(num_blocks=3, block_size=4)
     a, b, c = (alloc.allocate() for _ in range(3))
-    assert sorted([a, b, c]) == [0, 1, 2], f"a pool of 3 must hand out blocks 0, 1, 2; got {[a, b, c]}"
+    assert sorted([a, b, c]) == [0, 1, 2], rule(1, f"a pool of 3 hands out blocks 0, 1, 2; got {[a, b, c]}")
     for block in (b, c, a):
         alloc.free(block)
     got = [alloc.allocate() for _ in range(3)]
-    assert got == [b, c, a], f"the free pool is a queue: freed {[b, c, a]}, reallocated {got}"
+    assert got == [b, c, a], rule(1, f"freed {[b, c, a]}, handed out again as {got}: blocks are handed out least "
+                                     "recently freed first (the free pool is a queue)", level=2)
+
+
+def allocator_with_a_cache(num_blocks, block_size=4):
+    """A caching allocator whose `_evict` (Exercise 3's) is a recorder that forgets the block's hash:
+    the tests of the evictable queue below need no Exercise 3 code. Returns it and the evicted ids."""
+    alloc, evicted = lab.BlockAllocator(num_blocks, block_size, enable_prefix_caching=True), []
+
+    def record(block_id):
+        evicted.append(block_id)
+        alloc._cached.pop(alloc._block_hash.pop(block_id, None), None)
+
+    alloc._evict = record
+    return alloc, evicted
+
+
+def pretend_cached(alloc, *block_ids):
+    """What Exercise 3's `register` records for a block: its hash in the two maps of BlockAllocator.__init__."""
+    for block_id in block_ids:
+        alloc._cached[-1 - block_id], alloc._block_hash[block_id] = block_id, -1 - block_id
+
+
+@pytest.mark.exercise1
+def test_a_freed_block_the_prefix_cache_does_not_hold_is_plain_free():
+    alloc, evicted = allocator_with_a_cache(2)
+    a, _ = alloc.allocate(), alloc.allocate()
+    alloc.free(a)
+    got = alloc.allocate()
+    assert (got, evicted) == (a, []), rule(
+        1, f"allocate() handed out {got} and evicted {evicted}: a freed block whose hash the prefix cache does not "
+           "hold is plain free, handed out again with nothing to evict", level=2)
+
+
+@pytest.mark.exercise1
+def test_cached_but_unreferenced_blocks_are_free_and_evicted_only_once_no_plain_block_is_left():
+    alloc, evicted = allocator_with_a_cache(3)
+    a, b, c = (alloc.allocate() for _ in range(3))
+    pretend_cached(alloc, a, b)
+    for block in (a, c, b):
+        alloc.free(block)
+    assert alloc.num_free_blocks == 3, rule(
+        1, f"num_free_blocks is {alloc.num_free_blocks} with every block freed: it counts the blocks allocate() can "
+           "hand out, plain free and cached but unreferenced (evictable) alike")
+    got = [alloc.allocate() for _ in range(3)]
+    assert (got, evicted) == ([c, a, b], [a, b]), rule(
+        1, f"freed {[a, c, b]} ({a} and {b} cached), then handed out {got} and evicted {evicted}: a plain free block "
+           "first, a cached one only when no plain one is left (least recently freed first, evicted then)", level=2)
 
 
 # =====================================================================================
@@ -250,10 +315,10 @@ def table_with(tokens, num_blocks=16, block_size=4, caching=False):
 @pytest.mark.parametrize("num_tokens, blocks", [(0, 0), (1, 1), (4, 1), (5, 2), (8, 2), (9, 3)])
 def test_append_allocates_at_the_boundary_and_not_before(num_tokens, blocks):
     alloc, table = table_with(range(num_tokens))
-    assert len(table.block_ids) == blocks, (
-        f"{num_tokens} tokens in blocks of 4 should hold {blocks} blocks, the table holds {len(table.block_ids)}"
-    )
-    assert alloc.num_free_blocks == 16 - blocks
+    assert (len(table.block_ids), alloc.num_free_blocks) == (blocks, 16 - blocks), rule(
+        2, f"{num_tokens} tokens in blocks of 4 take {blocks} blocks of the pool's 16, the table holds "
+           f"{len(table.block_ids)} and {alloc.num_free_blocks} are free: a table holds blocks_needed(its tokens) "
+           "blocks")
 
 
 @pytest.mark.exercise2
@@ -264,11 +329,10 @@ def test_append_one_token_at_a_time_allocates_only_when_the_last_block_is_full()
         before = len(table.block_ids)
         table.append_tokens([n])
         grew = len(table.block_ids) - before
-        if (n - 1) % 4 == 0:
-            assert grew == 1, f"token {n - 1} starts a new block, but none was allocated"
-        else:
-            assert grew == 0, f"append allocated a block for token {n - 1} while the last one still had room"
-    assert table.token_ids == list(range(1, 13)) and table.num_tokens == 12
+        assert grew == (1 if (n - 1) % 4 == 0 else 0), rule(
+            2, f"appending token {n - 1} took {grew} blocks: a block is allocated only when the last one is full")
+    assert (table.token_ids, table.num_tokens) == (list(range(1, 13)), 12), rule(2, "the table holds every token "
+                                                                                    "appended")
 
 
 @pytest.mark.exercise2
@@ -280,16 +344,15 @@ def test_slots_map_positions_through_the_block_table():
     table.append_tokens(range(10))
     expected = [table.block_ids[p // 4] * 4 + p % 4 for p in range(10)]
     got = list(table.slots(0, 10))
-    assert got == expected, (
-        f"slot = block_ids[pos // block_size] * block_size + pos % block_size; expected {expected}, got {got}"
-    )
-    assert list(table.slots(3, 7)) == expected[3:7], "slots(start, stop) covers positions start..stop-1"
+    assert got == expected, rule(2, "slot = block_ids[position // block_size] * block_size + position % block_size; "
+                                    f"expected {expected}, got {got}")
+    assert list(table.slots(3, 7)) == expected[3:7], rule(2, "slots(start, stop) covers positions start..stop-1")
 
 
 @pytest.mark.exercise2
 def test_slots_outside_the_table_are_rejected():
     _, table = table_with(range(5))
-    with pytest.raises(ValueError):
+    with must_raise(ValueError, rule(2, "slots past the table's tokens are a ValueError")):
         table.slots(0, 6)
 
 
@@ -297,10 +360,59 @@ def test_slots_outside_the_table_are_rejected():
 def test_append_that_runs_out_of_blocks_changes_nothing():
     alloc, table = table_with(range(6), num_blocks=3)
     blocks, tokens = list(table.block_ids), list(table.token_ids)
-    with pytest.raises(lab.OutOfBlocksError):
+    with must_raise(lab.OutOfBlocksError, rule(2, "appending 7 tokens with 1 block free raises OutOfBlocksError")):
         table.append_tokens(range(100, 107))  # needs 2 more blocks, 1 is free
-    assert table.block_ids == blocks and table.token_ids == tokens, "a failed append changed the table"
-    assert alloc.num_free_blocks == 1, "a failed append kept (leaked) the blocks it had taken"
+    assert table.block_ids == blocks and table.token_ids == tokens, rule(2, "a failed append changed the table")
+    assert alloc.num_free_blocks == 1, rule(2, "a failed append kept blocks it had taken: on OutOfBlocksError nothing "
+                                               "changes")
+
+
+@pytest.mark.exercise2
+def test_truncate_releases_the_blocks_no_longer_needed():
+    alloc, table = table_with(range(10))
+    table.truncate(5)
+    assert len(table.block_ids) == 2 and table.token_ids == list(range(5)), rule(
+        2, f"5 tokens in blocks of 4 keep {len(table.block_ids)} blocks: truncate keeps blocks_needed(num_tokens) "
+           "blocks, so a partly filled block stays")
+    assert alloc.num_free_blocks == 14, rule(2, "truncate released the blocks it dropped to the pool, or none")
+    table.truncate(4)
+    assert len(table.block_ids) == 1, rule(2, "truncating to exactly one full block keeps one block")
+    with must_raise(ValueError, rule(2, "truncate(5) of a table of 4 tokens is a ValueError")):
+        table.truncate(5)
+
+
+@pytest.mark.exercise2
+@pytest.mark.parametrize("release", ["truncate", "free"])
+def test_truncate_and_free_release_the_blocks_the_last_first(release):
+    alloc, table = table_with(range(12), num_blocks=3)  # 3 full blocks: the pool is empty
+    blocks = list(table.block_ids)
+    table.truncate(0) if release == "truncate" else table.free()
+    got = [alloc.allocate() for _ in range(3)]
+    assert got == blocks[::-1], rule(
+        2, f"{release} released blocks {blocks}, and the pool hands them out as {got}: a table releases its blocks the "
+           "last first (the pool hands out the least recently freed first)", level=2)
+
+
+@pytest.mark.exercise2
+def test_fork_shares_every_block():
+    alloc, parent = table_with(range(6))
+    child = parent.fork()
+    assert child.block_ids == parent.block_ids and child.token_ids == parent.token_ids, rule(
+        2, "a fork holds the parent's blocks and tokens")
+    assert all(alloc.ref_count(b) == 2 for b in parent.block_ids), rule(2, "a fork takes a reference on every block")
+    assert alloc.num_free_blocks == 14, rule(2, "a fork shares blocks: it allocates none")
+
+
+@pytest.mark.exercise2
+def test_a_fork_is_a_table_of_its_own():
+    alloc, parent = table_with(range(6))
+    child = parent.fork()
+    child.append_tokens([7, 8, 9])
+    parent.truncate(2)
+    got = (parent.block_ids, parent.token_ids, len(child.block_ids), child.token_ids)
+    assert got == (child.block_ids[:1], [0, 1], 3, [0, 1, 2, 3, 4, 5, 7, 8, 9]), rule(
+        2, f"after the child appended 3 tokens and the parent was cut to 2, parent and child hold {got}: a fork is a "
+           "table of its own, whose blocks are shared: what one table does never changes the other's lists")
 
 
 @pytest.mark.exercise2
@@ -309,22 +421,15 @@ def test_an_append_that_needs_a_copy_and_a_new_block_but_has_one_free_changes_no
     child = parent.fork()
     alloc.allocate()  # one block left: the copy of the shared last block fits, the new block after it not
     blocks, refs = list(child.block_ids), [alloc.ref_count(b) for b in range(4)]
-    with pytest.raises(lab.OutOfBlocksError):
-        child.append_tokens([10, 11, 12])  # copy-on-write of the last block + 1 new block = 2 blocks
-    assert child.block_ids == blocks and child.token_ids == list(range(6)), (
-        "a failed append changed the table: count the copy-on-write block among the blocks needed "
-        "and ask for all of them before taking any")
-    assert [alloc.ref_count(b) for b in range(4)] == refs and alloc.num_free_blocks == 1, (
-        "a failed append took the copy-on-write block (or dropped the shared one) and did not give it back")
-
-
-@pytest.mark.exercise2
-def test_fork_shares_every_block():
-    alloc, parent = table_with(range(6))
-    child = parent.fork()
-    assert child.block_ids == parent.block_ids and child.token_ids == parent.token_ids
-    assert all(alloc.ref_count(b) == 2 for b in parent.block_ids), "fork must take a reference on every block"
-    assert alloc.num_free_blocks == 14, "fork must not allocate"
+    with must_raise(lab.OutOfBlocksError, rule(2, "an append that needs a copy-on-write block and a new one, with one "
+                                                  "block free, raises OutOfBlocksError")):
+        child.append_tokens([10, 11, 12])
+    assert child.block_ids == blocks and child.token_ids == list(range(6)), rule(
+        2, "a failed append changed the table: on OutOfBlocksError nothing changes, and the copy-on-write block is one "
+           "of the blocks the append needs", level=2)
+    assert [alloc.ref_count(b) for b in range(4)] == refs and alloc.num_free_blocks == 1, rule(
+        2, "a failed append took the copy-on-write block (or dropped the shared one): on OutOfBlocksError nothing "
+           "changes", level=2)
 
 
 @pytest.mark.exercise2
@@ -333,13 +438,14 @@ def test_a_forked_table_copies_the_shared_last_block_before_writing():
     child = parent.fork()
     shared_last = parent.block_ids[-1]
     copies = child.append_tokens([99])
-    assert child.block_ids[-1] != shared_last, "a forked table wrote into the shared last block without a copy"
-    assert copies == [(shared_last, child.block_ids[-1])], f"expected the copy pair (src, dst), got {copies}"
-    assert alloc.ref_count(shared_last) == 1, "after the copy the child no longer holds the old block"
-    assert parent.block_ids[0] == child.block_ids[0] and alloc.ref_count(parent.block_ids[0]) == 2, (
-        "full blocks stay shared: only the block being written is copied"
-    )
-    assert parent.token_ids == list(range(6)), "the parent's tokens changed"
+    assert child.block_ids[-1] != shared_last, rule(
+        2, "a forked table wrote into its shared last block: a block another table can see is never written", level=2)
+    assert copies == [(shared_last, child.block_ids[-1])], rule(
+        2, f"append returns the copy-on-write pair (src, dst) for the caller to copy, got {copies}")
+    assert alloc.ref_count(shared_last) == 1, rule(2, "after the copy the child no longer holds the old block")
+    assert parent.block_ids[0] == child.block_ids[0] and alloc.ref_count(parent.block_ids[0]) == 2, rule(
+        2, "full blocks stay shared: only the block being written is copied")
+    assert parent.token_ids == list(range(6)), rule(2, "the child's append changed the parent's tokens")
 
 
 @pytest.mark.exercise2
@@ -347,27 +453,16 @@ def test_a_forked_table_with_a_full_last_block_needs_no_copy():
     alloc, parent = table_with(range(8))
     child = parent.fork()
     copies = child.append_tokens([99])
-    assert copies == [], "the shared last block is full: the new token goes to a new block, nothing to copy"
-    assert child.block_ids[:2] == parent.block_ids
+    assert copies == [] and child.block_ids[:2] == parent.block_ids, rule(
+        2, f"copies {copies}: the shared last block is full, the new token goes to a new block: nothing is copied")
 
 
 @pytest.mark.exercise2
 def test_a_private_last_block_is_written_in_place():
     _, table = table_with(range(6))
     last = table.block_ids[-1]
-    assert table.append_tokens([7]) == [] and table.block_ids[-1] == last, "copied a block nobody else can see"
-
-
-@pytest.mark.exercise2
-def test_truncate_releases_the_blocks_no_longer_needed():
-    alloc, table = table_with(range(10))
-    table.truncate(5)
-    assert len(table.block_ids) == 2 and table.token_ids == list(range(5)), "5 tokens in blocks of 4 keep 2 blocks"
-    assert alloc.num_free_blocks == 14, "truncate leaked the block it dropped"
-    table.truncate(4)
-    assert len(table.block_ids) == 1, "truncating to exactly one full block keeps one block"
-    with pytest.raises(ValueError):
-        table.truncate(5)
+    assert table.append_tokens([7]) == [] and table.block_ids[-1] == last, rule(
+        2, "a block no other table (nor the prefix cache) sees is written in place, never copied")
 
 
 @pytest.mark.exercise2
@@ -375,10 +470,10 @@ def test_free_releases_every_block():
     alloc, table = table_with(range(10))
     child = table.fork()
     table.free()
-    assert table.block_ids == [] and table.num_tokens == 0
-    assert alloc.num_free_blocks == 13, "the child still holds its 3 blocks"
+    assert table.block_ids == [] and table.num_tokens == 0, rule(2, "after free() the table is empty")
+    assert alloc.num_free_blocks == 13, rule(2, "free() released blocks its fork still holds (3 of them)")
     child.free()
-    assert alloc.num_free_blocks == 16, "freeing every table returns every block"
+    assert alloc.num_free_blocks == 16, rule(2, "once every table is freed, every block is back in the pool")
 
 
 # =====================================================================================
@@ -395,14 +490,18 @@ def computed_table(alloc, tokens, cache_salt=None):
     return table
 
 
+def cached_tokens(alloc, tokens, cache_salt=None):
+    """How many leading tokens of a new prompt the prefix cache serves (allocate_prompt's count)."""
+    return lab.BlockTable(alloc, cache_salt).allocate_prompt(list(tokens))
+
+
 @pytest.mark.exercise3
 def test_block_hash_is_chained_on_the_parent():
     a = lab.hash_block(None, [1, 2, 3, 4])
-    assert a == lab.hash_block(None, [1, 2, 3, 4]), "the hash must be deterministic"
-    assert lab.hash_block(a, [5, 6, 7, 8]) != lab.hash_block(None, [5, 6, 7, 8]), (
-        "equal blocks after different prefixes must hash differently: chain the parent's hash in"
-    )
-    assert a != lab.hash_block(None, [1, 2, 3, 5])
+    assert a == lab.hash_block(None, [1, 2, 3, 4]), rule(3, "equal blocks after equal prefixes hash equal")
+    assert lab.hash_block(a, [5, 6, 7, 8]) != lab.hash_block(None, [5, 6, 7, 8]), rule(
+        3, "equal blocks after different prefixes hash differently: equal hashes mean equal whole prefixes", level=2)
+    assert a != lab.hash_block(None, [1, 2, 3, 5]), rule(3, "different blocks hash differently")
 
 
 @pytest.mark.exercise3
@@ -410,27 +509,117 @@ def test_block_hash_is_the_same_int_in_every_process():
     # Two chains, one with a str salt: Python's hash() of a str changes with PYTHONHASHSEED, and
     # before 3.12 its hash of None with the process's memory layout.
     here = [lab.hash_block(lab.hash_block(None, [1, 2, 3, 4]), [5, 6, 7, 8]), lab.hash_block(None, [1, 2], "tenant")]
-    assert all(isinstance(h, int) for h in here), "hash_block must return an int"
-    code = (f"import importlib; m = importlib.import_module({lab.__name__!r}); "
-            "print(m.hash_block(m.hash_block(None, [1, 2, 3, 4]), [5, 6, 7, 8]), m.hash_block(None, [1, 2], 'tenant'))")
+    assert all(isinstance(h, int) for h in here), rule(3, "hash_block returns an int")
+    code = (f"import importlib; m = importlib.import_module({lab.__name__!r}); print(m.hash_block(m.hash_block(None, "
+            "[1, 2, 3, 4]), [5, 6, 7, 8]), m.hash_block(None, [1, 2], 'tenant'))")
     for seed in ("1", "2"):
         there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                                env=dict(os.environ, PYTHONHASHSEED=seed), cwd=Path(lab.__file__).parent)
-        assert there.returncode == 0, there.stderr[-500:]
-        assert [int(h) for h in there.stdout.split()] == here, (
-            f"hash_block gave other values in a process with PYTHONHASHSEED={seed}: Python's hash() is salted per "
-            "process; use a content hash such as hashlib.sha256 over a canonical encoding")
+        assert there.returncode == 0, f"hash_block in a fresh process failed:\n{there.stderr[-500:]}"
+        assert [int(h) for h in there.stdout.split()] == here, rule(
+            3, f"hash_block gave other values in a process with PYTHONHASHSEED={seed}: a block's hash is the same int "
+               "in every process (Python's own hash() is salted per process)", level=2)
+
+
+@pytest.mark.exercise3
+def test_cache_full_blocks_registers_every_full_computed_block_and_no_partly_filled_one():
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    table = computed_table(alloc, list(range(10)))  # blocks 0 and 1 full, block 2 holds 2 tokens
+    assert not alloc.is_cached(table.block_ids[2]), rule(
+        3, "cache_full_blocks(10) registered the third block, which holds 2 of its 4 tokens: only full blocks are ever "
+           "findable")
+    full = [alloc.is_cached(b) for b in table.block_ids[:2]]
+    assert full == [True, True], rule(
+        3, f"after cache_full_blocks(10), is_cached of the two full blocks: {full}: it registers each full block "
+           "computed and not registered yet, the blocks allocate_prompt took fresh as well")
+
+
+@pytest.mark.exercise3
+def test_a_block_is_findable_only_once_its_kv_is_computed():
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    first = lab.BlockTable(alloc)
+    first.allocate_prompt(list(range(9)))
+    assert cached_tokens(alloc, range(9)) == 0, rule(
+        3, "a prompt found blocks that allocate_prompt had only allocated: a block becomes findable only once its K/V "
+           "is computed (cache_full_blocks), never when it is allocated", level=2)
+    first.cache_full_blocks(5)
+    assert cached_tokens(alloc, range(9)) == 4, rule(
+        3, "cache_full_blocks(5) computed the first block (tokens 0..3): that block, and only it, is now findable")
+
+
+@pytest.mark.exercise3
+def test_append_registers_nothing_until_the_block_is_computed():
+    alloc = lab.BlockAllocator(8, 4, enable_prefix_caching=True)
+    table = computed_table(alloc, [1, 2, 3])
+    table.append_tokens([4, 5])  # fills the first block, but its last token has no K/V yet
+    assert cached_tokens(alloc, [1, 2, 3, 4, 9]) == 0, rule(
+        3, "append_tokens made a block findable before its K/V was computed: only cache_full_blocks registers")
+    table.cache_full_blocks(4)
+    assert cached_tokens(alloc, [1, 2, 3, 4, 9]) == 4, rule(
+        3, "a block that became full and was computed is findable once cache_full_blocks(4) ran")
+
+
+@pytest.mark.exercise3
+def test_a_cached_prefix_is_reused():
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    first = lab.BlockTable(alloc)
+    assert first.allocate_prompt(list(range(10))) == 0, rule(3, "nothing is cached yet: allocate_prompt returns 0")
+    first.cache_full_blocks(10)
+    second = lab.BlockTable(alloc)
+    computed = second.allocate_prompt(list(range(10)) + [77])
+    assert computed == 8, rule(3, f"the two full blocks (8 tokens) are cached, allocate_prompt reported {computed}")
+    assert second.block_ids[:2] == first.block_ids[:2], rule(3, "cached blocks are shared (the same ids), not copied")
+    assert second.block_ids[2] != first.block_ids[2], rule(3, "a partly filled block is never shared through the cache")
+    assert alloc.stats.hits == 2, rule(3, f"two blocks were found, stats.hits is {alloc.stats.hits}")
+
+
+@pytest.mark.exercise3
+def test_a_block_that_matches_after_a_different_prefix_is_not_a_hit():
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    computed_table(alloc, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert cached_tokens(alloc, [0, 0, 0, 0, 5, 6, 7, 8, 9]) == 0, rule(
+        3, "block 2 matches but its parent does not: a block's hash names its whole prefix", level=2)
+
+
+@pytest.mark.exercise3
+def test_a_block_cached_after_another_parent_is_not_a_hit_even_when_the_first_block_hits():
+    # Changing only the FIRST block stops the longest-run lookup there whatever the hashes are:
+    # it cannot see a caller that hashes blocks without their parent.
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    computed_table(alloc, [1, 1, 1, 1, 2, 2, 2, 2, 9])   # caches X=[1]*4, then Y after X
+    computed_table(alloc, [3, 3, 3, 3, 4, 4, 4, 4, 9])   # caches Z=[3]*4, then W after Z
+    computed = cached_tokens(alloc, [1, 1, 1, 1, 4, 4, 4, 4, 9])   # X, then W after X
+    assert computed == 4, rule(
+        3, f"{computed} cached tokens, expected 4 (only X): [4, 4, 4, 4] is cached only after [3, 3, 3, 3], so its K/V "
+           "saw another past: every block's hash is chained on its parent's, in allocate_prompt and in "
+           "cache_full_blocks alike", level=2)
+
+
+@pytest.mark.exercise3
+def test_a_fully_cached_prompt_recomputes_its_last_block_in_a_private_block():
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    first = computed_table(alloc, list(range(8)))
+    again = lab.BlockTable(alloc)
+    computed = again.allocate_prompt(list(range(8)))
+    assert computed == 4, rule(
+        3, f"a prompt cached whole reused {computed} tokens, expected 4: its last token must run (its logits give the "
+           "first output token) and its K/V never goes into a block other sequences read, so the last block is not "
+           "reused", level=2)
+    assert again.block_ids[0] == first.block_ids[0], rule(3, "the first cached block is shared")
+    assert again.block_ids[1] != first.block_ids[1], rule(3, "the recomputed last block is a private block")
+    assert alloc.ref_count(first.block_ids[1]) == 1, rule(
+        3, "the cached last block was looked up (a reference taken) but not used: a fully cached prompt does not ask "
+           "for its last block")
 
 
 @pytest.mark.exercise3
 def test_a_cache_salt_keeps_equal_prompts_apart():
     alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
     computed_table(alloc, list(range(9)), cache_salt="tenant-a")
-    assert lab.BlockTable(alloc, "tenant-b").allocate_prompt(list(range(9))) == 0, (
-        "a prompt with another cache_salt hit the cache: mix the salt into the block hashes")
-    assert lab.BlockTable(alloc).allocate_prompt(list(range(9))) == 0, "an unsalted prompt hit a salted prefix"
-    assert lab.BlockTable(alloc, "tenant-a").allocate_prompt(list(range(9))) == 8, (
-        "the same salt must still share the prefix")
+    got = [cached_tokens(alloc, range(9), salt) for salt in ("tenant-b", None, "tenant-a")]
+    assert got == [0, 0, 8], rule(
+        3, f"a prompt cached under salt tenant-a served {got} tokens to tenant-b, to no salt and to tenant-a: the "
+           "cache_salt goes into every block's hash, so only the same salt shares a prefix")
 
 
 @pytest.mark.exercise3
@@ -440,74 +629,10 @@ def test_a_forked_table_hashes_the_blocks_it_fills_with_its_parents_salt():
     child = parent.fork()
     child.append_tokens([4])
     child.cache_full_blocks(4)
-    assert lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 0]) == 0, (
-        "an unsalted prompt found the block a fork of tenant-a's table filled: a fork keeps its parent's "
-        "cache_salt, or two tenants share cached K/V")
-    assert lab.BlockTable(alloc, "tenant-a").allocate_prompt([1, 2, 3, 4, 0]) == 4, (
-        "tenant-a's own prompt must find the block its fork filled")
-
-
-@pytest.mark.exercise3
-def test_a_cached_prefix_is_reused():
-    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
-    first = lab.BlockTable(alloc)
-    assert first.allocate_prompt(list(range(10))) == 0, "nothing is cached yet"
-    first.cache_full_blocks(10)
-    second = lab.BlockTable(alloc)
-    computed = second.allocate_prompt(list(range(10)) + [77])
-    assert computed == 8, f"the two full blocks (8 tokens) are cached, reported {computed}"
-    assert second.block_ids[:2] == first.block_ids[:2], "the cached blocks must be shared, not copied"
-    assert second.block_ids[2] != first.block_ids[2], "a partial block is never shared through the cache"
-    assert alloc.stats.hits == 2
-
-
-@pytest.mark.exercise3
-def test_a_block_is_findable_only_once_its_kv_is_computed():
-    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
-    first = lab.BlockTable(alloc)
-    first.allocate_prompt(list(range(9)))
-    assert lab.BlockTable(alloc).allocate_prompt(list(range(9))) == 0, (
-        "allocate_prompt registered blocks whose K/V is not computed yet: another sequence would read "
-        "nothing. Register in cache_full_blocks, after the forward pass")
-    first.cache_full_blocks(5)
-    assert lab.BlockTable(alloc).allocate_prompt(list(range(9))) == 4, (
-        "cache_full_blocks(5) computed the first block (tokens 0..3) only; that block must now hit")
-
-
-@pytest.mark.exercise3
-def test_append_registers_nothing_until_the_block_is_computed():
-    alloc = lab.BlockAllocator(8, 4, enable_prefix_caching=True)
-    table = computed_table(alloc, [1, 2, 3])
-    table.append_tokens([4, 5])  # fills the first block, but its last token has no K/V yet
-    assert lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 9]) == 0, (
-        "append_tokens registered a block before its K/V was computed")
-    table.cache_full_blocks(4)
-    assert lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 9]) == 4, (
-        "a block that became full and was computed must be registered by cache_full_blocks")
-
-
-@pytest.mark.exercise3
-def test_a_block_that_matches_after_a_different_prefix_is_not_a_hit():
-    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
-    computed_table(alloc, [1, 2, 3, 4, 5, 6, 7, 8, 9])
-    other = lab.BlockTable(alloc)
-    computed = other.allocate_prompt([0, 0, 0, 0, 5, 6, 7, 8, 9])
-    assert computed == 0, "block 2 matches, but its parent does not: the hash must name the whole prefix"
-
-
-@pytest.mark.exercise3
-def test_a_fully_cached_prompt_recomputes_its_last_block_in_a_private_block():
-    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
-    first = computed_table(alloc, list(range(8)))
-    again = lab.BlockTable(alloc)
-    computed = again.allocate_prompt(list(range(8)))
-    assert computed == 4, (
-        f"the whole prompt is cached, but its last token must run to give logits, and its K/V must not be "
-        f"written into a block other sequences read: reuse all but the last block (expected 4, got {computed})")
-    assert again.block_ids[0] == first.block_ids[0], "the first cached block must be shared"
-    assert again.block_ids[1] != first.block_ids[1], (
-        "the last block is recomputed, so it must be a private block, not the cached one")
-    assert alloc.ref_count(first.block_ids[1]) == 1, "the cached last block was looked up (referenced) but not used"
+    got = [cached_tokens(alloc, [1, 2, 3, 4, 0], salt) for salt in (None, "tenant-a")]
+    assert got == [0, 4], rule(
+        3, f"the block a fork of tenant-a's table filled served {got} tokens to an unsalted prompt and to tenant-a's: "
+           "a fork keeps its parent's cache_salt")
 
 
 @pytest.mark.exercise3
@@ -516,13 +641,14 @@ def test_a_freed_cached_block_stays_findable_until_it_is_needed():
     table = computed_table(alloc, list(range(8)))
     cached = list(table.block_ids)
     table.free()
-    assert alloc.num_free_blocks == 4, "a cached block with no reference counts as free (evictable)"
+    assert alloc.num_free_blocks == 4, rule(3, "a cached block with no reference counts as free (evictable)")
     again = lab.BlockTable(alloc)
-    assert again.allocate_prompt(list(range(8)) + [9]) == 8, "freed blocks keep their hash until reused"
-    assert again.block_ids[:2] == cached and all(alloc.ref_count(b) == 1 for b in cached), (
-        "a hit on an evictable block revives it with one reference"
-    )
-    assert alloc.num_free_blocks == 1, "revived blocks leave the free pool: 2 hits + 1 new block of 4 leave 1 free"
+    assert again.allocate_prompt(list(range(8)) + [9]) == 8, rule(
+        3, "a freed cached block stays findable until allocate() needs it", level=2)
+    assert again.block_ids[:2] == cached and all(alloc.ref_count(b) == 1 for b in cached), rule(
+        3, "a hit on an evictable block revives it, with one reference")
+    assert alloc.num_free_blocks == 1, rule(
+        3, f"{alloc.num_free_blocks} free: revived blocks leave the free pool (2 hits + 1 new block of 4 leave 1)")
 
 
 @pytest.mark.exercise3
@@ -535,10 +661,10 @@ def test_plain_free_blocks_are_handed_out_before_any_cached_block_is_evicted():
     partial.free()         # a plain block, freed last
     alloc.allocate()
     alloc.allocate()
-    assert alloc.stats.evictions == 0, (
-        "allocate evicted a cached block while plain free blocks were left: hand out hashless free blocks first, "
-        "and evict (least recently used first) only when none is left")
-    assert alloc.lookup(lab.hash_block(None, [1, 1, 1, 1])) is not None, "the cached block must still be findable"
+    assert alloc.stats.evictions == 0, rule(
+        3, "allocate evicted a cached block while plain free blocks were left: a cached block is handed out (and "
+           "evicted) only when no plain one is left", level=2)
+    assert alloc.lookup(lab.hash_block(None, [1, 1, 1, 1])) is not None, rule(3, "the cached block is still findable")
 
 
 @pytest.mark.exercise3
@@ -549,11 +675,10 @@ def test_eviction_takes_the_least_recently_used_cached_block():
     new.free()
     filler = lab.BlockTable(alloc)
     filler.append_tokens(range(8))  # needs 2 blocks: the never-used one, then the LRU cached one
-    assert alloc.stats.evictions == 1
+    assert alloc.stats.evictions == 1, rule(3, f"{alloc.stats.evictions} evictions: 2 blocks taken, 1 plain free")
     filler.free()
-    assert lab.BlockTable(alloc).allocate_prompt([2, 2, 2, 2, 5]) == 4, (
-        "evicted the most recently used cached block; the least recently used must go first"
-    )
+    assert cached_tokens(alloc, [2, 2, 2, 2, 5]) == 4, rule(
+        3, "the most recently used cached block was evicted: the least recently used goes first", level=2)
 
 
 @pytest.mark.exercise3
@@ -562,34 +687,45 @@ def test_a_freed_prefix_is_evicted_from_its_deepest_block_first():
     table = computed_table(alloc, [1, 1, 2, 2, 3, 3, 4, 4])
     table.free()  # frees the tail first: the deepest block is the least recently used
     alloc.free(alloc.allocate())  # evicts one cached block, then gives it back as a plain block
-    computed = lab.BlockTable(alloc).allocate_prompt([1, 1, 2, 2, 3, 3, 9])
-    assert computed == 6, (
-        f"after one eviction the first three blocks of the prefix should still hit, got {computed} tokens: "
-        "BlockTable.truncate / free (Exercise 2) must free a table's blocks from the last to the first, "
-        "so a prefix is evicted from its end (a deep block "
-        "without its parents is useless, a first block serves every prompt that starts the same way)")
+    computed = cached_tokens(alloc, [1, 1, 2, 2, 3, 3, 9])
+    assert computed == 6, rule(
+        2, f"after one eviction the first three blocks of the prefix hit {computed} tokens, expected 6: "
+           "BlockTable.truncate / free (Exercise 2) release a table's blocks the last first, so a prefix is evicted "
+           "from its end (a deep block without its parents is useless)", level=2)
 
 
 @pytest.mark.exercise3
 def test_a_referenced_cached_block_is_never_evicted():
     alloc = lab.BlockAllocator(2, 4, enable_prefix_caching=True)
     holder = computed_table(alloc, [1, 2, 3, 4])
-    other = lab.BlockTable(alloc)
-    other.append_tokens([9])
-    with pytest.raises(lab.OutOfBlocksError):
+    lab.BlockTable(alloc).append_tokens([9])
+    with must_raise(lab.OutOfBlocksError, rule(3, "with every block held, an append raises OutOfBlocksError")):
         lab.BlockTable(alloc).append_tokens([5])
-    assert alloc.ref_count(holder.block_ids[0]) == 1 and alloc.stats.evictions == 0, (
-        "a cached block that a table still holds was evicted"
-    )
+    assert alloc.ref_count(holder.block_ids[0]) == 1 and alloc.stats.evictions == 0, rule(
+        3, "a cached block that a table still holds was evicted: only unreferenced blocks are evictable")
+
+
+@pytest.mark.exercise3
+def test_allocate_never_evicts_a_cached_block_that_a_table_still_holds():
+    # append_tokens asks num_free_blocks first and raises before allocate() runs: call allocate() itself.
+    alloc = lab.BlockAllocator(3, 4, enable_prefix_caching=True)
+    holder = computed_table(alloc, [1, 2, 3, 4, 5])  # block 0 of the table is full, so cached, and held
+    cached = holder.block_ids[0]
+    alloc.allocate()  # the last free block
+    assert alloc.num_free_blocks == 0, rule(3, "a cached block that a table holds is not free (not evictable)")
+    with must_raise(lab.OutOfBlocksError, rule(3, "allocate() with every block held raises OutOfBlocksError")):
+        alloc.allocate()
+    assert alloc.ref_count(cached) == 1 and alloc.stats.evictions == 0, rule(
+        3, "allocate() evicted a cached block that a table still holds: only unreferenced blocks are evictable")
+    assert alloc.lookup(lab.hash_block(None, [1, 2, 3, 4])) == cached, rule(3, "the held block stays in the cache")
 
 
 @pytest.mark.exercise3
 def test_registering_a_free_block_is_an_error():
     alloc = lab.BlockAllocator(4, 4, enable_prefix_caching=True)
-    with pytest.raises(ValueError, match="free"):
+    with must_raise(ValueError, rule(3, "register of a free block is a ValueError"), match="free"):
         alloc.register(2, lab.hash_block(None, [1, 2, 3, 4]))
-    assert alloc.lookup(lab.hash_block(None, [1, 2, 3, 4])) is None, (
-        "a never-written block became a cache hit")
+    assert alloc.lookup(lab.hash_block(None, [1, 2, 3, 4])) is None, rule(3, "a never-written block became a hit")
 
 
 @pytest.mark.exercise3
@@ -602,12 +738,16 @@ def test_the_first_registration_of_a_prefix_stays_the_cached_copy():
     b.cache_full_blocks(5)
     hit = lab.BlockTable(alloc)
     hit.allocate_prompt([1, 2, 3, 4, 6])
-    assert hit.block_ids[0] == a.block_ids[0], "a second registration of the same prefix replaced the first"
+    assert hit.block_ids[0] == a.block_ids[0], rule(
+        3, "a second registration of the same prefix replaced the first: the first copy stays the cached one")
     b.free()
-    assert alloc.num_free_blocks == 8 - 2 - 1, (
-        "b's duplicate block is not cached, so freeing b must make it a plain free block again")
-    alloc.allocate(), alloc.allocate(), alloc.allocate(), alloc.allocate(), alloc.allocate()
-    assert alloc.stats.evictions == 0, "the duplicate was treated as cached (evicted, or kept out of the free pool)"
+    assert alloc.num_free_blocks == 8 - 2 - 1, rule(
+        3, "b's duplicate block is not cached, so freeing b makes it a plain free block again")
+    for _ in range(5):
+        alloc.allocate()
+    assert alloc.stats.evictions == 0, rule(
+        3, "the duplicate was treated as cached (evicted, or kept out of the free pool): only the first registration "
+           "caches a prefix")
 
 
 @pytest.mark.exercise3
@@ -615,26 +755,27 @@ def test_stats_count_every_lookup_as_a_query_and_every_hit():
     alloc = lab.BlockAllocator(8, 2, enable_prefix_caching=True)
     computed_table(alloc, [1, 2, 3, 4, 5])  # queries block [1, 2]: a miss
     lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 9, 5])  # [1, 2] hits, [3, 9] misses
-    assert alloc.stats.hits == 1, f"one block was found: hits {alloc.stats.hits}"
-    assert alloc.stats.queries == 3, (
-        f"queries {alloc.stats.queries}: allocate_prompt looks up each reused block and then the first block "
-        "that misses, and each lookup is one query")
-    assert alloc.stats.evictions == 0
+    stats = alloc.stats
+    assert stats.hits == 1, rule(3, f"one block was found but stats.hits is {stats.hits}: every hit counts one hit")
+    assert stats.queries == 3, rule(
+        3, f"queries {stats.queries}, expected 3: every lookup is one query, and allocate_prompt looks up each reused "
+           "block, then the first full block that misses", level=2)
+    assert stats.evictions == 0, rule(3, f"{stats.evictions} evictions in a pool that never ran short")
 
 
 @pytest.mark.exercise3
 def test_with_prefix_caching_off_nothing_is_cached_or_counted():
     alloc = lab.BlockAllocator(8, 2)  # enable_prefix_caching=False
     computed_table(alloc, [1, 2, 3, 4, 5])
-    assert lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 5]) == 0, "caching is off: nothing is reused"
+    assert cached_tokens(alloc, [1, 2, 3, 4, 5]) == 0, rule(3, "caching is off: nothing is reused")
     block, block_hash = alloc.allocate(), lab.hash_block(None, [7, 7])
     alloc.register(block, block_hash)
-    assert not alloc.is_cached(block) and alloc.lookup(block_hash) is None, (
-        "with prefix caching off, register is a no-op and lookup finds nothing")
+    assert not alloc.is_cached(block) and alloc.lookup(block_hash) is None, rule(
+        3, "with prefix caching off, register is a no-op and lookup finds nothing")
     stats = alloc.stats
-    assert (stats.queries, stats.hits, stats.evictions) == (0, 0, 0), (
-        f"with prefix caching off the stats must stay 0 (queries {stats.queries}, hits {stats.hits}, evictions "
-        f"{stats.evictions}): there is no cache to ask, so a lookup counts nothing")
+    assert (stats.queries, stats.hits, stats.evictions) == (0, 0, 0), rule(
+        3, f"with prefix caching off the stats stay 0 (queries {stats.queries}, hits {stats.hits}, evictions "
+           f"{stats.evictions}): there is no cache to ask, so a lookup counts nothing")
 
 
 @pytest.mark.exercise3
@@ -644,40 +785,9 @@ def test_a_cached_block_is_copied_before_it_is_written_after_truncate():
     cached = table.block_ids[1]
     table.truncate(6)
     copies = table.append_tokens([42])
-    assert copies == [(cached, table.block_ids[1])] and table.block_ids[1] != cached, (
-        "the block is still in the prefix cache under its old content: writing into it would corrupt the cache"
-    )
-    assert lab.BlockTable(alloc).allocate_prompt(list(range(8)) + [1]) == 8, "the cached prefix must stay intact"
-
-
-@pytest.mark.exercise3
-def test_a_block_cached_after_another_parent_is_not_a_hit_even_when_the_first_block_hits():
-    # Changing only the FIRST block stops the longest-run lookup there whatever the hashes are:
-    # it cannot see a caller that hashes blocks without their parent.
-    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
-    computed_table(alloc, [1, 1, 1, 1, 2, 2, 2, 2, 9])   # caches X=[1]*4, then Y after X
-    computed_table(alloc, [3, 3, 3, 3, 4, 4, 4, 4, 9])   # caches Z=[3]*4, then W after Z
-    computed = lab.BlockTable(alloc).allocate_prompt([1, 1, 1, 1, 4, 4, 4, 4, 9])   # X, then W after X
-    assert computed == 4, (
-        f"reported {computed} cached tokens, expected 4 (only X): [4, 4, 4, 4] is cached only after [3, 3, 3, 3], "
-        "so its K/V saw another past. Hash every block as hash_block(hash of the previous block, its tokens), "
-        "in allocate_prompt AND in cache_full_blocks")
-
-
-@pytest.mark.exercise3
-def test_allocate_never_evicts_a_cached_block_that_a_table_still_holds():
-    # append_tokens asks num_free_blocks first and raises before allocate() runs: call allocate() itself.
-    alloc = lab.BlockAllocator(3, 4, enable_prefix_caching=True)
-    holder = computed_table(alloc, [1, 2, 3, 4, 5])  # block 0 of the table is full, so cached, and held
-    cached = holder.block_ids[0]
-    alloc.allocate()  # the last free block
-    assert alloc.num_free_blocks == 0, "a cached block that a table holds is not free (not evictable)"
-    with pytest.raises(lab.OutOfBlocksError):
-        alloc.allocate()
-    assert alloc.ref_count(cached) == 1 and alloc.stats.evictions == 0, (
-        "allocate() evicted a cached block that a table still holds: only blocks with reference count 0 "
-        "are evictable")
-    assert alloc.lookup(lab.hash_block(None, [1, 2, 3, 4])) == cached, "the held block must stay in the cache"
+    assert copies == [(cached, table.block_ids[1])] and table.block_ids[1] != cached, rule(
+        3, "a block the prefix cache holds is never written: new tokens bound for it go to a copy", level=2)
+    assert cached_tokens(alloc, list(range(8)) + [1]) == 8, rule(3, "the cached prefix was corrupted")
 
 
 @pytest.mark.exercise3
@@ -688,28 +798,26 @@ def test_truncate_forgets_the_hashes_of_blocks_it_cuts():
     table.append_tokens([42, 43])  # block 1 now holds 4, 5, 42, 43
     table.append_tokens([100, 101, 102, 103])
     table.cache_full_blocks(12)
-    computed = lab.BlockTable(alloc).allocate_prompt(list(range(8)) + [100, 101, 102, 103, 7])
-    assert computed == 8, (
-        f"reported {computed} cached tokens: block 2 was registered under a hash chained on the OLD "
-        "content of block 1; truncate must drop the hashes of the blocks it cuts")
+    computed = cached_tokens(alloc, list(range(8)) + [100, 101, 102, 103, 7])
+    assert computed == 8, rule(
+        2, f"{computed} cached tokens, expected 8: block 2 was registered under a hash chained on the OLD content of "
+           "block 1; a block no longer full after truncate is no longer registered in the table")
 
 
 @pytest.mark.exercise3
 def test_allocate_prompt_that_does_not_fit_changes_nothing():
     alloc = lab.BlockAllocator(3, 4, enable_prefix_caching=True)
-    cached = computed_table(alloc, [1, 2, 3, 4])
-    cached.free()  # the block stays cached, evictable
-    busy = lab.BlockTable(alloc)
-    busy.append_tokens([7])
-    refs = [alloc.ref_count(b) for b in range(3)]
-    queries = alloc.stats.queries
-    with pytest.raises(lab.OutOfBlocksError):
-        lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 5, 6, 7, 8, 9])  # hit + 2 more, 1 left after revival
-    assert [alloc.ref_count(b) for b in range(3)] == refs, (
-        "a failed allocate_prompt changed reference counts: check that every block it needs (hits that must be "
-        "revived and new ones) is there BEFORE taking any (ask first, then act)")
-    assert alloc.num_free_blocks == 2, "a failed allocate_prompt must leave every block it looked at free"
-    assert alloc.stats.queries == queries, "a failed allocate_prompt must not look anything up (ask first, then act)"
+    computed_table(alloc, [1, 2, 3, 4]).free()  # the block stays cached, evictable
+    lab.BlockTable(alloc).append_tokens([7])
+    refs, queries = [alloc.ref_count(b) for b in range(3)], alloc.stats.queries
+    with must_raise(lab.OutOfBlocksError, rule(3, "a prompt needing 3 blocks (1 a hit to revive) with 2 free raises "
+                                                  "OutOfBlocksError")):
+        lab.BlockTable(alloc).allocate_prompt([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert [alloc.ref_count(b) for b in range(3)] == refs, rule(
+        3, "a failed allocate_prompt changed reference counts: OutOfBlocksError comes exactly when the fresh blocks "
+           "and the revived hits outnumber the free ones, and changes nothing", level=2)
+    assert alloc.num_free_blocks == 2, rule(3, "a failed allocate_prompt took blocks out of the free pool")
+    assert alloc.stats.queries == queries, rule(3, "a failed allocate_prompt looked blocks up (and counted queries)")
 
 
 @pytest.mark.exercise3
@@ -722,16 +830,12 @@ def test_forked_tables_each_register_their_own_blocks_under_their_own_prefix():
     parent.append_tokens([9, 9, 9])
     parent.cache_full_blocks(8)
     for name, table in (("child", child), ("parent", parent)):
-        computed = lab.BlockTable(alloc).allocate_prompt(table.token_ids + [0])
-        assert computed == 8, (
-            f"the {name}'s second block is not findable ({computed} cached tokens, expected 8): a fork gets "
-            "its own copy of the registered hashes (not the same list), so each table registers the "
-            "blocks it fills, chained on the prefix they share")
-    assert alloc.ref_count(child.block_ids[0]) == 4 and child.block_ids[1] != parent.block_ids[1], (
-        "the first block stays shared (2 tables + 2 hits); the half-full one was copied before either wrote")
-
-
-# --- the allocator as a state machine -----------------------------------------------------
+        computed = cached_tokens(alloc, table.token_ids + [0])
+        assert computed == 8, rule(
+            2, f"the {name}'s second block is not findable ({computed} cached tokens, expected 8): a fork is a table "
+               "of its own, which registers the blocks it fills, chained on the prefix both share")
+    assert alloc.ref_count(child.block_ids[0]) == 4 and child.block_ids[1] != parent.block_ids[1], rule(
+        2, "the first block stays shared (2 tables + 2 hits); the half-full one is copied before either writes")
 
 
 class PagedCacheMachine(RuleBasedStateMachine):
@@ -749,43 +853,43 @@ class PagedCacheMachine(RuleBasedStateMachine):
         self.alloc = lab.BlockAllocator(12, 3, enable_prefix_caching=True)
         self.live: list = []
 
-    @rule(target=tables, prompt=st.lists(st.integers(0, 3), max_size=10))
+    @stateful.rule(target=tables, prompt=st.lists(st.integers(0, 3), max_size=10))
     def new_table(self, prompt):
         table = lab.BlockTable(self.alloc)
         try:
             table.allocate_prompt(prompt)
         except lab.OutOfBlocksError:
-            assert table.block_ids == [], "a failed allocate_prompt left blocks in the table"
+            assert table.block_ids == [], rule(3, "a failed allocate_prompt left blocks in the table")
         self.live.append(table)
         return table
 
-    @rule(table=tables, tokens=st.lists(st.integers(0, 3), min_size=1, max_size=5))
+    @stateful.rule(table=tables, tokens=st.lists(st.integers(0, 3), min_size=1, max_size=5))
     def append(self, table, tokens):
         assume(table in self.live)
         before = (list(table.block_ids), list(table.token_ids))
         try:
             table.append_tokens(tokens)
         except lab.OutOfBlocksError:
-            assert (table.block_ids, table.token_ids) == before, "a failed append changed the table"
+            assert (table.block_ids, table.token_ids) == before, rule(2, "a failed append changed the table")
 
-    @rule(table=tables, data=st.data())
+    @stateful.rule(table=tables, data=st.data())
     def compute(self, table, data):
         assume(table in self.live)
         table.cache_full_blocks(data.draw(st.integers(0, table.num_tokens)))
 
-    @rule(target=tables, table=tables)
+    @stateful.rule(target=tables, table=tables)
     def fork(self, table):
         assume(table in self.live)
         child = table.fork()
         self.live.append(child)
         return child
 
-    @rule(table=tables, data=st.data())
+    @stateful.rule(table=tables, data=st.data())
     def truncate(self, table, data):
         assume(table in self.live)
         table.truncate(data.draw(st.integers(0, table.num_tokens)))
 
-    @rule(table=tables)
+    @stateful.rule(table=tables)
     def free(self, table):
         assume(table in self.live)
         table.free()
@@ -795,14 +899,16 @@ class PagedCacheMachine(RuleBasedStateMachine):
     def reference_counts_match_the_tables(self):
         holders = [0] * self.alloc.num_blocks
         for table in self.live:
-            assert len(table.block_ids) == lab.blocks_needed(table.num_tokens, 3), (
-                "a table holds exactly blocks_needed(num_tokens) blocks")
+            assert len(table.block_ids) == lab.blocks_needed(table.num_tokens, 3), rule(
+                2, "a table holds exactly blocks_needed(num_tokens) blocks")
             for b in table.block_ids:
                 holders[b] += 1
         refs = [self.alloc.ref_count(b) for b in range(self.alloc.num_blocks)]
-        assert refs == holders, f"reference counts {refs} differ from the tables holding each block {holders}"
+        assert refs == holders, rule(3, f"reference counts {refs}, tables holding each block {holders}: a block's "
+                                        "reference count is the number of tables (and hits) that hold it")
         used = sum(h > 0 for h in holders)
-        assert self.alloc.num_free_blocks + used == self.alloc.num_blocks, "free + used != total: a block leaked"
+        assert self.alloc.num_free_blocks + used == self.alloc.num_blocks, rule(
+            3, "free + used != total: every block is free (plain or evictable) or held, never both, never neither")
 
     @invariant()
     def shared_blocks_hold_the_same_tokens(self):
@@ -812,13 +918,15 @@ class PagedCacheMachine(RuleBasedStateMachine):
                 tokens = table.token_ids[i * 3 : (i + 1) * 3]
                 seen = content.setdefault(b, tokens)
                 shorter = min(len(seen), len(tokens))
-                assert seen[:shorter] == tokens[:shorter], f"two tables share block {b} but hold different tokens"
+                assert seen[:shorter] == tokens[:shorter], rule(
+                    3, f"two tables share block {b} but hold different tokens in it: a shared block is never written")
 
     def teardown(self):
         for table in self.live:
             table.free()
-        assert self.alloc.num_free_blocks == self.alloc.num_blocks, "after every table is freed, every block is free"
-        assert all(self.alloc.ref_count(b) == 0 for b in range(self.alloc.num_blocks))
+        refs = [self.alloc.ref_count(b) for b in range(self.alloc.num_blocks)]
+        assert self.alloc.num_free_blocks == self.alloc.num_blocks and not any(refs), rule(
+            3, f"after every table is freed, every block is free: {self.alloc.num_free_blocks} free, counts {refs}")
 
 
 TestPagedCacheMachine = pytest.mark.exercise3(PagedCacheMachine.TestCase)
@@ -833,7 +941,7 @@ class PagedCacheMachineWithSharedPrefixes(PagedCacheMachine):
 
     BLOCKS = ((0, 1, 2), (1, 1, 1), (2, 2, 2), (3, 3, 3))
 
-    @rule(target=PagedCacheMachine.tables,
+    @stateful.rule(target=PagedCacheMachine.tables,
           blocks=st.lists(st.sampled_from(BLOCKS), max_size=3),
           tail=st.lists(st.integers(0, 3), max_size=3))
     def new_table(self, blocks, tail):
@@ -842,12 +950,13 @@ class PagedCacheMachineWithSharedPrefixes(PagedCacheMachine):
         try:
             computed = table.allocate_prompt(prompt)
         except lab.OutOfBlocksError:
-            assert table.block_ids == [] and table.token_ids == [], "a failed allocate_prompt changed the table"
+            assert table.block_ids == [] and table.token_ids == [], rule(3, "a failed allocate_prompt changed the "
+                                                                            "table")
         else:
-            assert table.token_ids == prompt, "allocate_prompt must put the whole prompt into the table"
-            assert 0 <= computed <= max(len(prompt) - 1, 0) and computed % 3 == 0, (
-                f"allocate_prompt reported {computed} computed tokens for a prompt of {len(prompt)}: a whole number "
-                "of cached blocks, and never the whole prompt (its last token must run to give logits)")
+            assert table.token_ids == prompt, rule(3, "allocate_prompt puts the whole prompt into the table")
+            assert 0 <= computed <= max(len(prompt) - 1, 0) and computed % 3 == 0, rule(
+                3, f"allocate_prompt reported {computed} computed tokens for a prompt of {len(prompt)}: a whole number "
+                   "of cached blocks, and never the whole prompt (its last token must run to give logits)")
             table.cache_full_blocks(len(prompt))  # computed at once, so that later prompts can hit
         self.live.append(table)
         return table
@@ -861,9 +970,9 @@ class PagedCacheMachineWithSharedPrefixes(PagedCacheMachine):
                 if b in seen:
                     j, other = seen[b]
                     n = min(len(prefix), len(other))
-                    assert j == i and other[:n] == prefix[:n], (
-                        f"block {b} is shared by two tables whose tokens before it differ: a prefix-cache hit must "
-                        "match the whole prefix (chain each block's hash on its parent's)")
+                    assert j == i and other[:n] == prefix[:n], rule(
+                        3, f"block {b} is shared by two tables whose tokens before it differ: a prefix-cache hit "
+                           "matches the whole prefix (a block's hash is chained on its parent's)", level=2)
                 else:
                     seen[b] = (i, prefix)
 
@@ -871,7 +980,6 @@ class PagedCacheMachineWithSharedPrefixes(PagedCacheMachine):
 TestPagedCacheMachineWithSharedPrefixes = pytest.mark.exercise3(PagedCacheMachineWithSharedPrefixes.TestCase)
 
 
-# =====================================================================================
 # Exercise 4: paged attention
 # =====================================================================================
 
@@ -940,24 +1048,31 @@ def random_case(lens, block_size=4, n_head=2, head_dim=8, seed=0, fill=np.nan, *
     return q, seqs_k, seqs_v, k_cache, v_cache, tables
 
 
-def call_paged_attention(q, k_cache, v_cache, block_tables, context_lens):
-    """lab.paged_attention, with the precondition every test below shares checked first.
+KERNEL = ("the output is softmax(q . k / sqrt(D)) @ v over the sequence's first context_lens[b] tokens, token i at "
+          "block_tables[b, i // block_size], offset i % block_size")
 
-    The stale slots past each context (and the padding blocks) hold NaN in these tests. A
-    kernel that masks their scores but still multiplies their V by a weight of 0 returns NaN
-    (0 * NaN is NaN), and would fail every test below with a message about something else; so
-    when the output is not finite, the kernel is run once more with those NaNs made zeros, and
-    if that output is finite the cause is named here.
-    """
-    with np.errstate(all="ignore"):  # a kernel that reads the NaN/huge fill should fail below, not warn
-        out = lab.paged_attention(q, k_cache, v_cache, block_tables, np.asarray(context_lens))
-        if not np.all(np.isfinite(out)) and (np.isnan(k_cache).any() or np.isnan(v_cache).any()):
-            zeroed = [np.where(np.isnan(c), np.float32(0.0), c) for c in (k_cache, v_cache)]
-            clean = lab.paged_attention(q, *zeroed, block_tables, np.asarray(context_lens))
-            assert not np.all(np.isfinite(clean)), (
-                "non-finite output only because slots past context_lens hold NaN: the kernel lets them into "
-                "the result (a 0 weight times a NaN value is NaN); select the slots a sequence uses "
-                "(np.where, or gather only them) instead of multiplying by a 0/1 mask")
+
+def paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, what="", why=KERNEL, tol=1e-5, **kwargs):
+    """lab.paged_attention against plain attention over each sequence's own K/V, a failure naming `why`.
+    When the output is not finite, the kernel runs again with every non-finite cache entry (stale slots
+    and padding blocks hold NaN or inf in these tests) made 0: if that output is right, the one fault is
+    a 0 weight times a NaN value, and the message says so."""
+    def run(k, v):
+        with np.errstate(all="ignore"):  # a kernel that reads the NaN/huge fill fails below, not with a warning
+            return lab.paged_attention(q, k, v, tables, np.asarray(lens), **kwargs)
+    out = run(k_cache, v_cache)
+    want = [dense_attention_reference(q[b], seqs_k[b], seqs_v[b]) for b in range(len(lens))]
+    finite = np.all(np.isfinite(out))
+    zeroed = (np.where(np.isfinite(c), c, 0).astype(c.dtype) for c in (k_cache, v_cache))
+    leak = not finite and np.allclose(run(*zeroed), want, rtol=1e-4, atol=1e-4)
+    stale = ("slots past context_lens (stale slots, padding blocks: NaN or inf here) reached the result: nothing past "
+             "a sequence's context is used as data")
+    assert finite, rule(4, f"non-finite output{what}: " + (
+        f"right once they hold 0, so {stale}, not even times a 0 weight (0 x NaN = NaN)" if leak
+        else stale if why is KERNEL else why), level=2)
+    for b in range(len(lens)):
+        np.testing.assert_allclose(out[b], want[b], rtol=max(tol, 1e-4), atol=tol,
+                                   err_msg=rule(4, f"sequence {b} (context {lens[b]}{what}): {why}"))
     return out
 
 
@@ -975,43 +1090,69 @@ def one_block_column_per_chunk():
 
 
 @pytest.mark.exercise4
-@settings(max_examples=60)
-@given(paged_batches(), st.booleans())
-def test_paged_attention_equals_dense_attention_on_contiguous_kv(case, small_chunks):
-    batch, block_size, lens, n_head, head_dim, fill, padding, extra_columns, seed = case
-    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size, n_head, head_dim, seed, fill,
-                                                              extra_columns=extra_columns, padding=padding)
-    chunks = one_block_column_per_chunk() if small_chunks else contextlib.nullcontext()
-    with chunks:
-        out = call_paged_attention(q, k_cache, v_cache, tables, lens)
-    assert out.shape == (batch, n_head, head_dim)
-    assert np.all(np.isfinite(out)), (
-        "non-finite output: the kernel read a slot past context_lens (stale slots hold NaN/inf) "
-        "or let 0 * NaN through (mask by position, do not multiply by a 0/1 mask)")
-    for b in range(batch):
-        expected = dense_attention_reference(q[b], seqs_k[b], seqs_v[b])
-        np.testing.assert_allclose(
-            out[b], expected, rtol=1e-4, atol=1e-5,
-            err_msg=f"sequence {b} (context {lens[b]}, block size {block_size}): paged attention "
-                    "differs from plain softmax attention over its first context_lens[b] tokens; "
-                    "token i lives at block_tables[b, i // block_size], offset i % block_size")
+def test_nothing_past_context_lens_is_read_as_data():
+    # Finite stale data that would show if it were used: a key that takes all the weight, a value of 100.
+    lens = [7, 5, 2]  # longest first: the table rows need no reordering
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, seed=9, fill=0.0)
+    for b, n in enumerate(lens):
+        for i in range(n, lab.blocks_needed(n, 4) * 4):
+            k_cache[tables[b, i // 4], i % 4], v_cache[tables[b, i // 4], i % 4] = 50 * q[b], 100.0
+    with np.errstate(all="ignore"):
+        out = lab.paged_attention(q, k_cache, v_cache, tables, np.array(lens))
+    for b in range(3):
+        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]), rtol=1e-4,
+                                   atol=1e-5, err_msg=rule(4, f"sequence {b} (context {lens[b]}): its stale slots, "
+                                                              "from position context_lens[b] on, hold a key that would "
+                                                              "take all the weight: nothing past context_lens is used "
+                                                              "as data (the context counts the current "
+                                                              "token)", level=2))
+
+
+@pytest.mark.exercise4
+def test_paged_attention_with_context_length_one_returns_that_tokens_value():
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case([1, 1], block_size=4, seed=2)
+    out = paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, [1, 1], tol=1e-6)
+    np.testing.assert_allclose(out, np.stack([v[0] for v in seqs_v]), rtol=1e-6, atol=1e-6,
+                               err_msg=rule(4, "with one token in context its weight is 1: the output is its v"))
+
+
+@pytest.mark.exercise4
+def test_each_sequence_reads_the_blocks_of_its_own_row_of_block_tables():
+    # Contexts that fill their blocks exactly (no stale slot), in one chunk, longest not first:
+    # only the table rows can go wrong.
+    lens = [4, 12, 8]
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, seed=8, fill=0.0, padding="zero")
+    with np.errstate(all="ignore"):
+        out = lab.paged_attention(q, k_cache, v_cache, tables, np.array(lens))
+    for b in range(3):
+        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]), rtol=1e-4,
+                                   atol=1e-5, err_msg=rule(4, f"sequence {b} (context {lens[b]} of {lens}): each "
+                                                              "sequence attends to the blocks its own row of "
+                                                              "block_tables names, whatever the other lengths"))
+
+
+@pytest.mark.exercise4
+@pytest.mark.parametrize("extra_columns", [0, 2])
+def test_paged_attention_reads_a_last_block_that_is_exactly_full(extra_columns):
+    lens = [8, 12, 4]  # all multiples of block_size 4: every last block is full
+    case = random_case(lens, block_size=4, seed=3, extra_columns=extra_columns)
+    paged_vs_dense(*case, lens, ", its last block full", "the last token of a full block (offset block_size - 1) "
+                                                         "counts: " + KERNEL)
 
 
 @pytest.mark.exercise4
 def test_paged_attention_is_stable_with_huge_logits():
     q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case([7, 13, 1], seed=1)
-    # Scaled so q.k / sqrt(D) is ~1e4: exp() of that overflows float32 (and float64) unless the
-    # max is subtracted first.
-    q = q * np.float32(100.0)
-    k_cache = k_cache * np.float32(100.0)
-    seqs_k = [k * np.float32(100.0) for k in seqs_k]
+    # Scaled so q.k / sqrt(D) is ~1e4: exp() of that overflows float32 (and float64) unless the max is
+    # subtracted first.
+    q, k_cache, seqs_k = q * np.float32(100.0), k_cache * np.float32(100.0), [k * np.float32(100.0) for k in seqs_k]
     logits = [np.abs(seqs_k[b][:, 0] @ q[b, 0]).max() / math.sqrt(8) for b in range(2)]
     assert min(logits) > 1e3, "test setup: the logits should be huge"
-    out = call_paged_attention(q, k_cache, v_cache, tables, [7, 13, 1])
-    assert np.all(np.isfinite(out)), "overflow: subtract the running max before exp (stable softmax)"
-    for b in range(3):
-        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]),
-                                   rtol=1e-4, atol=1e-4, err_msg="huge logits: wrong attention")
+    paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, [7, 13, 1], ", logits ~1e4", "exp of a score is taken "
+                                                                                             "only once the running "
+                                                                                             "max is subtracted (a "
+                                                                                             "stable "
+                                                                                             "softmax)", tol=1e-4)
 
 
 @pytest.mark.exercise4
@@ -1029,38 +1170,31 @@ def test_paged_attention_over_many_blocks_where_an_early_token_dominates_equals_
     k_cache[tables[0, 0], 3] = seqs_k[0][3]
     q[1] *= np.float32(4.0)
     with one_block_column_per_chunk():
-        out = call_paged_attention(q, k_cache, v_cache, tables, lens)
-    assert np.all(np.isfinite(out)), (
-        "non-finite output: the running max must be the max over EVERY block read so far; rescaling the "
-        "sums by exp(old max - new max) overflows when the new max is the current block's only")
-    for b, name in ((0, "an early token dominates"), (1, "scores spread"), (2, "plain")):
-        np.testing.assert_allclose(
-            out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]), rtol=1e-4, atol=1e-4,
-            err_msg=f"sequence {b} ({name}, {lens[b]} tokens in blocks of {block_size}): online softmax "
-                    "over the blocks differs from dense attention; the running max, running sum and "
-                    "accumulator must all be rescaled to the new max before a block is added")
+        paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, f", blocks of {block_size}, one column a "
+                                                                          "chunk", "the online softmax keeps the max "
+                                                                                   "over every block read so far, and "
+                                                                                   "what was summed before a new max "
+                                                                                   "(the sum and the accumulator "
+                                                                                   "alike) is rescaled to it", tol=1e-4)
 
 
 @pytest.mark.exercise4
-def test_paged_attention_with_context_length_one_returns_that_tokens_value():
-    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case([1, 1], block_size=4, seed=2)
-    out = call_paged_attention(q, k_cache, v_cache, tables, [1, 1])
-    np.testing.assert_allclose(out, np.stack([v[0] for v in seqs_v]), rtol=1e-6, atol=1e-6,
-                               err_msg="with one token in context, its weight is 1: the output is its v")
+def test_paged_attention_returns_float32_without_reading_spare_blocks():
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case([5, 9], fill=np.nan, spare_blocks=6)
+    out = paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, [5, 9], ", NaN in 6 spare blocks")
+    assert out.dtype == np.float32 and out.shape == q.shape, rule(
+        4, f"output {out.dtype} {out.shape}: the kernel returns float32 (B, H, D) for float32 input (NumPy 2 promotes "
+           "float32 arrays combined with a float64 scalar such as np.sqrt(head_dim))")
 
 
 @pytest.mark.exercise4
-@pytest.mark.parametrize("extra_columns", [0, 2])
-def test_paged_attention_reads_a_last_block_that_is_exactly_full(extra_columns):
-    lens = [8, 12, 4]  # all multiples of block_size 4: every last block is full
-    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size=4, seed=3,
-                                                              extra_columns=extra_columns)
-    out = call_paged_attention(q, k_cache, v_cache, tables, lens)
-    for b in range(len(lens)):
-        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]),
-                                   rtol=1e-4, atol=1e-5,
-                                   err_msg=f"sequence {b} fills its last block exactly: its last "
-                                           "token (offset block_size - 1) must be attended to")
+@pytest.mark.parametrize("dtype", [np.uint64, np.uint32, np.int32])
+def test_paged_attention_takes_any_integer_dtype_for_lengths_and_tables(dtype):
+    lens = [5, 9, 1]
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size=4, seed=4, padding="zero")
+    paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables.astype(dtype), np.array(lens, dtype=dtype),
+                   f", {np.dtype(dtype).name}", "lengths and tables of any integer dtype give the same attention (-x "
+                                                "of an unsigned x wraps around)")
 
 
 @pytest.mark.exercise4
@@ -1069,8 +1203,8 @@ def test_paged_attention_never_copies_the_whole_kv_of_the_batch():
     batch, n_head, head_dim, block_size, context = 8, 4, 16, 16, 16384
     rng = np.random.default_rng(5)
     num_blocks = batch * context // block_size
-    k_cache = rng.standard_normal((num_blocks, block_size, n_head, head_dim), dtype=np.float32)
-    v_cache = rng.standard_normal((num_blocks, block_size, n_head, head_dim), dtype=np.float32)
+    k_cache, v_cache = (rng.standard_normal((num_blocks, block_size, n_head, head_dim), dtype=np.float32)
+                        for _ in range(2))
     tables = rng.permutation(num_blocks).reshape(batch, -1)
     q = rng.standard_normal((batch, n_head, head_dim), dtype=np.float32)
     lens = np.full(batch, context)
@@ -1085,27 +1219,42 @@ def test_paged_attention_never_copies_the_whole_kv_of_the_batch():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert not worker.is_alive(), "paged_attention did not return within 60 s"
+    assert not worker.is_alive(), rule(4, "paged_attention did not return within 60 s")
     whole = 2 * k_cache.nbytes
-    assert peak < whole / 4, (
-        f"paged_attention allocated {peak / 2**20:.1f} MiB at its peak for {whole / 2**20:.0f} MiB of K/V: it "
-        "gathers (nearly) the whole K/V at once. Walk the block columns a chunk at a time and fold each chunk "
-        "into an online softmax, as the docstring says, so the memory it touches stays small")
+    assert peak < whole / 4, rule(
+        4, f"paged_attention allocated {peak / 2**20:.1f} MiB at its peak for {whole / 2**20:.0f} MiB of K/V: no copy "
+           "of the whole K/V is made, the kernel holds at most PAGED_ATTENTION_CHUNK_BYTES of gathered K/V at a time")
 
 
 @pytest.mark.exercise4
-def test_paged_attention_returns_float32_without_reading_spare_blocks():
-    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case([5, 9], fill=np.nan, spare_blocks=6)
-    with np.errstate(all="ignore"):
-        out = lab.paged_attention(q, k_cache, v_cache, tables, np.array([5, 9]))
-    assert out.dtype == np.float32, (
-        f"output is {out.dtype}: a float64 scalar such as np.sqrt(head_dim) promotes float32 "
-        "arrays under NumPy 2; scale by a Python float or np.float32")
-    assert out.shape == q.shape
-    assert np.all(np.isfinite(out)), "NaN in the output: the kernel read a spare block or a slot past context_lens"
-    for b in range(2):
-        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]), rtol=1e-4,
-                                   atol=1e-5, err_msg=f"sequence {b}: wrong attention")
+@settings(max_examples=60)
+@given(paged_batches(), st.booleans())
+def test_paged_attention_equals_dense_attention_on_contiguous_kv(case, small_chunks):
+    batch, block_size, lens, n_head, head_dim, fill, padding, extra_columns, seed = case
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size, n_head, head_dim, seed, fill,
+                                                              extra_columns=extra_columns, padding=padding)
+    with one_block_column_per_chunk() if small_chunks else contextlib.nullcontext():
+        out = paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, f", block size {block_size}")
+    assert out.shape == (batch, n_head, head_dim), rule(4, f"output shape {out.shape}: (B, H, D)")
+
+
+@pytest.mark.exercise4
+@settings(max_examples=40)
+@given(paged_batches(), st.booleans())
+def test_paged_attention_on_int8_blocks_is_dense_attention_on_their_dequantised_values(case, small_chunks):
+    batch, block_size, lens, n_head, head_dim, _, padding, extra_columns, seed = case
+    # Stale slots and spare blocks: zeros, then quantised; their scales huge so a read shows.
+    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size, n_head, head_dim, seed, 0.0,
+                                                              extra_columns=extra_columns, padding=padding)
+    (kq, ks), (vq, vs) = lab.quantize_int8(k_cache), lab.quantize_int8(v_cache)
+    kq[ks == 0], vq[vs == 0] = 100, -100
+    ks[ks == 0], vs[vs == 0] = 1e30, 1e30
+    deq = [[lab.dequantize_int8(*lab.quantize_int8(x)) for x in seqs] for seqs in (seqs_k, seqs_v)]
+    with one_block_column_per_chunk() if small_chunks else contextlib.nullcontext():
+        out = paged_vs_dense(q, *deq, kq, vq, tables, lens, ", int8", "int8 paged attention is plain attention over "
+                                                                      "the dequantised K/V (values x per-token "
+                                                                      "scales)", k_scale=ks, v_scale=vs)
+    assert out.dtype == np.float32, rule(4, f"the int8 kernel returns {out.dtype}, not float32")
 
 
 # --- the paged model path against forward_dense -------------------------------------------
@@ -1151,25 +1300,58 @@ def chunk_schedules(draw):
     return prompts, schedules
 
 
+def one_sequence(model, tokens, block_size=4, num_blocks=16, **cache_kwargs):
+    alloc = lab.BlockAllocator(num_blocks, block_size)
+    table = lab.BlockTable(alloc)
+    table.append_tokens(tokens)
+    return table, lab.KVCache(model.config, num_blocks, block_size, **cache_kwargs)
+
+
 @pytest.mark.exercise4
-@given(case=chunk_schedules(), block_size=st.sampled_from([1, 2, 4, 8]))
-def test_paged_model_equals_forward_dense_for_chunked_prefill_and_decode(tiny_model, case, block_size):
-    prompts, schedules = case
-    paged = run_chunked(tiny_model, prompts, schedules, block_size)
-    for prompt, got in zip(prompts, paged):
-        np.testing.assert_allclose(
-            got, tiny_model.forward_dense(prompt), atol=LOGITS_ATOL,
-            err_msg="the paged path differs from forward_dense: check slots, the write-before-read order, "
-                    "and the causal mask inside a prefill chunk",
-        )
+@pytest.mark.parametrize("mismatch, says", [
+    ("block_size", "block_size"), ("n_layer", "layers"), ("n_head", "heads"), ("num_blocks", "blocks"),
+])
+def test_forward_refuses_a_cache_that_does_not_fit_the_model_or_tables(tiny_model, mismatch, says):
+    config = tiny_model.config
+    table, cache = one_sequence(tiny_model, list(range(10)), block_size=4, num_blocks=16)
+    cache = {"block_size": lambda: lab.KVCache(config, 16, 8),
+             "n_layer": lambda: lab.KVCache(lab.ModelConfig(**{**TINY, "n_layer": 1}), 16, 4),
+             "n_head": lambda: lab.KVCache(lab.ModelConfig(**{**TINY, "n_head": 2}), 16, 4),
+             "num_blocks": lambda: lab.KVCache(config, 2, 4)}[mismatch]()  # num_blocks: blocks 0..2 not all in it
+    with must_raise(ValueError, rule(4, f"forward with a cache of another {mismatch} is a ValueError"), match=says):
+        tiny_model.forward(cache, [table], [0], [10])
+
+
+@pytest.mark.exercise4
+def test_forward_computes_logits_only_for_the_rows_asked(tiny_model):
+    table, cache = one_sequence(tiny_model, [5, 6, 7, 8, 9, 10, 11])
+    every_row = tiny_model.forward(cache, [table], [0], [7])
+    kept = tiny_model.forward(cache, [table], [0], [7], logits_indices=[6, 2])
+    assert kept.shape == (2, tiny_model.config.vocab_size), rule(4, "forward gives one logits row per index asked for")
+    np.testing.assert_allclose(kept, every_row[[6, 2]], rtol=1e-5, atol=1e-5,
+                               err_msg=rule(4, "logits_indices selects rows of the batch, in the order given"))
+    for bad in ([7], [-1], [1.5]):
+        with must_raise(ValueError, rule(4, f"logits_indices={bad} is a ValueError"), match="logits_indices"):
+            tiny_model.forward(cache, [table], [0], [7], logits_indices=bad)
 
 
 @pytest.mark.exercise4
 def test_decode_attends_to_the_token_it_just_wrote(tiny_model):
     prompt = [7, 8, 9, 10, 11]
     paged = run_chunked(tiny_model, [prompt], [[4, 1]], block_size=4)[0]
-    np.testing.assert_allclose(paged[4], tiny_model.forward_dense(prompt)[4], atol=LOGITS_ATOL,
-                               err_msg="the decode token must attend to every position up to and including itself")
+    np.testing.assert_allclose(paged[4], tiny_model.forward_dense(prompt)[4], atol=LOGITS_ATOL, err_msg=rule(
+        4, "a decode token attends to every position up to and including itself (context_lens counts it: its K/V is in "
+           "the cache)"))
+
+
+@pytest.mark.exercise4
+@given(case=chunk_schedules(), block_size=st.sampled_from([1, 2, 4, 8]))
+def test_paged_model_equals_forward_dense_for_chunked_prefill_and_decode(tiny_model, case, block_size):
+    prompts, schedules = case
+    paged = run_chunked(tiny_model, prompts, schedules, block_size)
+    for prompt, got in zip(prompts, paged):
+        np.testing.assert_allclose(got, tiny_model.forward_dense(prompt), atol=LOGITS_ATOL, err_msg=rule(
+            4, "the paged path gives forward_dense's logits, whatever the chunks and the block size"))
 
 
 @pytest.mark.exercise4
@@ -1189,98 +1371,13 @@ def test_forked_sequences_diverge_through_copy_on_write(tiny_model):
         tiny_model.forward(cache, [parent, child], [6 + step] * 2, [1, 1])
     for table in (parent, child):
         tokens = prefix + tails[id(table)]
-        assert table.token_ids == tokens
+        assert table.token_ids == tokens, rule(2, "a forked table holds its own tokens")
         # One more decode step through the cache must see each sequence's own past only.
         cache.copy_blocks(table.append_tokens([0]))
         logits = tiny_model.forward(cache, [table], [9], [1])[0]
-        np.testing.assert_allclose(logits, tiny_model.forward_dense(tokens + [0])[-1], atol=LOGITS_ATOL,
-                                   err_msg="a forked sequence saw the other's tokens: copy-on-write failed")
-    assert parent.block_ids[0] == child.block_ids[0], "the full first block stays shared"
-
-
-# --- the paged path's contract: the cache must fit the model and the tables ---------------
-
-
-def one_sequence(model, tokens, block_size=4, num_blocks=16, **cache_kwargs):
-    alloc = lab.BlockAllocator(num_blocks, block_size)
-    table = lab.BlockTable(alloc)
-    table.append_tokens(tokens)
-    return table, lab.KVCache(model.config, num_blocks, block_size, **cache_kwargs)
-
-
-@pytest.mark.exercise4
-@pytest.mark.parametrize("mismatch, says", [
-    ("block_size", "block_size"), ("n_layer", "layers"), ("n_head", "heads"), ("num_blocks", "blocks"),
-])
-def test_forward_refuses_a_cache_that_does_not_fit_the_model_or_tables(tiny_model, mismatch, says):
-    config = tiny_model.config
-    table, cache = one_sequence(tiny_model, list(range(10)), block_size=4, num_blocks=16)
-    if mismatch == "block_size":
-        cache = lab.KVCache(config, 16, 8)
-    elif mismatch == "n_layer":
-        cache = lab.KVCache(lab.ModelConfig(**{**TINY, "n_layer": 1}), 16, 4)
-    elif mismatch == "n_head":
-        cache = lab.KVCache(lab.ModelConfig(**{**TINY, "n_head": 2}), 16, 4)
-    else:
-        cache = lab.KVCache(config, 2, 4)  # the table's blocks 0..2 are not all in it
-    with pytest.raises(ValueError, match=says):
-        tiny_model.forward(cache, [table], [0], [10])
-
-
-@pytest.mark.exercise4
-@pytest.mark.parametrize("dtype", [np.uint64, np.uint32, np.int32])
-def test_paged_attention_takes_any_integer_dtype_for_lengths_and_tables(dtype):
-    lens = [5, 9, 1]
-    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size=4, seed=4, padding="zero")
-    with np.errstate(all="ignore"):
-        out = lab.paged_attention(q, k_cache, v_cache, tables.astype(dtype), np.array(lens, dtype=dtype))
-    for b in range(len(lens)):
-        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]),
-                                   rtol=1e-4, atol=1e-5,
-                                   err_msg=f"{np.dtype(dtype).name} context_lens: -x of an unsigned x "
-                                           "wraps around, so ceil(len / block_size) written as "
-                                           "-(-len // block_size) is garbage unless converted first")
-
-
-# --- logits only where they are used ------------------------------------------------------
-
-
-@pytest.mark.exercise4
-def test_forward_computes_logits_only_for_the_rows_asked(tiny_model):
-    table, cache = one_sequence(tiny_model, [5, 6, 7, 8, 9, 10, 11])
-    every_row = tiny_model.forward(cache, [table], [0], [7])
-    kept = tiny_model.forward(cache, [table], [0], [7], logits_indices=[6, 2])
-    assert kept.shape == (2, tiny_model.config.vocab_size), "one logits row per index asked for"
-    np.testing.assert_allclose(kept, every_row[[6, 2]], rtol=1e-5, atol=1e-5,
-                               err_msg="logits_indices selects rows of the batch, in the order given")
-    for bad in ([7], [-1], [1.5]):
-        with pytest.raises(ValueError, match="logits_indices"):
-            tiny_model.forward(cache, [table], [0], [7], logits_indices=bad)
-
-
-# --- an int8 KV cache ---------------------------------------------------------------------
-
-
-@pytest.mark.exercise4
-@settings(max_examples=40)
-@given(paged_batches(), st.booleans())
-def test_paged_attention_on_int8_blocks_is_dense_attention_on_their_dequantised_values(case, small_chunks):
-    batch, block_size, lens, n_head, head_dim, _, padding, extra_columns, seed = case
-    # Stale slots and spare blocks: zeros, then quantised; their scales huge so a read shows.
-    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, block_size, n_head, head_dim, seed, 0.0,
-                                                              extra_columns=extra_columns, padding=padding)
-    (kq, ks), (vq, vs) = lab.quantize_int8(k_cache), lab.quantize_int8(v_cache)
-    kq[ks == 0], vq[vs == 0] = 100, -100
-    ks[ks == 0], vs[vs == 0] = 1e30, 1e30
-    chunks = one_block_column_per_chunk() if small_chunks else contextlib.nullcontext()
-    with np.errstate(all="ignore"), chunks:
-        out = lab.paged_attention(q, kq, vq, tables, np.array(lens), k_scale=ks, v_scale=vs)
-    assert out.dtype == np.float32 and np.all(np.isfinite(out)), "read a stale slot or a spare block"
-    for b in range(batch):
-        k_deq, v_deq = (lab.dequantize_int8(*lab.quantize_int8(x)) for x in (seqs_k[b], seqs_v[b]))
-        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], k_deq, v_deq), rtol=1e-4, atol=1e-5,
-                                   err_msg=f"sequence {b}: int8 paged attention must equal plain attention "
-                                           "over the dequantised K/V (values * per-token scales)")
+        np.testing.assert_allclose(logits, tiny_model.forward_dense(tokens + [0])[-1], atol=LOGITS_ATOL, err_msg=rule(
+            4, "a forked sequence saw the other's tokens: each sees its own past, the shared blocks copied on write"))
+    assert parent.block_ids[0] == child.block_ids[0], rule(2, "the full first block stays shared")
 
 
 @pytest.mark.exercise4
@@ -1291,11 +1388,11 @@ def test_paged_model_on_an_int8_cache_stays_close_to_forward_dense(tiny_model, c
     f32 = run_chunked(tiny_model, prompts, schedules, block_size)
     i8 = run_chunked(tiny_model, prompts, schedules, block_size, kv_dtype="int8")
     for want, got in zip(f32, i8):
-        # Measured on this model: max error ~0.15 on logits of size ~5; reading int8 values
-        # without their scales, or a scale per write instead of per token, is off by far more.
-        assert np.abs(got - want).max() < 0.5, (
-            f"int8 cache: logits differ from the float32 cache by {np.abs(got - want).max():.2f}: "
-            "prefill chunks and decode must both read dequantised K/V (values * scales)")
+        # Measured on this model, logits of size ~5: max error 0.06 in half of 1,500 random cases, 0.23 in the
+        # worst, 0.56 in one Hypothesis found; int8 values read without their scales are off by far more.
+        assert np.abs(got - want).max() < 1.0, rule(
+            4, f"int8 cache: logits differ from the float32 cache by {np.abs(got - want).max():.2f}: prefill chunks "
+               "and decode both read dequantised K/V (values x per-token scales)")
 
 
 @pytest.mark.exercise4
@@ -1308,15 +1405,11 @@ def test_rollback_frees_blocks_and_leaves_no_stale_kv(spec_target):
     seq.run()
     seq.rollback(7)  # keep one draft token
     alloc = seq.table.allocator
-    assert len(seq.table.block_ids) == 2 and alloc.num_free_blocks == alloc.num_blocks - 2, (
-        "rolling back to 7 tokens in blocks of 4 must keep exactly 2 blocks")
+    assert len(seq.table.block_ids) == 2 and alloc.num_free_blocks == alloc.num_blocks - 2, rule(
+        2, "rolling back to 7 tokens in blocks of 4 keeps exactly 2 blocks and releases the rest")
     seq.extend([40])
-    logits = seq.run()
-    np.testing.assert_allclose(logits[-1], spec_target.forward_dense(prompt + [11, 40])[-1], atol=LOGITS_ATOL,
-                               err_msg="after a rollback the next step must see only the kept tokens")
-
-
-# --- for Exercise 7: speculative generation on the paged models ---------------------------
+    np.testing.assert_allclose(seq.run()[-1], spec_target.forward_dense(prompt + [11, 40])[-1], atol=LOGITS_ATOL,
+                               err_msg=rule(4, "after a rollback the next step sees only the kept tokens"))
 
 
 # =====================================================================================

@@ -24,6 +24,7 @@ the report's own reading may differ; a message that matches and is wrong is not 
 
     python tools/teach_check.py               # every mistake, two at a time
     python tools/teach_check.py -k reseeded   # those whose name contains this
+    python tools/teach_check.py -e 5          # Exercise 5's
     python tools/teach_check.py --json out.json
 """
 
@@ -252,11 +253,12 @@ def show(row: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-k", default="", help="only mistakes whose name contains this")
+    parser.add_argument("-e", "--exercise", type=int, action="append", help="only this exercise's mistakes")
     parser.add_argument("-j", type=int, default=os.cpu_count() or 2, help="mistakes run at once")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
     source = (ROOT / "solution.py").read_text()
-    chosen = [(i, m) for i, m in enumerate(MISTAKES) if args.k in m[0]]
+    chosen = [(i, m) for i, m in enumerate(MISTAKES) if args.k in m[0] and m[1] in (args.exercise or [m[1]])]
     rows = []
     with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(max(1, args.j)) as pool:
         for row in pool.map(lambda im: check(*im, source, Path(tmp)), chosen):
