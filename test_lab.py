@@ -2256,19 +2256,18 @@ class ScriptedGenerator(np.random.Generator):
         self.choice_probs = []
 
     def random(self, size=None, dtype=np.float64, out=None):
-        assert size is None, "draw one scalar uniform per draft token: rng.random()"
-        assert self.uniforms, "drew more uniforms than the documented one per draft considered"
+        assert size is None, rule(6, "the accept test draws one scalar uniform per draft token, rng.random()")
+        assert self.uniforms, rule(6, "drew more uniforms than the documented one per draft judged")
         return self.uniforms.pop(0)
 
     def uniform(self, *args, **kwargs):
-        raise AssertionError("draw the accept test's uniform with rng.random(), as documented")
+        raise AssertionError(rule(6, "the accept test's uniform is documented as rng.random()"))
 
     def integers(self, *args, **kwargs):
-        raise AssertionError("draw the residual/bonus token with rng.choice(V, p=dist)")
+        raise AssertionError(rule(6, "the residual or bonus token is documented as one rng.choice(V, p=dist)"))
 
     def choice(self, a, size=None, replace=True, p=None, axis=0, shuffle=True):
-        assert p is not None and size is None, \
-            "the residual/bonus token is documented as one rng.choice(V, p=dist)"
+        assert p is not None and size is None, rule(6, "the residual or bonus token is one rng.choice(V, p=dist)")
         self.choice_probs.append(np.array(p, dtype=np.float64))
         return np.int64(self.choice_token)
 
@@ -2296,25 +2295,27 @@ def first_token_distribution_by_branches(p, q, bonus_row):
             for u in (0.0, t - BRANCH_EPS):
                 rng = ScriptedGenerator([u], choice_token=0)
                 out = lab.accept_or_resample([x], q[None, :], target, rng)
-                assert out[0] == x and len(out) == 2, (
-                    f"draft {x} (accept probability {t:.6g}) must be accepted at u = {u:.6g}, followed by the bonus "
-                    f"token; got {out}")
-                assert not rng.uniforms and len(rng.choice_probs) == 1
-                np.testing.assert_allclose(
-                    rng.choice_probs[0], bonus_row, atol=1e-12,
-                    err_msg="after all k drafts are accepted the bonus comes from target_probs[k]")
+                assert out[0] == x and len(out) == 2, rule(
+                    6, f"draft {x} (accept probability {t:.6g}) is accepted at u = {u:.6g}, then the bonus token "
+                       f"follows; got {out}")
+                assert not rng.uniforms and len(rng.choice_probs) == 1, rule(
+                    6, "one rng.random() for the draft, then one rng.choice for the bonus token")
+                np.testing.assert_allclose(rng.choice_probs[0], bonus_row, atol=1e-12, err_msg=rule(
+                    6, "after all k drafts are accepted the bonus token comes from target_probs[k]"))
             dist[x] += q[x] * t
         if 1.0 - t > BRANCH_EPS:
             residuals = []
             for u in (t + BRANCH_EPS, 1.0 - 2.0 ** -53):
                 rng = ScriptedGenerator([u], choice_token=0)
                 out = lab.accept_or_resample([x], q[None, :], target, rng)
-                assert out == [0], (
-                    f"draft {x} (accept probability {t:.6g}) must be rejected at u = {u:.6g} and the step must emit "
-                    f"just the resampled token; got {out}")
-                assert not rng.uniforms and len(rng.choice_probs) == 1
+                assert out == [0], rule(
+                    6, f"draft {x} (accept probability {t:.6g}) is rejected at u = {u:.6g}, and the step emits just "
+                       f"the resampled token; got {out}")
+                assert not rng.uniforms and len(rng.choice_probs) == 1, rule(
+                    6, "one rng.random() for the draft, then one rng.choice for the resampled token")
                 residuals.append(rng.choice_probs[0])
-            np.testing.assert_allclose(residuals[0], residuals[1], atol=1e-12)
+            np.testing.assert_allclose(residuals[0], residuals[1], atol=1e-12, err_msg=rule(
+                6, "a rejection resamples from one distribution, residual_distribution(p, q), whatever u was"))
             dist += q[x] * (1.0 - t) * residuals[0]
     return dist
 
@@ -2346,25 +2347,9 @@ def target_and_draft(draw):
 # TARGET[c] after token c) and a different chain for the draft (DRAFT[c]). Target rows prefer
 # high ids, draft rows low ids, each rolled by the context so rows differ: a wrong row or context
 # (e.g. drafts kept after a rejection changed the context) shows in the pair distribution.
-V8 = 8
-
-
-START = 0
-
-
-_BASE_P = normalised([1, 1, 2, 2, 3, 4, 5, 6])
-
-
-_BASE_Q = normalised([6, 5, 4, 3, 2, 2, 1, 1])
-
-
-TARGET = np.stack([np.roll(_BASE_P, c) for c in range(V8)])
-
-
-DRAFT = np.stack([np.roll(_BASE_Q, 3 * c) for c in range(V8)])
-
-
-NUM_SAMPLES = 4000
+V8, START, NUM_SAMPLES = 8, 0, 4000
+TARGET = np.stack([np.roll(normalised([1, 1, 2, 2, 3, 4, 5, 6]), c) for c in range(V8)])
+DRAFT = np.stack([np.roll(normalised([6, 5, 4, 3, 2, 2, 1, 1]), 3 * c) for c in range(V8)])
 
 
 @functools.cache
@@ -2397,16 +2382,15 @@ def sampled_runs(k, seed=1234):
     return pairs, first_step_len
 
 
-# --- residual_distribution ----------------------------------------------------------------
+# --- residual_distribution, then accept/resample branch by branch --------------------------
 
 
 @pytest.mark.exercise6
 def test_residual_is_positive_part_of_p_minus_q_normalised():
-    p = np.array([0.6, 0.4, 0.0])
-    q = np.array([0.1, 0.2, 0.7])
-    expected = np.array([0.5, 0.2, 0.0]) / 0.7
-    np.testing.assert_allclose(lab.residual_distribution(p, q), expected, atol=1e-12,
-                               err_msg="residual = max(0, p - q) / sum(max(0, p - q))")
+    p, q = np.array([0.6, 0.4, 0.0]), np.array([0.1, 0.2, 0.7])
+    np.testing.assert_allclose(lab.residual_distribution(p, q), np.array([0.5, 0.2, 0.0]) / 0.7, atol=1e-12,
+                               err_msg=rule(6, "the residual is max(0, p - q) normalised, p the target's row and q the "
+                                               "draft's: the mass p has beyond q", level=2))
 
 
 @pytest.mark.exercise6
@@ -2414,51 +2398,28 @@ def test_residual_falls_back_to_p_when_p_equals_q():
     p = np.array([0.25, 0.25, 0.5, 0.0])
     with np.errstate(all="raise"):      # a 0/0 normalisation would raise here
         r = lab.residual_distribution(p, p.copy())
-    assert np.all(np.isfinite(r)), "p == q leaves no residual mass: fall back to p, never 0/0"
-    np.testing.assert_allclose(r, p, atol=1e-12)
-
-
-# --- exact preservation -------------------------------------------------------------------
+    np.testing.assert_allclose(r, p, atol=1e-12, err_msg=rule(
+        6, "p == q leaves no residual mass: the residual is then p itself (never 0/0)"))
 
 
 @pytest.mark.exercise6
-@settings(max_examples=60)
-@given(target_and_draft())
-def test_output_distribution_equals_target_exactly(pq):
-    p, q = pq
-    np.testing.assert_allclose(
-        lab.speculative_output_distribution(p, q), p, rtol=0, atol=1e-9,
-        err_msg="min(p, q) kept drafts + rejected mass * residual must add up to p, for any q")
-
-
-@pytest.mark.exercise6
-@settings(max_examples=40)
-@given(target_and_draft())
-def test_accept_or_resample_branches_reproduce_target_exactly(pq):
-    p, q = pq
-    vocab_size = len(p)
-    bonus_row = normalised(p + np.eye(vocab_size)[vocab_size - 1])
-    enumerated = first_token_distribution_by_branches(p, q, bonus_row)
-    np.testing.assert_allclose(
-        enumerated, p, rtol=0, atol=1e-9,
-        err_msg="summed over every branch, the first emitted token must be distributed as p")
-    np.testing.assert_allclose(
-        enumerated, lab.speculative_output_distribution(p, q), rtol=0, atol=1e-9,
-        err_msg="accept_or_resample disagrees with the closed form speculative_output_distribution")
-
-
-# --- branch behaviour, deterministic ------------------------------------------------------
+@pytest.mark.parametrize("p0, u", [([0.0, 0.5, 0.5], 0.0), ([0.25, 0.75, 0.0], 0.5)], ids=["p=0,u=0", "u=p/q"])
+def test_a_draft_is_accepted_only_when_u_is_below_min_1_p_over_q(p0, u):
+    q, p = np.array([[0.5, 0.5, 0.0]]), np.array([p0, [1.0, 0.0, 0.0]])
+    out = lab.accept_or_resample([0], q, p, ScriptedGenerator([u], choice_token=1))
+    assert out == [1], rule(
+        6, f"draft 0, with p/q = {p0[0] / 0.5:g}, at u = {u:g} gave {out}: it is accepted iff u is below min(1, p/q), "
+           "strictly: at u = p/q it is rejected, and a token the target gives p = 0 is never accepted, not even at u = "
+           "0", level=3)
 
 
 @pytest.mark.exercise6
 def test_all_accepted_emits_drafts_then_bonus_from_last_target_row():
-    k = 3
-    rows = np.tile(normalised([1, 2, 3, 4]), (k, 1))
-    target = np.vstack([rows, np.eye(4)[2]])        # p == q: every draft is accepted
-    out = lab.accept_or_resample([3, 0, 1], rows, target, np.random.default_rng(0))
-    assert out == [3, 0, 1, 2], (
-        f"with p == q every draft is kept and the bonus comes from target_probs[k] "
-        f"(one-hot on 2); got {out}")
+    rows = np.tile(normalised([1, 2, 3, 4]), (3, 1))
+    out = lab.accept_or_resample([3, 0, 1], rows, np.vstack([rows, np.eye(4)[2]]), np.random.default_rng(0))
+    assert out == [3, 0, 1, 2], rule(
+        6, f"got {out}: with p == q every draft is kept, then the bonus token comes from target_probs[k] (one-hot on 2 "
+           "here)")
 
 
 @pytest.mark.exercise6
@@ -2467,9 +2428,20 @@ def test_first_rejection_ends_step_with_residual_token():
     target = np.tile(normalised([1, 1, 1, 1]), (4, 1))
     target[0] = [0.0, 0.0, 1.0, 0.0]                # p_0(draft 0) = 0: always rejected
     out = lab.accept_or_resample([0, 1, 2], q, target, np.random.default_rng(0))
-    assert out == [2], (
-        f"draft 0 has p = 0, so it is rejected, replaced from the residual (one-hot on 2) and "
-        f"the step ends there; got {out}")
+    assert out == [2], rule(
+        6, f"got {out}: draft 0 has p = 0, so it is rejected and replaced from the residual (one-hot on 2), and the "
+           "step ends at the first rejection", level=2)
+
+
+@pytest.mark.exercise6
+def test_rejection_resamples_from_the_rejected_positions_rows():
+    q = np.array([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]])   # rows differ: row 0 is no stand-in
+    p = np.array([[0.25, 0.25, 0.25, 0.25], [0.4, 0.3, 0.2, 0.1], [0.0, 0.0, 0.0, 1.0]])
+    rng = ScriptedGenerator([0.0, 1.0 - 2.0 ** -53], choice_token=0)   # keep draft 0, reject 1
+    out = lab.accept_or_resample([2, 3], q, p, rng)
+    assert out == [2, 0] and len(rng.choice_probs) == 1, rule(6, f"expected [draft 0, resampled]; got {out}")
+    np.testing.assert_allclose(rng.choice_probs[0], normalised(np.maximum(p[1] - q[1], 0)), atol=1e-12, err_msg=rule(
+        6, "a rejection at position 1 resamples from residual_distribution(p_1, q_1): the rejected position's rows"))
 
 
 @pytest.mark.exercise6
@@ -2479,35 +2451,49 @@ def test_draws_follow_documented_order():
     target[2] = normalised([1, 1, 0, 2])            # draft 2 (token 2) has accept prob 0
     rng = ScriptedGenerator([0.5, 0.5, 0.5], choice_token=3)
     out = lab.accept_or_resample([0, 1, 2], q, target, rng)
-    assert out == [0, 1, 3] and not rng.uniforms and len(rng.choice_probs) == 1, (
-        "expected one rng.random() per draft considered (3) then one rng.choice for the residual")
-    np.testing.assert_allclose(rng.choice_probs[0], [0, 0, 0, 1], atol=1e-12,
-                               err_msg="the residual max(0, p - q) here is one-hot on token 3")
-
-
-@pytest.mark.exercise6
-def test_rejection_resamples_from_the_rejected_positions_rows():
-    q = np.array([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]])   # rows differ: row 0 is no stand-in
-    p = np.array([[0.25, 0.25, 0.25, 0.25], [0.4, 0.3, 0.2, 0.1], [0.0, 0.0, 0.0, 1.0]])
-    rng = ScriptedGenerator([0.0, 1.0 - 2.0 ** -53], choice_token=0)   # keep draft 0, reject 1
-    out = lab.accept_or_resample([2, 3], q, p, rng)
-    expected = np.maximum(p[1] - q[1], 0.0) / np.maximum(p[1] - q[1], 0.0).sum()
-    assert out == [2, 0] and len(rng.choice_probs) == 1, f"expected [draft 0, resampled]; got {out}"
-    np.testing.assert_allclose(rng.choice_probs[0], expected, atol=1e-12,
-                               err_msg="a rejection at position 1 resamples from max(0, p_1 - q_1)")
+    assert out == [0, 1, 3] and not rng.uniforms and len(rng.choice_probs) == 1, rule(
+        6, f"got {out}: one rng.random() per draft judged (3 here), then one rng.choice for the residual", level=3)
+    np.testing.assert_allclose(rng.choice_probs[0], [0, 0, 0, 1], atol=1e-12, err_msg=rule(
+        6, "the rejected position's residual, max(0, p_2 - q_2) normalised, is one-hot on token 3 here"))
 
 
 @pytest.mark.exercise6
 def test_seeded_runs_are_reproducible():
     q, p = DRAFT[[0, 5]], TARGET[[0, 5, 4]]
     a = [lab.accept_or_resample([5, 4], q, p, np.random.default_rng(7)) for _ in range(3)]
-    assert all(isinstance(t, (int, np.integer)) for t in a[0]) and 1 <= len(a[0]) <= 3, (
-        f"accept_or_resample returns 1 to k+1 = 3 token ids; got {a[0]!r}")
+    assert all(isinstance(t, (int, np.integer)) for t in a[0]) and 1 <= len(a[0]) <= 3, rule(
+        6, f"accept_or_resample returns 1 to k+1 = 3 token ids; got {a[0]!r}")
     rng1, rng2 = np.random.default_rng(11), np.random.default_rng(11)
     b1 = [lab.accept_or_resample([5, 4], q, p, rng1) for _ in range(50)]
     b2 = [lab.accept_or_resample([5, 4], q, p, rng2) for _ in range(50)]
-    assert a[0] == a[1] == a[2] and b1 == b2, "same seed, same inputs: same emitted tokens"
-    assert len({tuple(x) for x in b1}) > 1, "50 steps drawn from one generator all emitted the same tokens"
+    assert a[0] == a[1] == a[2] and b1 == b2, rule(6, "same seed, same inputs: same emitted tokens (draws only from "
+                                                      "rng)")
+    assert len({tuple(x) for x in b1}) > 1, rule(6, "50 steps drawn from one generator all emitted the same tokens")
+
+
+# --- exact preservation -------------------------------------------------------------------
+
+
+@pytest.mark.exercise6
+@settings(max_examples=40)
+@given(target_and_draft())
+def test_accept_or_resample_branches_reproduce_target_exactly(pq):
+    p, q = pq
+    bonus_row = normalised(p + np.eye(len(p))[len(p) - 1])
+    enumerated = first_token_distribution_by_branches(p, q, bonus_row)
+    np.testing.assert_allclose(enumerated, p, rtol=0, atol=1e-9, err_msg=rule(
+        6, "summed over every branch, the first emitted token has exactly the target's distribution p", level=2))
+    np.testing.assert_allclose(enumerated, lab.speculative_output_distribution(p, q), rtol=0, atol=1e-9, err_msg=rule(
+        6, "accept_or_resample disagrees with the closed form speculative_output_distribution"))
+
+
+@pytest.mark.exercise6
+@settings(max_examples=60)
+@given(target_and_draft())
+def test_output_distribution_equals_target_exactly(pq):
+    p, q = pq
+    np.testing.assert_allclose(lab.speculative_output_distribution(p, q), p, rtol=0, atol=1e-9, err_msg=rule(
+        6, "min(p, q) kept drafts + the rejected mass x the residual add up to p, for any q", level=2))
 
 
 # --- sampled preservation -----------------------------------------------------------------
@@ -2517,10 +2503,10 @@ def assert_sampled_close(samples, exact, what):
     """The empirical distribution of the integer `samples` is within the L1 bound of `exact`."""
     empirical = np.bincount(samples, minlength=len(exact))[: len(exact)] / len(samples)
     l1, bound = np.abs(empirical - exact).sum(), l1_bound(len(samples), len(exact))
-    assert l1 < bound, (
-        f"{what}: empirical {np.round(empirical, 3)} vs exact {np.round(exact, 3)}, L1 distance {l1:.3f} "
-        f"exceeds {bound:.3f}, the bound a correct sampler stays under with probability 1 - 1e-7 "
-        f"(n = {len(samples)}, {len(exact)} cells)")
+    assert l1 < bound, rule(
+        6, f"{what}: empirical {np.round(empirical, 3)} vs exact {np.round(exact, 3)}, L1 distance {l1:.3f} exceeds "
+           f"{bound:.3f}, the bound a correct sampler stays under with probability 1 - 1e-7 (n = {len(samples)}, "
+           f"{len(exact)} cells): each emitted token has exactly the target's distribution")
 
 
 @pytest.mark.exercise6
@@ -2547,7 +2533,7 @@ def test_sampled_tokens_per_step_match_acceptance(k):
     kept = np.minimum(TARGET, DRAFT)
     all_kept = [np.linalg.matrix_power(kept, j)[START].sum() for j in range(k + 2)]
     exact = np.array([all_kept[j] - all_kept[j + 1] for j in range(k)] + [all_kept[k]])
-    assert lengths.min() >= 1 and lengths.max() <= k + 1, "a step emits 1 to k+1 tokens"
+    assert lengths.min() >= 1 and lengths.max() <= k + 1, rule(6, "a step emits 1 to k+1 tokens")
     assert_sampled_close(lengths - 1, exact, "tokens per step (j+1 when j drafts are kept, k+1 with the bonus)")
 
 
@@ -2579,9 +2565,9 @@ def test_greedy_rounds_accept_the_drafts_the_draft_model_proposes_from_the_commi
         expected.append(accepted)
         committed += wanted[: accepted + 1]
     assert out.accepted_per_pass == expected, (
-        f"accepted per round {out.accepted_per_pass}, expected {expected}: each round the draft proposes its "
-        "greedy continuation of the COMMITTED tokens, so after a rejection both caches are rolled back to "
-        "them (a draft that keeps its rejected tokens drafts from a wrong context)")
+        f"accepted per round {out.accepted_per_pass}, expected {expected}: each round the draft proposes its greedy "
+        "continuation of the COMMITTED tokens, so after a rejection both caches are rolled back to them (a draft that "
+        "keeps its rejected tokens drafts from a wrong context)")
 
 
 @pytest.mark.exercise7
