@@ -2542,20 +2542,70 @@ def test_sampled_tokens_per_step_match_acceptance(k):
 # =====================================================================================
 
 
+def speculate(target, draft, prompt, sampling, k):
+    """lab.speculative_generate; an error raised by the provided code it calls (a cache asked to keep
+    tokens it never held, a position past the context) fails with the rule that keeps it from happening."""
+    try:
+        return lab.speculative_generate(target, draft, prompt, sampling, k=k)
+    except (ValueError, lab.OutOfBlocksError) as exc:
+        error = exc
+    if "cannot truncate" in str(error):
+        pytest.fail(rule(7, f"a rollback asked a cache for more tokens than it holds ({error}): after each round both "
+                            "caches are rolled back to the committed tokens but the last, which is then added "
+                            "uncomputed", level=2))
+    if "n_positions" in str(error) or isinstance(error, lab.OutOfBlocksError):
+        pytest.fail(rule(7, f"a round ran past the context ({type(error).__name__}: {error}): it drafts min(k, tokens "
+                            "still wanted - 1, positions left in the context - 1) tokens"))
+    raise error
+
+
+def speculative_reference(target, draft, prompt, sampling, k):
+    """speculative_generate as its docstring says, on forward_dense (no cache) with lab.accept_or_resample
+    and one generator for the whole run: the tokens, and the drafts accepted per round."""
+    rng, out, accepted = np.random.default_rng(sampling.seed), [], []
+    limit = min(sampling.max_tokens, min(target.config.n_positions, draft.config.n_positions) - len(prompt))
+    while len(out) < limit and not set(sampling.stop_token_ids) & set(out):
+        n, drafts, q = min(k, limit - len(out) - 1), [], []
+        for _ in range(n):
+            q.append(lab.token_probs(draft.forward_dense(prompt + out + drafts)[-1], sampling.temperature))
+            drafts.append(int(rng.choice(len(q[-1]), p=q[-1])))
+        p = lab.token_probs(target.forward_dense(prompt + out + drafts)[-n - 1:], sampling.temperature)
+        emitted = lab.accept_or_resample(drafts, np.array(q).reshape(n, p.shape[1]), p, rng)
+        accepted.append(len(emitted) - 1)
+        out += emitted
+    return out, accepted
+
+
 @pytest.mark.exercise7
-def test_greedy_speculation_with_a_good_draft_equals_the_targets_greedy_output(spec_target):
-    draft = lab.make_self_draft(spec_target, 2)
-    out = lab.speculative_generate(spec_target, draft, [1, 2, 3], lab.SamplingParams(max_tokens=24), k=3)
-    assert out.token_ids == greedy_reference(spec_target, [1, 2, 3], 24), (
-        "greedy speculative decoding must reproduce the target's own greedy tokens exactly")
-    assert out.num_accepted > 0, "a self-draft with half the target's layers should get some tokens accepted"
+@pytest.mark.parametrize("k, max_tokens", [(1, 9), (3, 17), (4, 30)])
+def test_target_passes_match_the_accept_counts(spec_target, k, max_tokens):
+    draft = lab.make_self_draft(spec_target, 1)
+    sampling = lab.SamplingParams(temperature=0.8, seed=k, max_tokens=max_tokens)
+    out = speculate(spec_target, draft, [9, 8, 7], sampling, k)
+    assert out.num_target_passes == len(out.accepted_per_pass), rule(
+        7, f"{out.num_target_passes} target passes for {len(out.accepted_per_pass)} rounds: num_target_passes counts "
+           "the rounds, one verification pass each (the prefill is not one)")
+    assert out.num_accepted == sum(out.accepted_per_pass), rule(7, "num_accepted is the sum of accepted_per_pass")
+    assert len(out.token_ids) == max_tokens and out.num_accepted + out.num_target_passes == max_tokens, rule(
+        7, f"{len(out.token_ids)} tokens for max_tokens={max_tokens} ({out.num_target_passes} rounds, each its "
+           f"accepted drafts + one token, {out.num_accepted} accepted): a round drafts min(k, tokens still wanted - 1) "
+           "tokens, so no round emits past max_tokens, and the prefill emits nothing")
+    wanted, expected_drafts = max_tokens, 0
+    for accepted in out.accepted_per_pass:
+        expected_drafts += min(k, wanted - 1)
+        wanted -= accepted + 1
+    assert out.num_draft_tokens == expected_drafts, rule(
+        7, f"num_draft_tokens is {out.num_draft_tokens}, expected {expected_drafts}: each round drafts min(k, tokens "
+           "still wanted - 1) tokens, and num_draft_tokens counts the drafts made")
+    assert out.acceptance_rate == pytest.approx(out.num_accepted / out.num_draft_tokens), rule(
+        7, "acceptance_rate is num_accepted / num_draft_tokens")
 
 
 @pytest.mark.exercise7
 def test_greedy_rounds_accept_the_drafts_the_draft_model_proposes_from_the_committed_tokens(spec_target):
     draft = lab.make_self_draft(spec_target, 2)
     prompt, k, max_tokens = [1, 2, 3], 3, 12
-    out = lab.speculative_generate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=max_tokens), k=k)
+    out = speculate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=max_tokens), k)
     committed, expected = list(prompt), []  # the reference: both models re-run densely, no cache
     while len(committed) - len(prompt) < max_tokens:
         n = min(k, max_tokens - (len(committed) - len(prompt)) - 1)
@@ -2564,66 +2614,49 @@ def test_greedy_rounds_accept_the_drafts_the_draft_model_proposes_from_the_commi
         accepted = next((i for i in range(n) if proposals[i] != wanted[i]), n)
         expected.append(accepted)
         committed += wanted[: accepted + 1]
-    assert out.accepted_per_pass == expected, (
-        f"accepted per round {out.accepted_per_pass}, expected {expected}: each round the draft proposes its greedy "
-        "continuation of the COMMITTED tokens, so after a rejection both caches are rolled back to them (a draft that "
-        "keeps its rejected tokens drafts from a wrong context)")
+    assert out.accepted_per_pass == expected, rule(
+        7, f"accepted per round {out.accepted_per_pass}, expected {expected}: each round the draft proposes its greedy "
+           "continuation of the COMMITTED tokens: after every round both caches are rolled back to the committed "
+           "tokens", level=2)
+
+
+@pytest.mark.exercise7
+def test_greedy_speculation_with_a_good_draft_equals_the_targets_greedy_output(spec_target):
+    out = speculate(spec_target, lab.make_self_draft(spec_target, 2), [1, 2, 3], lab.SamplingParams(max_tokens=24), 3)
+    assert out.token_ids == greedy_reference(spec_target, [1, 2, 3], 24), rule(
+        7, "greedy speculative decoding gives exactly the target's own greedy tokens")
+    assert out.num_accepted > 0, rule(7, "a self-draft with half the target's layers gets some drafts accepted")
 
 
 @pytest.mark.exercise7
 def test_greedy_speculation_with_an_always_wrong_draft_still_equals_the_target(spec_target):
     wrong = lab.ToyTransformer(lab.ModelConfig(**{**SPEC_TARGET, "n_layer": 1}), seed=99)
-    out = lab.speculative_generate(spec_target, wrong, [4, 5, 6], lab.SamplingParams(max_tokens=20), k=3)
-    assert out.token_ids == greedy_reference(spec_target, [4, 5, 6], 20), (
-        "with every draft rejected, each round must still emit the target's token (the residual)")
-    assert out.num_accepted == 0, (
-        f"{out.num_accepted} drafts accepted: from the committed tokens this draft's greedy proposals never "
-        "equal the target's, so either a draft that differs from the target's argmax was accepted, or the "
-        "draft's cache was not rolled back to the committed tokens and drafted from another context")
-    assert out.num_target_passes == 20, "every round emits exactly one token when nothing is accepted"
-
-
-@pytest.mark.exercise7
-@pytest.mark.parametrize("k, max_tokens", [(1, 9), (3, 17), (4, 30)])
-def test_target_passes_match_the_accept_counts(spec_target, k, max_tokens):
-    draft = lab.make_self_draft(spec_target, 1)
-    out = lab.speculative_generate(spec_target, draft, [9, 8, 7], lab.SamplingParams(temperature=0.8, seed=k,
-                                                                                        max_tokens=max_tokens), k=k)
-    assert out.num_target_passes == len(out.accepted_per_pass), "one target pass per round"
-    assert out.num_accepted == sum(out.accepted_per_pass)
-    assert len(out.token_ids) == max_tokens
-    assert out.num_accepted + out.num_target_passes == max_tokens, (
-        f"{out.num_target_passes} rounds emitted {out.num_accepted} accepted drafts + one token each, which is not "
-        f"the {max_tokens} tokens asked for: the prefill emits nothing, and a round drafts no more than "
-        "min(k, tokens still wanted - 1), so no round emits past max_tokens")
-    wanted, expected_drafts = max_tokens, 0
-    for accepted in out.accepted_per_pass:
-        expected_drafts += min(k, wanted - 1)
-        wanted -= accepted + 1
-    assert out.num_draft_tokens == expected_drafts, (
-        f"num_draft_tokens is {out.num_draft_tokens}, expected {expected_drafts}: each round drafts "
-        "min(k, tokens still wanted - 1) tokens, and num_draft_tokens counts the drafts made")
-    assert out.acceptance_rate == pytest.approx(out.num_accepted / out.num_draft_tokens)
+    out = speculate(spec_target, wrong, [4, 5, 6], lab.SamplingParams(max_tokens=20), 3)
+    assert out.token_ids == greedy_reference(spec_target, [4, 5, 6], 20), rule(
+        7, "with every draft rejected, each round still emits the target's token (the residual)")
+    assert out.num_accepted == 0, rule(
+        7, f"{out.num_accepted} drafts accepted: from the committed tokens this draft's greedy proposals never equal "
+           "the target's, so either a draft other than the target's argmax was accepted, or the draft's cache was not "
+           "rolled back to the committed tokens")
+    assert out.num_target_passes == 20, rule(7, "every round emits exactly one token when nothing is accepted")
 
 
 @pytest.mark.exercise7
 def test_the_target_verifies_each_round_in_one_forward_pass():
     target = lab.ToyTransformer(lab.ModelConfig(**SPEC_TARGET), seed=1)  # our own instance: we wrap its forward
     draft = lab.make_self_draft(target, 1)
-    calls = []
-    forward = target.forward
+    calls, forward = [], target.forward
 
     def counting_forward(*args, **kwargs):
         calls.append(1)
         return forward(*args, **kwargs)
 
     target.forward = counting_forward
-    out = lab.speculative_generate(target, draft, [9, 8, 7], lab.SamplingParams(max_tokens=15), k=3)
-    assert out.token_ids == greedy_reference(target, [9, 8, 7], 15)
-    passes = out.num_target_passes
-    assert passes <= len(calls) <= passes + 1, (
-        f"{len(calls)} calls of target.forward for {passes} rounds: the target must score the last token and "
-        "all k drafts in ONE paged forward pass per round (plus at most one prefill of the prompt)")
+    out = speculate(target, draft, [9, 8, 7], lab.SamplingParams(max_tokens=15), 3)
+    assert out.token_ids == greedy_reference(target, [9, 8, 7], 15), rule(7, "greedy: the target's greedy tokens")
+    assert out.num_target_passes <= len(calls) <= out.num_target_passes + 1, rule(
+        7, f"{len(calls)} calls of target.forward for {out.num_target_passes} rounds: the target scores the last token "
+           "and all the drafts in ONE paged forward pass per round (and at most one prefill of the prompt)")
 
 
 @pytest.mark.exercise7
@@ -2631,46 +2664,55 @@ def test_the_target_verifies_each_round_in_one_forward_pass():
 def test_speculation_runs_up_to_the_last_position_without_running_out_of_blocks(spec_target, left):
     n = spec_target.config.n_positions
     prompt = [(7 * i) % spec_target.config.vocab_size for i in range(n - left)]
-    out = lab.speculative_generate(spec_target, spec_target, prompt, lab.SamplingParams(max_tokens=left), k=8)
-    assert out.token_ids == greedy_reference(spec_target, prompt, left), (
-        "near n_positions a round must draft fewer tokens: its bonus token needs a position too")
-    assert out.num_accepted == out.num_draft_tokens, "a draft identical to the target must have every draft accepted"
+    out = speculate(spec_target, spec_target, prompt, lab.SamplingParams(max_tokens=left), 8)
+    assert out.token_ids == greedy_reference(spec_target, prompt, left), rule(
+        7, "near n_positions a round drafts fewer tokens (positions left in the context - 1): its bonus token needs a "
+           "position too")
+    assert out.num_accepted == out.num_draft_tokens, rule(7, "a draft identical to the target has every draft accepted")
 
 
 @pytest.mark.exercise7
 def test_stop_token_ends_speculative_generation(spec_target):
     full = greedy_reference(spec_target, [1, 2, 3], 12)
     stop = full[5]
-    out = lab.speculative_generate(spec_target, lab.make_self_draft(spec_target, 2), [1, 2, 3],
-                                   lab.SamplingParams(max_tokens=12, stop_token_ids=(stop,)), k=4)
-    assert out.token_ids == full[: full.index(stop) + 1], "generation ends with the first stop token, kept"
+    out = speculate(spec_target, lab.make_self_draft(spec_target, 2), [1, 2, 3],
+                    lab.SamplingParams(max_tokens=12, stop_token_ids=(stop,)), 4)
+    assert out.token_ids == full[: full.index(stop) + 1], rule(7, "the output stops at the first stop token, kept")
 
 
 @pytest.mark.exercise7
 def test_no_round_runs_after_the_round_that_emitted_a_stop_token(spec_target):
     draft, prompt = lab.make_self_draft(spec_target, 2), [1, 2, 3]
-    free = lab.speculative_generate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=16), k=3)
+    free = speculate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=16), 3)
     stop = free.token_ids[4]
     at = free.token_ids.index(stop)
     rounds = next(r + 1 for r in range(len(free.accepted_per_pass))
                   if sum(a + 1 for a in free.accepted_per_pass[: r + 1]) > at)  # the round that emitted it
     assert rounds < free.num_target_passes, "test setup: the free run must go on after the stop token"
-    out = lab.speculative_generate(spec_target, draft, prompt,
-                                   lab.SamplingParams(max_tokens=16, stop_token_ids=(stop,)), k=3)
-    assert out.token_ids == free.token_ids[: at + 1]
-    assert out.num_target_passes == rounds and out.accepted_per_pass == free.accepted_per_pass[:rounds], (
-        f"{out.num_target_passes} rounds ran, but round {rounds} emitted the stop token: no round starts after "
-        "a stop token (each would cost a target pass for tokens that are thrown away)")
+    out = speculate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=16, stop_token_ids=(stop,)), 3)
+    assert out.token_ids == free.token_ids[: at + 1], rule(7, "the output stops at the first stop token, kept")
+    assert out.num_target_passes == rounds and out.accepted_per_pass == free.accepted_per_pass[:rounds], rule(
+        7, f"{out.num_target_passes} rounds ran, but round {rounds} emitted the stop token: no round starts after a "
+           "stop token")
 
 
 @pytest.mark.exercise7
 def test_a_draft_identical_to_the_target_has_every_draft_accepted_when_sampling(spec_target):
-    sampling = lab.SamplingParams(temperature=1.0, max_tokens=16, seed=3)
-    out = lab.speculative_generate(spec_target, spec_target, [1, 2, 3], sampling, k=4)
-    assert out.num_draft_tokens > 0 and out.num_accepted == out.num_draft_tokens, (
-        f"{out.num_accepted} of {out.num_draft_tokens} drafts accepted with q = p: a draft is accepted with "
-        "probability min(1, p/q) = 1. The draft must sample at the request's temperature (a greedy draft "
-        "against a sampling target is accepted only with probability p(draft))")
+    out = speculate(spec_target, spec_target, [1, 2, 3], lab.SamplingParams(temperature=1.0, max_tokens=16, seed=3), 4)
+    assert out.num_draft_tokens > 0 and out.num_accepted == out.num_draft_tokens, rule(
+        7, f"{out.num_accepted} of {out.num_draft_tokens} drafts accepted with q = p, where each is accepted with "
+           "probability min(1, p/q) = 1: the draft samples at the target's temperature")
+
+
+@pytest.mark.exercise7
+def test_a_seeded_run_draws_from_one_generator_for_the_whole_run(spec_target):
+    draft, sampling = lab.make_self_draft(spec_target, 1), lab.SamplingParams(temperature=1.0, max_tokens=16, seed=5)
+    out = speculate(spec_target, draft, [1, 2, 3], sampling, 3)
+    want, accepted = speculative_reference(spec_target, draft, [1, 2, 3], sampling, 3)
+    assert (out.token_ids, out.accepted_per_pass) == (want, accepted), rule(
+        7, f"seed 5 gave {out.token_ids} ({out.accepted_per_pass} accepted per round), where one generator for the "
+           f"whole run gives {want} ({accepted}): one generator, default_rng(sampling.seed), serves the draft's draws "
+           "and accept_or_resample's, in the order they happen, from the first round to the last", level=3)
 
 
 @pytest.mark.exercise7
@@ -2680,24 +2722,22 @@ def test_sampled_speculation_matches_the_targets_exact_sequence_probabilities():
     64 cells exceeds sqrt(2 (64 ln 2 + ln 1e6) / n) with probability < 1e-6."""
     target = lab.ToyTransformer(lab.ModelConfig(**SPEC_TINY, n_layer=2), seed=5)
     draft = lab.ToyTransformer(lab.ModelConfig(**SPEC_TINY, n_layer=1), seed=6)  # alpha ~0.7
-    prompt, n, V = [1, 2], 2000, 8
+    prompt, n, V, temperature = [1, 2], 2000, 8, 0.8
 
     def probs(logits):
         e = np.exp(logits.astype(np.float64) - logits.max())
         return e / e.sum()
 
-    temperature = 0.8
     first = probs(target.forward_dense(prompt)[-1] / temperature)
     exact = np.array([first[a] * probs(target.forward_dense(prompt + [a])[-1] / temperature) for a in range(V)]).ravel()
     counts = np.zeros(V * V)
     for seed in range(n):
-        sampling = lab.SamplingParams(temperature=temperature, max_tokens=2, seed=seed)
-        out = lab.speculative_generate(target, draft, prompt, sampling, k=2)
+        out = speculate(target, draft, prompt, lab.SamplingParams(temperature=temperature, max_tokens=2, seed=seed), 2)
         counts[out.token_ids[0] * V + out.token_ids[1]] += 1
-    l1 = np.abs(counts / n - exact).sum()
-    bound = l1_bound(n, V * V, delta=1e-6)
-    assert l1 < bound, (f"sampled speculative sequences are off the target's distribution: L1 {l1:.3f} >= "
-                        f"{bound:.3f}; check which rows p and q come from and the temperature on both")
+    l1, bound = np.abs(counts / n - exact).sum(), l1_bound(n, V * V, delta=1e-6)
+    assert l1 < bound, rule(
+        7, f"sampled speculative sequences are off the target's distribution: L1 {l1:.3f} >= {bound:.3f}: the output "
+           "has the target's distribution (p from the target's rows, q from the draft's, both at the temperature)")
 
 
 # =====================================================================================
