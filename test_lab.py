@@ -2746,15 +2746,26 @@ def test_sampled_speculation_matches_the_targets_exact_sequence_probabilities():
 
 
 MiB = 2**20
-
-
-# --- plan_deployment ----------------------------------------------------------------------
-
-
 SEED_BUDGET = 0.9 * 81920 * MiB          # 77,309,411,328 B usable on an A100 80GB
-
-
 LLAMA13_WEIGHTS = 13_015_864_320 * 2     # 26,031,728,640 B in bf16
+
+# The rules the hand-computed plans check, in plan_deployment's words.
+BLOCKS = ("num_kv_blocks counts the whole blocks that fit in what the weights and activations leave of the budget: "
+          "a block that does not fit whole does not count")
+SEQS = ("a sequence owns whole blocks: max_concurrent_seqs counts the sequences that can ALL reach max_model_len, "
+        "each in blocks_needed(max_model_len, block_size) blocks")
+TP = "each GPU of a tensor-parallel group holds 1/tp of the weights and of every token's K/V (whole KV heads)"
+DECODE = ("a decode step takes the longer of its bytes over the bandwidth (the weights once, then each sequence's K/V "
+          "at its mean context: the prompt plus half the output) and its FLOPs at peak (2 per parameter per sequence)")
+PREFILL = "a prefill of one mean prompt takes 2 FLOPs per parameter per token, at peak"
+
+
+def assert_plan(plan, why, level=None, **expected):
+    """The plan's numbers against hand arithmetic (floats to 1e-9); a failure lists each wrong one and the rule."""
+    got = {name: getattr(plan, name) for name in expected}
+    wrong = [f"{name} {got[name]!r} (by hand {want!r})" for name, want in expected.items()
+             if got[name] != (pytest.approx(want, rel=1e-9) if isinstance(want, float) else want)]
+    assert not wrong, rule(8, f"{', '.join(wrong)}: {why}", level)
 
 
 @pytest.mark.exercise8
@@ -2762,15 +2773,11 @@ def test_plan_13b_on_a100_80gb_at_8k_hand_computed():
     plan = lab.plan_deployment("llama-2-13b", "a100-80gb", 8192)
     block = 16 * 819_200                                   # 13,107,200 B per 16-token block
     free = SEED_BUDGET - LLAMA13_WEIGHTS                   # 51,277,682,688 B
-    assert free == 51_277_682_688
-    assert block * 3912 <= free < block * 3913             # floor(free / block) = 3912
-    assert plan.block_bytes_per_gpu == block
-    assert plan.weight_bytes_per_gpu == LLAMA13_WEIGHTS
-    assert plan.num_kv_blocks == 3912, f"KV blocks {plan.num_kv_blocks}, hand arithmetic says 3912"
-    assert plan.num_cache_tokens == 3912 * 16 == 62_592
-    # an 8192-token sequence needs 8192 / 16 = 512 blocks; 3912 // 512 = 7
-    assert plan.max_concurrent_seqs == 7
-    assert plan.ceiling == "kv-blocks", "51 GB of KV pool vs 26 GB of weights: the KV blocks set the ceiling"
+    assert free == 51_277_682_688 and block * 3912 <= free < block * 3913, "hand arithmetic: floor(free / block)"
+    assert_plan(plan, BLOCKS, block_bytes_per_gpu=block, weight_bytes_per_gpu=LLAMA13_WEIGHTS, num_kv_blocks=3912,
+                num_cache_tokens=62_592)
+    assert_plan(plan, SEQS, max_concurrent_seqs=7)         # 8192 tokens = 512 blocks; 3912 // 512 = 7
+    assert plan.ceiling == "kv-blocks", rule(8, "51 GB of KV pool vs 26 GB of weights: the KV blocks set the ceiling")
 
 
 @pytest.mark.exercise8
@@ -2778,12 +2785,11 @@ def test_plan_with_an_8bit_kv_cache_doubles_the_blocks_hand_computed():
     plan = lab.plan_deployment("llama-2-13b", "a100-80gb", 8192, kv_cache_dtype="int8")
     block = 16 * 409_600                                   # 6,553,600 B: 1 byte per element
     free = SEED_BUDGET - LLAMA13_WEIGHTS                   # the weights stay bf16
-    assert block * 7824 <= free < block * 7825
-    assert plan.kv_bytes_per_token_per_gpu == 409_600 and plan.block_bytes_per_gpu == block
-    assert plan.num_kv_blocks == 7824, (
-        f"KV blocks {plan.num_kv_blocks}: an int8 KV cache stores 1 byte per element, half of bf16, "
-        "so the same pool holds twice the blocks (7824, hand arithmetic); use kv_bytes_per_token(model)")
-    assert plan.max_concurrent_seqs == 7824 // 512 == 15
+    assert block * 7824 <= free < block * 7825, "hand arithmetic: floor(free / block) = 7824"
+    assert_plan(plan, "an int8 KV cache stores 1 byte per element, half of bf16 (kv_bytes_per_token of the model it is "
+                      "given), so the same pool holds twice the blocks", kv_bytes_per_token_per_gpu=409_600,
+                block_bytes_per_gpu=block, num_kv_blocks=7824)
+    assert_plan(plan, SEQS, max_concurrent_seqs=7824 // 512)
 
 
 @pytest.mark.exercise8
@@ -2792,18 +2798,16 @@ def test_plan_gqa_llama3_8b_on_a100_40gb_with_and_without_tensor_parallelism():
     weights = 8_030_261_248 * 2                            # 16,060,522,496 B
     # tp=1: block = 16 x 131,072 = 2,097,152 B; (38,654,705,664 - 16,060,522,496) / 2,097,152 = 10773.9
     plan1 = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192)
-    assert math.floor((budget - weights) / 2_097_152) == 10773
-    assert plan1.num_kv_blocks == 10773
-    assert plan1.max_concurrent_seqs == 10773 // 512 == 21
+    assert math.floor((budget - weights) / 2_097_152) == 10773, "hand arithmetic"
+    assert_plan(plan1, BLOCKS, num_kv_blocks=10773)
+    assert_plan(plan1, SEQS, max_concurrent_seqs=10773 // 512)
     # tp=2: each GPU holds half the weights (8,030,261,248 B) and 4 of the 8 KV heads, so a
     # block is 1,048,576 B per GPU: (38,654,705,664 - 8,030,261,248) / 1,048,576 = 29205.7
     plan2 = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2)
-    assert plan2.weight_bytes_per_gpu == weights / 2
-    assert plan2.kv_bytes_per_token_per_gpu == 65_536 and plan2.block_bytes_per_gpu == 1_048_576, \
-        "under tensor parallelism every GPU holds only its share of the KV heads"
-    assert math.floor((budget - weights / 2) / 1_048_576) == 29205
-    assert plan2.num_kv_blocks == 29205, f"tp=2 gives {plan2.num_kv_blocks} blocks per GPU, hand arithmetic says 29205"
-    assert plan2.max_concurrent_seqs == 29205 // 512 == 57
+    assert math.floor((budget - weights / 2) / 1_048_576) == 29205, "hand arithmetic"
+    assert_plan(plan2, TP, weight_bytes_per_gpu=weights / 2, kv_bytes_per_token_per_gpu=65_536,
+                block_bytes_per_gpu=1_048_576, num_kv_blocks=29205)
+    assert_plan(plan2, SEQS, max_concurrent_seqs=29205 // 512)
 
 
 @pytest.mark.exercise8
@@ -2812,10 +2816,11 @@ def test_plan_llama2_70b_on_two_h100s_hand_computed():
     budget = 0.9 * 81559 * MiB                             # 76,968,728,985.6 B
     weights_per_gpu = 68_976_648_192 * 2 / 2               # 68,976,648,192 B
     block = 16 * (2 * 80 * 8 * 128 * 2) // 2               # 2,621,440 B: 4 of 8 KV heads per GPU
-    assert math.floor((budget - weights_per_gpu) / block) == 3048
-    assert plan.num_kv_blocks == 3048
-    assert plan.max_concurrent_seqs == 3048 // 256 == 11   # 4096 tokens = 256 blocks
-    assert plan.ceiling == "weights", "69 GB of weights vs 8 GB of KV pool per GPU: the weights set the ceiling"
+    assert math.floor((budget - weights_per_gpu) / block) == 3048, "hand arithmetic"
+    assert_plan(plan, TP, num_kv_blocks=3048)
+    assert_plan(plan, SEQS, max_concurrent_seqs=3048 // 256)   # 4096 tokens = 256 blocks
+    assert plan.ceiling == "weights", rule(8, "69 GB of weights vs 8 GB of KV pool per GPU: the weights set the "
+                                              "ceiling")
 
 
 @pytest.mark.exercise8
@@ -2823,30 +2828,31 @@ def test_plan_ceiling_names_the_bigger_consumer_of_the_budget():
     # llama-2-7b on an A100 40GB with a 10 GB activation reserve: budget 38,654,705,664 B,
     # weights 13,476,831,232 B, free 15,177,874,432 B = 1809 blocks of 8,388,608 B
     plan = lab.plan_deployment("llama-2-7b", "a100-40gb", 4096, activation_bytes=10 * 10**9)
-    assert plan.num_kv_blocks == 1809
-    assert plan.kv_pool_bytes == 1809 * 8_388_608 == 15_174_991_872
-    assert plan.ceiling == "kv-blocks", \
-        "15.2 GB of KV pool > 13.5 GB of weights: halving KV bytes per sequence beats deleting the weights"
+    assert_plan(plan, "the activation reserve comes off the budget per GPU: " + BLOCKS, num_kv_blocks=1809,
+                kv_pool_bytes=15_174_991_872)
+    assert plan.ceiling == "kv-blocks", rule(8, "15.2 GB of KV pool > 13.5 GB of weights: the KV blocks set the "
+                                                "ceiling")
     tight = lab.plan_deployment("llama-2-7b", "a100-40gb", 4096, activation_bytes=14 * 10**9)
-    assert tight.kv_pool_bytes < tight.weight_bytes_per_gpu and tight.ceiling == "weights"
+    assert tight.kv_pool_bytes < tight.weight_bytes_per_gpu and tight.ceiling == "weights", rule(
+        8, "with a 14 GB reserve the KV pool is smaller than the weights: the weights set the ceiling")
 
 
 @pytest.mark.exercise8
 def test_plan_ceiling_compares_the_bytes_on_each_gpu_under_tensor_parallelism():
     # llama-3-8b on two A100 40GB with a 20 GB activation reserve: per GPU, 38,654,705,664 - 8,030,261,248
     # (half the weights) - 20e9 = 10,624,444,416 B free = 10132 blocks of 1 MiB = 10.62 GB of KV pool
-    plan = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, activation_bytes=20 * 10**9,
-                               tensor_parallel_size=2)
-    assert plan.num_kv_blocks == 10132 and plan.kv_pool_bytes == 10132 * 2**20
-    assert plan.ceiling == "kv-blocks", (
-        "10.6 GB of KV pool against 8.0 GB of weights on each GPU: the KV blocks set the ceiling (compare "
-        "the per-GPU figures, not the pool of one GPU with the whole model's 16.1 GB)")
+    plan = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, activation_bytes=20 * 10**9, tensor_parallel_size=2)
+    assert_plan(plan, TP, num_kv_blocks=10132, kv_pool_bytes=10132 * 2**20)
+    assert plan.ceiling == "kv-blocks", rule(
+        8, "10.6 GB of KV pool against 8.0 GB of weights on each GPU: the KV blocks set the ceiling (the per-GPU "
+           "figures, not one GPU's pool against the whole model's 16.1 GB)")
 
 
 @pytest.mark.exercise8
 def test_plan_weights_that_do_not_fit_say_by_how_many_gb():
     # 137,953,296,384 B of weights vs a 76,968,728,985.6 B budget: short by 60.98 GB
-    with pytest.raises(ValueError, match=r"60\.98 GB"):
+    with must_raise(ValueError, rule(8, "weights that do not fit the budget are a ValueError saying by how many GB "
+                                        "(60.98 here)"), match=r"60\.98 GB"):
         lab.plan_deployment("llama-2-70b", "h100-80gb", 4096)
 
 
@@ -2854,15 +2860,14 @@ def test_plan_weights_that_do_not_fit_say_by_how_many_gb():
 def test_plan_activation_reserve_reduces_blocks():
     plan = lab.plan_deployment("llama-2-13b", "a100-80gb", 8192, activation_bytes=2 * 10**9)
     # (51,277,682,688 - 2,000,000,000) / 13,107,200 = 3759.5 -> 3759 (3912 without the reserve)
-    assert plan.num_kv_blocks == 3759, f"a 2 GB activation reserve should leave 3759 blocks, got {plan.num_kv_blocks}"
+    assert_plan(plan, "activation_bytes come off the budget too: " + BLOCKS, num_kv_blocks=3759)
 
 
 @pytest.mark.exercise8
 def test_plan_max_concurrent_seqs_counts_whole_blocks():
     plan = lab.plan_deployment("llama-2-13b", "a100-80gb", 20, mean_prompt_len=10, mean_output_len=10)
     # a 20-token sequence occupies 2 blocks of 16: 3912 // 2 = 1956, not 62,592 tokens // 20 = 3129
-    assert plan.max_concurrent_seqs == 1956, \
-        "a sequence owns whole blocks: its last block is only partly full"
+    assert_plan(plan, SEQS + " (its last block only partly full)", max_concurrent_seqs=1956)
 
 
 @pytest.mark.exercise8
@@ -2872,16 +2877,13 @@ def test_plan_decode_prefill_and_qps_hand_computed():
     context = 1024 + 256 / 2                               # 1152 tokens charged per sequence
     step_bytes = LLAMA13_WEIGHTS + B * context * 819_200   # 32,637,757,440 B
     decode = step_bytes / 2.039e12                         # 16.0 ms, memory-bound
-    assert 2 * 13_015_864_320 * B / 312e12 < decode        # compute would take 0.58 ms
+    assert 2 * 13_015_864_320 * B / 312e12 < decode, "hand arithmetic: compute would take 0.58 ms"
     prefill = 2 * 13_015_864_320 * 1024 / 312e12           # 85.4 ms
     latency = 256 * decode + B * prefill                   # 4.70 s
-    assert plan.mean_context_len == pytest.approx(context)
-    assert plan.decode_step_s == pytest.approx(decode, rel=1e-9)
-    assert plan.decode_bound == "memory-bandwidth"
-    assert plan.prefill_s == pytest.approx(prefill, rel=1e-9)
-    assert plan.request_latency_s == pytest.approx(latency, rel=1e-9)
-    assert plan.qps == pytest.approx(B / latency, rel=1e-9), "Little's law: QPS = concurrency / latency"
-    assert plan.qps == pytest.approx(1.4907, rel=1e-4)
+    assert_plan(plan, DECODE, mean_context_len=context, decode_step_s=decode, decode_bound="memory-bandwidth")
+    assert_plan(plan, PREFILL, prefill_s=prefill)
+    assert_plan(plan, "Little's law: QPS = concurrency / latency", request_latency_s=latency, qps=B / latency)
+    assert plan.qps == pytest.approx(1.4907, rel=1e-4), rule(8, f"QPS {plan.qps:.4f}, by hand 1.4907")
 
 
 @pytest.mark.exercise8
@@ -2889,10 +2891,10 @@ def test_plan_output_token_rate_is_qps_times_the_mean_output_length():
     plan = lab.plan_deployment("llama-2-13b", "a100-80gb", 8192, mean_prompt_len=1024, mean_output_len=256)
     # 1.4907 requests/s (see above) x 256 tokens each = 381.6 tokens/s, not B / decode step = 7 / 16 ms = 437:
     # the prefills between decode steps take GPU time that makes no output token
-    assert plan.output_tokens_per_s == pytest.approx(plan.qps * 256, rel=1e-9), (
-        f"output_tokens_per_s {plan.output_tokens_per_s:.1f}, expected qps x mean_output_len = "
-        f"{plan.qps * 256:.1f}: the rate must count the prefill time too")
-    assert plan.output_tokens_per_s == pytest.approx(1.4907 * 256, rel=1e-4)
+    assert plan.output_tokens_per_s == pytest.approx(plan.qps * 256, rel=1e-9), rule(
+        8, f"output_tokens_per_s {plan.output_tokens_per_s:.1f}, expected qps x mean_output_len = "
+           f"{plan.qps * 256:.1f}: the rate counts the prefill time too")
+    assert plan.output_tokens_per_s == pytest.approx(1.4907 * 256, rel=1e-4), rule(8, "by hand 381.6 tokens/s")
 
 
 @pytest.mark.exercise8
@@ -2900,11 +2902,10 @@ def test_plan_decode_step_is_the_roofline_maximum():
     # short context, many sequences: 912 x 2 x 8.03e9 FLOPs outweigh the bytes
     plan = lab.plan_deployment("llama-3-8b", "a100-80gb", 512, mean_prompt_len=100, mean_output_len=50)
     B = (math.floor((0.9 * 81920 * MiB - 8_030_261_248 * 2) / 2_097_152)) // 32
-    assert plan.max_concurrent_seqs == B == 912
+    assert B == 912, "hand arithmetic"
     memory = (8_030_261_248 * 2 + B * 125 * 131_072) / 2.039e12    # 14.8 ms
     compute = 2 * 8_030_261_248 * B / 312e12                       # 46.9 ms
-    assert plan.decode_bound == "compute"
-    assert plan.decode_step_s == pytest.approx(max(memory, compute), rel=1e-9)
+    assert_plan(plan, DECODE, max_concurrent_seqs=B, decode_bound="compute", decode_step_s=max(memory, compute))
 
 
 @pytest.mark.exercise8
@@ -2915,16 +2916,13 @@ def test_plan_times_with_tensor_parallelism_hand_computed():
     context = prompt + output / 2                                    # 330.305 tokens
     step_bytes = 8_030_261_248 + B * context * 65_536                # half the weights, half of each KV token
     decode = step_bytes / 1.555e12                                   # 5.96 ms per GPU, both GPUs in parallel
-    assert 2 * 8_030_261_248 * B / (2 * 312e12) < decode             # compute: 1.47 ms
+    assert 2 * 8_030_261_248 * B / (2 * 312e12) < decode, "hand arithmetic: compute takes 1.47 ms"
     prefill = 2 * 8_030_261_248 * prompt / (2 * 312e12)              # 4.15 ms: each GPU does half the FLOPs
     latency = output * decode + B * prefill                          # 2.25 s
-    assert plan.decode_step_s == pytest.approx(decode, rel=1e-9), (
-        f"decode step {plan.decode_step_s * 1e3:.3f} ms, hand arithmetic {decode * 1e3:.3f} ms: under tensor "
-        "parallelism each GPU reads only its share of the weights and of the KV cache in a step")
-    assert plan.prefill_s == pytest.approx(prefill, rel=1e-9), (
-        f"prefill {plan.prefill_s * 1e3:.3f} ms, hand arithmetic {prefill * 1e3:.3f} ms: tp GPUs split the FLOPs")
-    assert plan.qps == pytest.approx(B / latency, rel=1e-9), "Little's law: QPS = concurrency / latency"
-    assert plan.qps == pytest.approx(25.330, rel=1e-4)
+    assert_plan(plan, f"{TP}, so it reads only its share in a step: {DECODE}", decode_step_s=decode)
+    assert_plan(plan, f"{PREFILL}: tp GPUs split the FLOPs", prefill_s=prefill)
+    assert_plan(plan, "Little's law: QPS = concurrency / latency", qps=B / latency)
+    assert plan.qps == pytest.approx(25.330, rel=1e-4), rule(8, f"QPS {plan.qps:.3f}, by hand 25.330")
 
 
 @pytest.mark.exercise8
@@ -2934,13 +2932,10 @@ def test_plan_compute_bound_decode_with_tensor_parallelism_hand_computed():
     plan = lab.plan_deployment("llama-3-8b", "a100-80gb", 512, mean_prompt_len=100, mean_output_len=50,
                                tensor_parallel_size=2)
     B = 66069 // 32
-    assert plan.max_concurrent_seqs == B == 2064
     memory = (8_030_261_248 + B * 125 * 65_536) / 2.039e12           # 12.2 ms
     compute = 2 * 8_030_261_248 * B / (2 * 312e12)                   # 53.1 ms
-    assert plan.decode_bound == "compute"
-    assert plan.decode_step_s == pytest.approx(max(memory, compute), rel=1e-9), (
-        f"decode step {plan.decode_step_s * 1e3:.1f} ms, hand arithmetic {compute * 1e3:.1f} ms: under tensor "
-        "parallelism each GPU does 1/tp of the FLOPs")
+    assert_plan(plan, f"{DECODE}; each GPU does 1/tp of the FLOPs", max_concurrent_seqs=2064, decode_bound="compute",
+                decode_step_s=max(memory, compute))
 
 
 @pytest.mark.exercise8
@@ -2953,20 +2948,19 @@ def test_plan_compute_bound_decode_with_tensor_parallelism_hand_computed():
 def test_plan_blocks_are_the_floor_and_tensor_parallelism_at_least_doubles_them(
         model, gpu, max_model_len, block_size, util):
     try:
-        plan = lab.plan_deployment(model, gpu, max_model_len, block_size=block_size,
-                                   gpu_memory_utilization=util)
+        plan = lab.plan_deployment(model, gpu, max_model_len, block_size=block_size, gpu_memory_utilization=util)
     except ValueError:
         return  # this combination does not fit; other tests check that message
     m, g = lab.MODELS[model], lab.GPUS[gpu]
     free = util * g.memory_bytes - m.num_params * m.dtype_bytes
     block = block_size * lab.kv_bytes_per_token(m)
-    assert plan.num_kv_blocks * block <= free < (plan.num_kv_blocks + 1) * block, "blocks = floor(free / block)"
-    per_seq = -(-max_model_len // block_size)
-    assert plan.max_concurrent_seqs == plan.num_kv_blocks // per_seq
-    plan2 = lab.plan_deployment(model, gpu, max_model_len, block_size=block_size,
-                                gpu_memory_utilization=util, tensor_parallel_size=2)
-    assert plan2.num_kv_blocks >= 2 * plan.num_kv_blocks, \
-        "two GPUs hold half the weights and half of each block each: per-GPU blocks at least double"
+    assert plan.num_kv_blocks * block <= free < (plan.num_kv_blocks + 1) * block, rule(8, BLOCKS)
+    assert_plan(plan, SEQS, max_concurrent_seqs=plan.num_kv_blocks // -(-max_model_len // block_size))
+    plan2 = lab.plan_deployment(model, gpu, max_model_len, block_size=block_size, gpu_memory_utilization=util,
+                                tensor_parallel_size=2)
+    assert plan2.num_kv_blocks >= 2 * plan.num_kv_blocks, rule(
+        8, f"{plan2.num_kv_blocks} blocks per GPU at tp=2, {plan.num_kv_blocks} at tp=1: {TP}, so the blocks per GPU "
+           "at least double")
 
 
 # =====================================================================================
