@@ -2973,12 +2973,9 @@ def test_plan_blocks_are_the_floor_and_tensor_parallelism_at_least_doubles_them(
 
 @pytest.mark.provided
 @pytest.mark.parametrize("call, name", [
-    (lambda: lab.blocks_needed(1.5, 16), "num_tokens"),
-    (lambda: lab.blocks_needed(True, 16), "num_tokens"),
-    (lambda: lab.blocks_needed(4, "16"), "block_size"),
-    (lambda: lab.BlockAllocator(4, 2.5), "block_size"),
-    (lambda: lab.BlockAllocator(4.0, 2), "num_blocks"),
-    (lambda: lab.BlockAllocator(4, 2).free(True), "block_id"),
+    (lambda: lab.blocks_needed(1.5, 16), "num_tokens"), (lambda: lab.blocks_needed(True, 16), "num_tokens"),
+    (lambda: lab.blocks_needed(4, "16"), "block_size"), (lambda: lab.BlockAllocator(4, 2.5), "block_size"),
+    (lambda: lab.BlockAllocator(4.0, 2), "num_blocks"), (lambda: lab.BlockAllocator(4, 2).free(True), "block_id"),
     (lambda: lab.BlockAllocator(4, 2).ref_count(1.0), "block_id"),
     (lambda: lab.BlockTable(lab.BlockAllocator(4, 2)).append_tokens("123"), "token_ids"),
     (lambda: lab.BlockTable(lab.BlockAllocator(4, 2)).append_tokens([1, 2.0]), "token_ids"),
@@ -2992,9 +2989,9 @@ def test_integers_are_ints_a_bool_float_or_string_is_refused_by_name(call, name)
 @pytest.mark.provided
 def test_numpy_integers_are_accepted_wherever_an_int_is_meant():
     alloc = lab.BlockAllocator(np.int64(4), np.int32(2))
-    assert (alloc.num_blocks, alloc.block_size) == (4, 2)
+    assert (alloc.num_blocks, alloc.block_size) == (4, 2), "NumPy integers are ints to the allocator"
     spec = lab.ModelSpec("x", np.int64(7 * 10**9), np.int64(32), np.int64(32), np.int64(128))
-    assert lab.kv_bytes_per_token(spec) == 2 * 32 * 32 * 128 * 2
+    assert lab.kv_bytes_per_token(spec) == 2 * 32 * 32 * 128 * 2, "NumPy integers are ints to a ModelSpec"
     with pytest.raises((TypeError, ValueError), match="num_layers"):
         lab.ModelSpec("x", 7 * 10**9, 32.0, 32, 128)
 
@@ -3007,31 +3004,18 @@ def test_numpy_integers_are_accepted_wherever_an_int_is_meant():
                                  "len_too_long", "lens_shape", "table_rows", "table_float",
                                  "entry_out_of_range"])
 def test_paged_attention_rejects_bad_input(bad):
-    q, _, _, k_cache, v_cache, tables = random_case([5, 9], block_size=4, fill=0.0)
-    lens = np.array([5, 9])
-    if bad == "q_float64":
-        q = q.astype(np.float64)
-    elif bad == "q_2d":
-        q = q[0]
-    elif bad == "cache_heads":
-        k_cache = v_cache = k_cache[:, :, :1]
-    elif bad == "k_v_shapes":
-        v_cache = v_cache[:-1]
-    elif bad == "len_zero":
-        lens = np.array([0, 9])
-    elif bad == "len_too_long":
-        lens = np.array([5, tables.shape[1] * 4 + 1])
-    elif bad == "lens_shape":
-        lens = np.array([5])
-    elif bad == "table_rows":
-        tables = tables[:1]
-    elif bad == "table_float":
-        tables = tables.astype(np.float64)
-    elif bad == "entry_out_of_range":
-        tables = tables.copy()
-        tables[0, 0] = -1  # in use by token 0: -1 would silently read the LAST block
+    q, _, _, k, v, tables = random_case([5, 9], block_size=4, fill=0.0)
+    args = dict(q=q, k_cache=k, v_cache=v, block_tables=tables, context_lens=np.array([5, 9]))
+    args |= {"q_float64": dict(q=q.astype(np.float64)), "q_2d": dict(q=q[0]),
+             "cache_heads": dict(k_cache=k[:, :, :1], v_cache=v[:, :, :1]), "k_v_shapes": dict(v_cache=v[:-1]),
+             "len_zero": dict(context_lens=np.array([0, 9])), "lens_shape": dict(context_lens=np.array([5])),
+             "len_too_long": dict(context_lens=np.array([5, tables.shape[1] * 4 + 1])),
+             "table_rows": dict(block_tables=tables[:1]), "table_float": dict(block_tables=tables.astype(np.float64)),
+             # in use by token 0: -1 would silently read the LAST block
+             "entry_out_of_range": dict(block_tables=np.where(np.arange(tables.size).reshape(tables.shape) == 0, -1,
+                                                              tables))}[bad]
     with pytest.raises(ValueError):
-        lab.paged_attention(q, k_cache, v_cache, tables, lens)
+        lab.paged_attention(**args)
 
 
 # --- the model: a GPT-2 in NumPy ----------------------------------------------------------
@@ -3088,7 +3072,8 @@ def test_weights_round_trip_through_checkpoint_names_with_and_without_prefix(tin
     tokens = [1, 2, 3, 4]
     expected = tiny_model.forward_dense(tokens)
     for loaded in (weights, prefixed):
-        np.testing.assert_array_equal(lab.ToyTransformer(config, dict(loaded)).forward_dense(tokens), expected)
+        np.testing.assert_array_equal(lab.ToyTransformer(config, dict(loaded)).forward_dense(tokens), expected,
+                                      err_msg="a checkpoint loads under its own names, with or without 'transformer.'")
 
 
 @pytest.mark.provided
@@ -3131,10 +3116,10 @@ def test_int8_round_trip_is_within_half_a_step_of_each_tokens_own_scale(seed, sh
     # small vectors to zero.
     x = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 3, shape[:-1] + (1,))).astype(np.float32)
     values, scale = lab.quantize_int8(x)
-    assert values.dtype == np.int8 and values.shape == x.shape
+    assert values.dtype == np.int8 and values.shape == x.shape, "quantize_int8 keeps the shape, as int8"
     assert scale.dtype == np.float32 and scale.shape == shape[:-1], "one float32 scale per token and head"
     back = lab.dequantize_int8(values, scale)
-    assert back.dtype == np.float32
+    assert back.dtype == np.float32, "dequantize_int8 gives float32"
     bound = np.abs(x).max(axis=-1, keepdims=True) / 254 * (1 + 1e-5)
     assert np.all(np.abs(back - x) <= bound), (
         "int8 round trip: each element must come back within half a step, max|vector| / 254, of "
@@ -3145,7 +3130,7 @@ def test_int8_round_trip_is_within_half_a_step_of_each_tokens_own_scale(seed, sh
 def test_int8_quantize_keeps_zeros_and_refuses_what_it_cannot_hold():
     values, scale = lab.quantize_int8(np.zeros((2, 3, 4), np.float32))
     assert np.all(values == 0) and np.all(scale == 0), "an all-zero vector: scale 0, values 0 (no 0/0)"
-    assert np.all(lab.dequantize_int8(values, scale) == 0)
+    assert np.all(lab.dequantize_int8(values, scale) == 0), "zeros come back as zeros"
     for bad in (np.array([[1.0, np.nan]], np.float32), np.array([[np.inf, 0.0]], np.float32),
                 np.ones((2, 4), np.float64)):
         with pytest.raises(ValueError):
@@ -3159,9 +3144,10 @@ def test_int8_kv_cache_is_int8_with_scales_and_nbytes_counts_both():
     i8 = lab.KVCache(config, 10, 16, dtype="int8")
     shape = (2, 10, 16, 4, 64)
     assert f32.k.shape == i8.k.shape == i8.v.shape == shape, "the layout is the same for both dtypes"
-    assert i8.k.dtype == i8.v.dtype == np.int8
-    assert i8.k_scale.shape == i8.v_scale.shape == shape[:-1] and i8.k_scale.dtype == np.float32
-    assert f32.nbytes == 2 * 4 * np.prod(shape)
+    assert i8.k.dtype == i8.v.dtype == np.int8, "an int8 cache holds int8 K and V"
+    assert i8.k_scale.shape == i8.v_scale.shape == shape[:-1] and i8.k_scale.dtype == np.float32, (
+        "an int8 cache holds one float32 scale per slot and head")
+    assert f32.nbytes == 2 * 4 * np.prod(shape), "nbytes of a float32 cache: K and V, 4 bytes each"
     assert i8.nbytes == 2 * np.prod(shape) + 2 * 4 * np.prod(shape[:-1]), "int8 values plus float32 scales"
     assert 3.7 < f32.nbytes / i8.nbytes < 4, "at head_dim 64 the int8 cache is ~3.8x smaller than float32"
 
@@ -3181,17 +3167,19 @@ def test_block_gather_returns_the_named_blocks_token_by_token_and_int8_values_wi
     k_cache, v_cache = (rng.standard_normal((9, 4, 2, 8), dtype=np.float32) for _ in range(2))
     ids = np.array([[7, 2], [0, 5]])
     k, v, k_s, v_s = lab.BlockGather(k_cache, v_cache, None, None, 3, 2).gather(ids)
-    assert k_s is None and v_s is None and k.shape == (2, 8, 2, 8) and k.dtype == np.float32
+    assert k_s is None and v_s is None and k.shape == (2, 8, 2, 8) and k.dtype == np.float32, (
+        "a float32 gather: (n, c * block_size, H, D) float32 values, no scales")
     for i in range(2):
         for t in range(8):
             assert np.array_equal(k[i, t], k_cache[ids[i, t // 4], t % 4]), "token t of row i is block ids[i, t // bs]"
             assert np.array_equal(v[i, t], v_cache[ids[i, t // 4], t % 4]), "V is gathered like K"
     (kq, ks), (vq, vs) = lab.quantize_int8(k_cache), lab.quantize_int8(v_cache)
     k8, v8, k8_s, v8_s = lab.BlockGather(kq, vq, ks, vs, 3, 2).gather(ids)
-    assert k8.dtype == np.float32 and k8_s.shape == (2, 8, 2)
+    assert k8.dtype == np.float32 and k8_s.shape == (2, 8, 2), "an int8 gather: float32 values, (n, T, H) scales"
     np.testing.assert_array_equal(k8 * k8_s[..., None], lab.dequantize_int8(kq[ids], ks[ids]).reshape(k8.shape),
                                   err_msg="int8: values cast to float32, times their scales, are the dequantised K")
-    np.testing.assert_array_equal(v8 * v8_s[..., None], lab.dequantize_int8(vq[ids], vs[ids]).reshape(v8.shape))
+    np.testing.assert_array_equal(v8 * v8_s[..., None], lab.dequantize_int8(vq[ids], vs[ids]).reshape(v8.shape),
+                                  err_msg="int8: V is gathered like K")
 
 
 @pytest.mark.provided
@@ -3222,31 +3210,18 @@ def test_int8_cache_copy_on_write_copies_values_and_scales(tiny_model):
 @pytest.mark.provided
 @pytest.mark.parametrize(
     "prompt, params, field, why",
-    [
-        ([], {}, "prompt_token_ids", "empty"),
-        ([1, 64, 3], {}, "prompt_token_ids", "vocabulary"),
-        ([1, -1], {}, "prompt_token_ids", "vocabulary"),
-        ([1] * 128, {}, "prompt_token_ids", "n_positions"),
-        ([1] * 100, {"max_tokens": 29}, "max_tokens", "n_positions"),
-        ([1, 2], {"max_tokens": 0}, "max_tokens", "max_tokens"),
-        ([1, 2], {"max_tokens": 2.0}, "max_tokens", "max_tokens"),
-        ([1, 2], {"temperature": -0.5}, "temperature", "temperature"),
-        ([1, 2.5], {}, "prompt_token_ids", "int"),
-        ("hello", {}, "prompt_token_ids", "list of token ids"),
-        ([1, 2], {"seed": -1}, "seed", "seed"),
-        ([1, 2], {"seed": 1.5}, "seed", "seed"),
-        ([1, 2], {"stop_token_ids": 5}, "stop_token_ids", "stop_token_ids"),
-        ([1, 2], {"stop_token_ids": (99,)}, "stop_token_ids", "stop_token_ids"),
-        ([1, 2], {"temperature": float("inf")}, "temperature", "temperature"),
-        ([1, 2], {"temperature": float("nan")}, "temperature", "temperature"),
-        ([1, 2], {"temperature": True}, "temperature", "temperature"),
-        ([1, 2], {"temperature": 1.0, "top_p": 0.0}, "top_p", "top_p"),
-        ([1, 2], {"top_p": 1.5}, "top_p", "top_p"),
-        ([1, 2], {"top_p": float("nan")}, "top_p", "top_p"),
-        ([1, 2], {"top_k": -1}, "top_k", "top_k"),
-        ([1, 2], {"top_k": 2.0}, "top_k", "top_k"),
-        ([1, 2], {"extra_args": [1, 2]}, "extra_args", "extra_args"),
-    ],
+    [([], {}, "prompt_token_ids", "empty"), ([1, 64, 3], {}, "prompt_token_ids", "vocabulary"),
+     ([1, -1], {}, "prompt_token_ids", "vocabulary"), ([1] * 128, {}, "prompt_token_ids", "n_positions"),
+     ([1] * 100, {"max_tokens": 29}, "max_tokens", "n_positions")]
+    + [([1, 2], {field: value}, field, field) for field, value in (
+        ("max_tokens", 0), ("max_tokens", 2.0), ("temperature", -0.5))]
+    + [([1, 2.5], {}, "prompt_token_ids", "int"), ("hello", {}, "prompt_token_ids", "list of token ids")]
+    + [([1, 2], {field: value}, field, field) for field, value in (
+        ("seed", -1), ("seed", 1.5), ("stop_token_ids", 5), ("stop_token_ids", (99,)), ("temperature", float("inf")),
+        ("temperature", float("nan")), ("temperature", True))]
+    + [([1, 2], {"temperature": 1.0, "top_p": 0.0}, "top_p", "top_p")]
+    + [([1, 2], {field: value}, field, field) for field, value in (
+        ("top_p", 1.5), ("top_p", float("nan")), ("top_k", -1), ("top_k", 2.0), ("extra_args", [1, 2]))],
 )
 def test_bad_input_is_a_value_error_that_names_the_request_and_field_and_runs_nothing(
         engine_model, prompt, params, field, why):
@@ -3394,9 +3369,8 @@ def test_residual_rejects_mismatched_or_invalid_rows():
 @pytest.mark.provided
 def test_acceptance_rate_is_overlap_of_p_and_q():
     p, q = np.array([0.6, 0.4, 0.0]), np.array([0.1, 0.2, 0.7])
-    assert lab.acceptance_rate(p, q) == pytest.approx(0.3, abs=1e-12)
-    assert lab.acceptance_rate(p, p) == pytest.approx(1.0)
-    assert lab.acceptance_rate([1.0, 0.0], [0.0, 1.0]) == pytest.approx(0.0)
+    got = [lab.acceptance_rate(p, q), lab.acceptance_rate(p, p), lab.acceptance_rate([1.0, 0.0], [0.0, 1.0])]
+    assert got == pytest.approx([0.3, 1.0, 0.0], abs=1e-12), f"alpha = sum(min(p, q)): {got}, by hand 0.3, 1, 0"
 
 
 @pytest.mark.provided
@@ -3406,15 +3380,15 @@ def test_expected_tokens_per_step_limits_and_hand_value():
             "alpha = 0: every first draft is rejected, the step still emits the resampled token"
         assert lab.expected_tokens_per_step(1.0, k) == pytest.approx(k + 1), \
             "alpha = 1: all k drafts plus the bonus token"
-    assert lab.expected_tokens_per_step(0.8, 4) == pytest.approx(1 + 0.8 + 0.64 + 0.512 + 0.4096)
-    assert lab.expected_tokens_per_step(0.5, 3) == pytest.approx((1 - 0.5 ** 4) / 0.5)
+    got = [lab.expected_tokens_per_step(0.8, 4), lab.expected_tokens_per_step(0.5, 3)]
+    assert got == pytest.approx([1 + 0.8 + 0.64 + 0.512 + 0.4096, (1 - 0.5**4) / 0.5]), f"1 + ... + alpha**k: {got}"
 
 
 @pytest.mark.provided
 def test_speedup_formula_values():
-    assert lab.speculative_speedup(0.8, 4, 0.05) == pytest.approx(3.3616 / 1.2)
+    assert lab.speculative_speedup(0.8, 4, 0.05) == pytest.approx(3.3616 / 1.2), "E / (k c + 1) = 3.3616 / 1.2"
     assert lab.speculative_speedup(1.0, 3, 0.1) == pytest.approx(4 / 1.3), "alpha = 1: (k+1)/(kc+1)"
-    assert lab.speculative_speedup(0.0, 2, 0.0) == pytest.approx(1.0)
+    assert lab.speculative_speedup(0.0, 2, 0.0) == pytest.approx(1.0), "alpha = 0 and a free draft: no gain, no loss"
 
 
 @pytest.mark.provided
@@ -3422,16 +3396,16 @@ def test_speedup_formula_values():
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_speedup_is_one_at_breakeven_draft_cost(alpha, k):
     c = lab.breakeven_draft_cost(alpha, k)
-    assert c >= 0
-    assert lab.speculative_speedup(alpha, k, c) == pytest.approx(1.0, abs=1e-12)
+    assert c >= 0 and lab.speculative_speedup(alpha, k, c) == pytest.approx(1.0, abs=1e-12), (
+        f"breakeven_draft_cost {c}: a cost >= 0 at which speculative_speedup is exactly 1")
     assert lab.speculative_speedup(alpha, k, c + 0.01) < 1.0, "a dearer draft than breakeven loses"
 
 
 @pytest.mark.provided
 def test_speedup_algebra_is_closed_form_even_for_a_huge_k():
     start = time.perf_counter()
-    assert lab.expected_tokens_per_step(0.5, 10**12) == pytest.approx(2.0)
-    assert lab.expected_tokens_per_step(1.0, 10**12) == 10**12 + 1
+    assert lab.expected_tokens_per_step(0.5, 10**12) == pytest.approx(2.0), "alpha = 0.5, k -> infinity: 2 tokens"
+    assert lab.expected_tokens_per_step(1.0, 10**12) == 10**12 + 1, "alpha = 1: exactly k + 1"
     assert time.perf_counter() - start < 0.1, "expected_tokens_per_step must not loop over k"
 
 
@@ -3439,7 +3413,7 @@ def test_speedup_algebra_is_closed_form_even_for_a_huge_k():
 def test_predicted_speedup_extends_paper_formula_with_verify_cost():
     assert lab.predicted_speedup(0.7, 4, 0.1, 1.0) == pytest.approx(
         lab.speculative_speedup(0.7, 4, 0.1)), "verify_cost = 1 is the paper's assumption"
-    assert lab.predicted_speedup(0.7, 4, 0.1, 2.0) < lab.predicted_speedup(0.7, 4, 0.1, 1.0)
+    assert lab.predicted_speedup(0.7, 4, 0.1, 2.0) < lab.predicted_speedup(0.7, 4, 0.1, 1.0), "dearer verify, less gain"
     assert lab.predicted_speedup(0.99, 4, 0.0, 5.0) < 1.0, \
         "compute-bound (verify of k+1 tokens costs k+1 steps): speculation cannot win"
 
@@ -3478,7 +3452,7 @@ def test_estimate_alpha_counts_only_judged_drafts():
     # 5 accepts and 2 rejections were judged; the 5 drafts after a rejection never were.
     assert lab.estimate_alpha(out, 4) == pytest.approx(5 / 7), \
         "alpha must be accepts / (accepts + rejections), not accepted / drafted"
-    assert out.acceptance_rate == pytest.approx(5 / 12)
+    assert out.acceptance_rate == pytest.approx(5 / 12), "acceptance_rate is accepted / drafted"
 
 
 # --- presets and KV bytes per token -------------------------------------------------------
@@ -3494,7 +3468,7 @@ def test_kv_bytes_per_token_matches_hand_arithmetic():
         "llama-3-8b": 2 * 32 * 8 * 128 * 2,    # 131,072 B = 128 KiB (GQA: 8 of 32 heads)
         "mistral-7b": 2 * 32 * 8 * 128 * 2,    # 131,072 B (GQA: 8 of 32 heads)
     }
-    assert expected["llama-2-13b"] == 819_200 and expected["llama-2-70b"] == 327_680
+    assert expected["llama-2-13b"] == 819_200 and expected["llama-2-70b"] == 327_680, "hand arithmetic"
     for name, value in expected.items():
         got = lab.kv_bytes_per_token(lab.MODELS[name])
         assert got == value, f"{name}: KV bytes/token {got}, hand arithmetic says {value}"
@@ -3505,17 +3479,14 @@ def test_model_presets_match_their_configs():
     # (vocab_size, hidden_size, intermediate_size, heads, kv_heads) from each config.json;
     # a Llama/Mistral block has q,o (H x H), k,v (H x kv*hd), a gated MLP (3 x H x I) and
     # two RMSNorm vectors; embeddings and LM head are untied; one final norm.
-    configs = {
-        "llama-2-7b": (32000, 4096, 11008, 32, 32),
-        "llama-2-13b": (32000, 5120, 13824, 40, 40),
-        "llama-2-70b": (32000, 8192, 28672, 64, 8),
-        "llama-3-8b": (128256, 4096, 14336, 32, 8),
-        "mistral-7b": (32000, 4096, 14336, 32, 8),
-    }
+    configs = {"llama-2-7b": (32000, 4096, 11008, 32, 32), "llama-2-13b": (32000, 5120, 13824, 40, 40),
+               "llama-2-70b": (32000, 8192, 28672, 64, 8), "llama-3-8b": (128256, 4096, 14336, 32, 8),
+               "mistral-7b": (32000, 4096, 14336, 32, 8)}
     for name, (vocab, hidden, inter, heads, kv_heads) in configs.items():
         m = lab.MODELS[name]
         head_dim = hidden // heads
-        assert (m.head_dim, m.num_kv_heads, m.num_attention_heads) == (head_dim, kv_heads, heads), name
+        assert (m.head_dim, m.num_kv_heads, m.num_attention_heads) == (head_dim, kv_heads, heads), (
+            f"{name}: head_dim, KV heads and attention heads as in its config.json")
         per_layer = 2 * hidden * hidden + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter + 2 * hidden
         params = 2 * vocab * hidden + m.num_layers * per_layer + hidden
         assert m.num_params == params, f"{name}: preset has {m.num_params} parameters, its config implies {params}"
@@ -3525,10 +3496,10 @@ def test_model_presets_match_their_configs():
 def test_gpu_presets_use_nvidia_smi_memory_and_dense_datasheet_figures():
     g = lab.GPUS
     assert g["a100-80gb"].memory_bytes == 81920 * MiB == 85_899_345_920, "A100 80GB: nvidia-smi reports 81920 MiB"
-    assert g["h100-80gb"].memory_bytes == 81559 * MiB
-    assert g["a100-40gb"].memory_bytes == 40960 * MiB
-    assert g["h200"].memory_bytes == 143771 * MiB and g["l4"].memory_bytes == 23034 * MiB
-    assert g["a100-80gb"].bandwidth_bytes_per_s == 2.039e12 and g["h100-80gb"].bandwidth_bytes_per_s == 3.35e12
+    assert [g[n].memory_bytes // MiB for n in ("h100-80gb", "a100-40gb", "h200", "l4")] == [81559, 40960, 143771,
+                                                                                           23034], "nvidia-smi's MiB"
+    assert g["a100-80gb"].bandwidth_bytes_per_s == 2.039e12 and g["h100-80gb"].bandwidth_bytes_per_s == 3.35e12, (
+        "datasheet bandwidths: 2,039 GB/s (A100 80GB SXM), 3.35 TB/s (H100 SXM5)")
     assert g["a100-40gb"].flops == g["a100-80gb"].flops == 312e12, "A100 dense BF16 is 312 TFLOPS"
     assert g["l4"].flops == 121e12, "L4's 242 BF16 TFLOPS is with sparsity: dense is half"
 
@@ -3546,7 +3517,8 @@ def test_unknown_preset_name_lists_the_known_ones():
 def test_a_one_byte_kv_cache_halves_kv_bytes_per_token_against_fp16(kv_cache_dtype):
     model = lab.with_kv_cache_dtype("llama-2-13b", kv_cache_dtype)
     fp16 = lab.MODELS["llama-2-13b"]
-    assert lab.kv_bytes_per_token(model) == 2 * 40 * 40 * 128 * 1 == lab.kv_bytes_per_token(fp16) // 2
+    assert lab.kv_bytes_per_token(model) == 2 * 40 * 40 * 128 * 1 == lab.kv_bytes_per_token(fp16) // 2, (
+        "1 byte per K/V element: half of bf16's 2")
     assert model.weight_bytes == lab.MODELS["llama-2-13b"].weight_bytes, "the weights keep their dtype"
     assert lab.with_kv_cache_dtype(model, "auto") == model, "auto keeps the spec's own KV dtype"
 
