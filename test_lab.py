@@ -179,8 +179,7 @@ def test_allocate_hands_out_distinct_blocks_with_one_reference():
     blocks = [alloc.allocate() for _ in range(4)]
     assert sorted(blocks) == [0, 1, 2, 3], rule(1, f"a pool of 4 hands out each id 0..3 exactly once, got {blocks}")
     assert [alloc.ref_count(b) for b in blocks] == [1] * 4, rule(1, "a freshly allocated block has reference count 1")
-    assert alloc.num_free_blocks == 0, rule(1, "all 4 blocks are in use but num_free_blocks is "
-                                               f"{alloc.num_free_blocks}")
+    assert alloc.num_free_blocks == 0, rule(1, f"all 4 blocks in use, yet num_free_blocks is {alloc.num_free_blocks}")
 
 
 @pytest.mark.exercise1
@@ -1229,9 +1228,8 @@ def test_paged_attention_on_int8_blocks_is_dense_attention_on_their_dequantised_
     ks[ks == 0], vs[vs == 0] = 1e30, 1e30
     deq = [[lab.dequantize_int8(*lab.quantize_int8(x)) for x in seqs] for seqs in (seqs_k, seqs_v)]
     with one_block_column_per_chunk() if small_chunks else contextlib.nullcontext():
-        out = paged_vs_dense(q, *deq, kq, vq, tables, lens, ", int8", "int8 paged attention is plain attention over "
-                                                                      "the "
-                             "dequantised K/V (values x per-token scales)", k_scale=ks, v_scale=vs)
+        out = paged_vs_dense(q, *deq, kq, vq, tables, lens, ", int8", k_scale=ks, v_scale=vs,
+                             why="int8 paged attention is plain attention over the dequantised K/V (values x scales)")
     assert out.dtype == np.float32, rule(4, f"the int8 kernel returns {out.dtype}, not float32")
 
 
