@@ -395,13 +395,19 @@ def test_rule4_prompt_logprobs_score_every_prompt_token_but_the_first(server, en
     bodies = [None] * 3
 
     def client(i):  # three at once: each one's prompt rows are its own, whatever it is batched with
-        bodies[i] = complete(server, prompt=prompts[i], max_tokens=2, temperature=0, prompt_logprobs=2)
+        try:
+            bodies[i] = complete(server, prompt=prompts[i], max_tokens=2, temperature=0, prompt_logprobs=2)
+        except BaseException as exc:  # noqa: BLE001 - raised again below, in the test's own thread (a stub's too)
+            bodies[i] = exc
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(HTTP_TIMEOUT)
+    for body in bodies:
+        if isinstance(body, BaseException):
+            raise body
     for prompt, body in zip(prompts, bodies):
         scored = body["choices"][0]["prompt_logprobs"]
         dense = engine_model.forward_dense(prompt)
