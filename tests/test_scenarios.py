@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 from conftest import lab
 from serving import (
     datasets,
+    scenarios,
     sizing,
     stacks,
 )
+from tests.support import MODEL_CONFIGS
 
 # --- KV memory waste ----------------------------------------------------------------------
 
@@ -104,3 +106,80 @@ def test_format_stack_choice_names_each_stack_and_deciding_constraint():
     text = stacks.format_stack_choice()
     for name in ("vLLM", "TensorRT-LLM", "SGLang"):
         assert f"-> {name}:" in text, f"the example workloads should include one that picks {name}"
+
+
+# --- the sizing printout (serving/sizing.py's format_plan, on Exercise 8's plan) ------------
+
+
+@pytest.mark.exercise8
+def test_format_plan_shows_the_kv_blocks_set_the_ceiling():
+    text = sizing.format_plan(lab, lab.plan_deployment(**sizing.SEED_SIZING))
+    assert "The KV blocks, not the weights, set the ceiling" in text
+    assert "3912" in text and "// 512 blocks = 7" in text
+    assert "deleting the weights altogether -> 11" in text, "zero-byte weights only lift 7 to 11 sequences"
+    assert "QPS" in text
+
+
+@pytest.mark.exercise8
+def test_format_plan_prices_a_million_output_tokens_from_the_plans_throughput():
+    plan = lab.plan_deployment(**sizing.SEED_SIZING)
+    text = sizing.format_plan(lab, plan, usd_per_gpu_hour=2.0)
+    per_million = 2.0 / (plan.output_tokens_per_s * 3600) * 1e6   # one GPU's hour over its tokens
+    assert f"${per_million:.2f} per 1M output tokens" in text, (
+        f"expected ${per_million:.2f} per 1M output tokens (price per hour / output tokens per hour):\n{text}")
+
+
+@pytest.mark.exercise8
+def test_format_plan_prices_a_tensor_parallel_group_at_every_gpu_it_holds():
+    plan = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2)
+    text = sizing.format_plan(lab, plan, usd_per_gpu_hour=2.0)
+    per_million = 2 * 2.0 / (plan.output_tokens_per_s * 3600) * 1e6   # the group's 2 GPUs, its tokens
+    assert f"${per_million:.2f} per 1M output tokens" in text, (
+        f"expected ${per_million:.2f} per 1M output tokens: output_tokens_per_s is the whole tp=2 group's, "
+        f"so the price is both GPUs' hour:\n{text}")
+
+
+@pytest.mark.exercise8
+def test_format_plan_prints_the_block_size_in_mib_of_two_to_the_twenty_bytes():
+    # 16 tokens x 819,200 B = 13,107,200 B = 12.5 x 2**20 (13.1 million: MB would be the other unit)
+    text = sizing.format_plan(lab, lab.plan_deployment(**sizing.SEED_SIZING))
+    assert "3912 blocks x 12.5 MiB" in text, (
+        "the plan prints its KV blocks as '3912 blocks x 12.5 MiB': a MiB is 2**20 bytes, like nvidia-smi's")
+    text2 = sizing.format_plan(lab, lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2))
+    assert "29205 blocks x 1 MiB" in text2, "with tp=2 a llama-3-8b block is 1,048,576 B per GPU = 1 MiB"
+
+
+# --- speculation: the design-review table, the early-exit target, paged greedy decoding ------
+
+
+@pytest.mark.provided
+def test_speculation_table_shows_speedups_breakeven_and_reasons():
+    text = scenarios.format_speculation_table(lab, 0.05, alphas=(0.6, 0.8), ks=(1, 4))
+    assert f"{lab.speculative_speedup(0.8, 4, 0.05):.2f}" in text
+    assert f"{lab.breakeven_draft_cost(0.8, 4):.3f}" in text
+    for needle in ("prefill", "batch", "bandwidth", "Leviathan", "Chen"):
+        assert needle in text, f"the design-review table should mention {needle!r}"
+
+
+@pytest.mark.provided
+def test_early_exit_target_shrinks_only_later_residual_projections():
+    config = lab.ModelConfig(**MODEL_CONFIGS["early_exit"])
+    plain = lab.ToyTransformer(config, lab.init_gpt2_weights(config, 0))
+    target = scenarios.make_early_exit_target(lab, config, 1, 0.25)
+    for name, w in target.weights.items():
+        assert w.dtype == np.float32, f"{name} became {w.dtype}: the model path must stay float32"
+        later = name.startswith(("h.1.", "h.2.")) and name.endswith("c_proj.weight")
+        expected = plain.weights[name] * np.float32(0.25) if later else plain.weights[name]
+        assert np.array_equal(w, expected), f"{name}: only c_proj of layers >= 1 may be scaled"
+
+
+@pytest.mark.exercise4
+def test_paged_greedy_generate_matches_dense_greedy():
+    config = lab.ModelConfig(**MODEL_CONFIGS["short"])
+    model = lab.ToyTransformer(config)
+    prompt = [3, 1, 4, 1, 5]
+    out = scenarios.paged_greedy_generate(lab, model, prompt, 6)
+    tokens = list(prompt)
+    for _ in range(6):  # the reference: re-run the whole sequence densely, no cache
+        tokens.append(int(np.argmax(model.forward_dense(tokens)[-1])))
+    assert out == tokens[len(prompt):], "plain paged decoding must emit the dense model's greedy tokens"
