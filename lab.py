@@ -280,8 +280,8 @@ class BlockTable:
         blocks' tokens).
 
         Reused blocks are taken with `allocator.lookup`; when a full block follows the reused run, one
-        more `lookup` asks for it (a miss), unless the run stopped short only because it covered the
-        whole prompt. OutOfBlocksError, changing nothing, exactly when the fresh blocks and the reused
+        more `lookup` asks for it (a miss), unless the run stopped short because it covered the whole
+        prompt. OutOfBlocksError, changing nothing, exactly when the fresh blocks and the reused
         blocks that had no reference (they leave the free pool too) outnumber `num_free_blocks`.
         (Checked before your code: an empty table, a list of ints.)"""
         if self.block_ids:
@@ -299,7 +299,7 @@ class BlockTable:
         raise NotImplementedError("Exercise 3: BlockTable.cache_full_blocks")
 
     def fork(self) -> BlockTable:
-        """A second sequence sharing every block of this one (parallel sampling), and its salt."""
+        """A second sequence sharing every block, registration and salt of this one (parallel sampling)."""
         raise NotImplementedError("Exercise 2: BlockTable.fork")
 
     def truncate(self, num_tokens: int) -> None:
@@ -1122,12 +1122,12 @@ class SchedulerOutput:
 class Scheduler:
     """Iteration-level (continuous) batching with vLLM v1's policy.
 
-    Each step, running sequences come first, oldest first, each given its missing tokens (one for a
-    decode, a chunk for a prefill) within the `max_num_batched_tokens` budget; then waiting ones,
-    first come first served, while `max_num_seqs`, the budget and free blocks allow. A running
-    sequence that cannot get a block preempts the most recently admitted running sequence by
-    recompute: its blocks are freed and it waits at the FRONT of the queue with every token it
-    produced. A step that preempted anyone admits nobody (a newcomer would be the next victim).
+    Each step, running sequences come first, oldest first, each given its missing tokens (one for a decode, a
+    chunk for a prefill) within the `max_num_batched_tokens` budget; then waiting ones, first come first served,
+    while `max_num_seqs`, the budget and free blocks allow. A running sequence that cannot get a block preempts
+    the most recently admitted running sequence by recompute: its blocks are freed and it waits at the FRONT of
+    the queue with every token it produced; it and the scheduler each count it (`num_preemptions`). A step that
+    preempted anyone admits nobody (a newcomer would be the next victim).
 
     Liveness: the oldest running sequence is never preempted for a newer one, and a request whose
     worst case cannot fit in the whole cache is rejected on arrival."""
@@ -1813,8 +1813,8 @@ def speculative_generate(
     Conventions the counters and the draws follow:
     - both models prefill the prompt but its last token, emitting nothing; `num_target_passes`
       counts the rounds after it;
-    - a round drafts min(k, tokens still wanted - 1, positions left in the context - 1) tokens;
-      `num_draft_tokens` counts the drafts made, `num_accepted` those accepted;
+    - a round drafts min(k, tokens still wanted - 1, positions left in the shorter context - 1) tokens;
+      `num_draft_tokens` counts the drafts made, `num_accepted` those accepted, past a stop token too;
     - one generator, `np.random.default_rng(sampling.seed)`, serves the draft's draws and
       accept_or_resample's, in the order they happen; the draft samples at the target's
       temperature (`token_probs`);

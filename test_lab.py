@@ -1063,8 +1063,8 @@ def paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, what="", w
 @contextlib.contextmanager
 def one_block_column_per_chunk():
     """Run the kernel with the smallest chunk (PAGED_ATTENTION_CHUNK_BYTES below one block column):
-    these tests' contexts would otherwise fit in one chunk, and the online softmax fold only
-    shows when several chunks are folded."""
+    these tests' contexts would otherwise fit in one chunk, and how chunks combine only shows
+    when there are several."""
     saved = lab.PAGED_ATTENTION_CHUNK_BYTES
     lab.PAGED_ATTENTION_CHUNK_BYTES = 1
     try:
@@ -1151,8 +1151,8 @@ def test_paged_attention_over_many_blocks_where_an_early_token_dominates_equals_
     q[1] *= np.float32(4.0)
     with one_block_column_per_chunk():
         paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, f", blocks of {block_size}, a column a chunk",
-                       "the online softmax keeps the max over every block read so far, and what was summed before a "
-                       "new max (the sum and the accumulator alike) is rescaled to it", tol=1e-4)
+                       "read a block column at a time, the result must still be one softmax over the whole context: "
+                       "a score that towers over the rest keeps its weight whichever column it sits in", tol=1e-4)
 
 
 @pytest.mark.exercise4

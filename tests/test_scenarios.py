@@ -111,7 +111,7 @@ def test_format_stack_choice_names_each_stack_and_deciding_constraint():
 # --- the sizing printout (serving/sizing.py's format_plan, on Exercise 8's plan) ------------
 
 
-@pytest.mark.exercise8
+@pytest.mark.needs(8)
 def test_format_plan_shows_the_kv_blocks_set_the_ceiling():
     text = sizing.format_plan(lab, lab.plan_deployment(**sizing.SEED_SIZING))
     assert "The KV blocks, not the weights, set the ceiling" in text
@@ -120,7 +120,7 @@ def test_format_plan_shows_the_kv_blocks_set_the_ceiling():
     assert "QPS" in text
 
 
-@pytest.mark.exercise8
+@pytest.mark.needs(8)
 def test_format_plan_prices_a_million_output_tokens_from_the_plans_throughput():
     plan = lab.plan_deployment(**sizing.SEED_SIZING)
     text = sizing.format_plan(lab, plan, usd_per_gpu_hour=2.0)
@@ -129,7 +129,7 @@ def test_format_plan_prices_a_million_output_tokens_from_the_plans_throughput():
         f"expected ${per_million:.2f} per 1M output tokens (price per hour / output tokens per hour):\n{text}")
 
 
-@pytest.mark.exercise8
+@pytest.mark.needs(8)
 def test_format_plan_prices_a_tensor_parallel_group_at_every_gpu_it_holds():
     plan = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2)
     text = sizing.format_plan(lab, plan, usd_per_gpu_hour=2.0)
@@ -139,7 +139,7 @@ def test_format_plan_prices_a_tensor_parallel_group_at_every_gpu_it_holds():
         f"so the price is both GPUs' hour:\n{text}")
 
 
-@pytest.mark.exercise8
+@pytest.mark.needs(8)
 def test_format_plan_prints_the_block_size_in_mib_of_two_to_the_twenty_bytes():
     # 16 tokens x 819,200 B = 13,107,200 B = 12.5 x 2**20 (13.1 million: MB would be the other unit)
     text = sizing.format_plan(lab, lab.plan_deployment(**sizing.SEED_SIZING))
@@ -173,7 +173,7 @@ def test_early_exit_target_shrinks_only_later_residual_projections():
         assert np.array_equal(w, expected), f"{name}: only c_proj of layers >= 1 may be scaled"
 
 
-@pytest.mark.exercise4
+@pytest.mark.needs(4)
 def test_paged_greedy_generate_matches_dense_greedy():
     config = lab.ModelConfig(**MODEL_CONFIGS["short"])
     model = lab.ToyTransformer(config)

@@ -13,7 +13,7 @@ from serving import metrics, scenarios
 # --- the simulator on hand-traced workloads (it runs Exercise 5's scheduler) ---------------
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_simulator_without_a_timeline_measures_the_same():
     workload = [(0.1 * i, 8, 4 + i % 5) for i in range(20)]
     full = serving.simulate_serving(lab, workload, max_num_seqs=4)
@@ -23,7 +23,7 @@ def test_simulator_without_a_timeline_measures_the_same():
                                                                        full.wasted_slot_steps)
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_simulator_reports_a_request_that_can_never_fit_as_rejected():
     sim = serving.simulate_serving(lab, [(0.0, 8, 8), (0.0, 200, 8), (1.0, 8, 8)], num_blocks=4, block_size=8)
     reasons = [o.finish_reason for o in sim.outputs]
@@ -32,7 +32,7 @@ def test_simulator_reports_a_request_that_can_never_fit_as_rejected():
         "whole cache and serve the others")
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_simulator_counts_steps_and_wasted_slot_steps_of_a_hand_traced_workload():
     workload = [(0.0, 4, 1), (0.0, 4, 3), (0.0, 4, 1)]
     static = serving.simulate_serving(lab, workload, "static", max_num_seqs=2)
@@ -45,7 +45,7 @@ def test_simulator_counts_steps_and_wasted_slot_steps_of_a_hand_traced_workload(
     assert [o.metrics.ttft for o in continuous.outputs_in_steps] == [1, 1, 2]
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_simulated_time_of_a_hand_traced_workload():
     cost = serving.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
                                            compute_time_per_token=0.3)
@@ -59,7 +59,7 @@ def test_simulated_time_of_a_hand_traced_workload():
     assert sim.outputs[1].metrics.e2e_latency == pytest.approx(5.5)
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_simulated_ttft_of_a_chunked_prefill_is_the_end_of_its_last_chunk():
     cost = serving.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
                                            compute_time_per_token=0.3)
@@ -72,7 +72,7 @@ def test_simulated_ttft_of_a_chunked_prefill_is_the_end_of_its_last_chunk():
     assert metrics.itl == pytest.approx([1.9])
 
 
-@pytest.mark.exercise5
+@pytest.mark.needs(5)
 def test_simulator_shows_head_of_line_blocking_on_the_skewed_workload():
     workload = [(0.0, 16, 400)] + [(0.0, 16, 10)] * 31
     static = serving.simulate_serving(lab, workload, "static", max_num_seqs=8)

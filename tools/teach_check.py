@@ -89,7 +89,7 @@ MISTAKES: list[tuple[str, int, str, str, str]] = [
      r"past context_lens|stale slot"),
     ("online softmax rescales the sum but not the accumulator", 4,
      "        a *= rescale[..., None]\n", "",
-     r"rescale"),
+     r"one softmax over the whole context"),  # the rule; how the chunks combine is the hint's
     # --- Exercise 5 ---------------------------------------------------------------------------
     ("a preempted sequence is left in the running list", 5,
      "victim = self.running.pop()  # the newest", "victim = self.running[-1]  # the newest",
