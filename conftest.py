@@ -279,7 +279,10 @@ def exercise4_speed() -> list[str]:
     v_dense = v_cache[tables].reshape(batch, -1, n_head, head_dim)[:, :context_len].copy()
     where = (f"batch {batch}, {context_len} tokens, {n_head} heads x {head_dim}, block size {block_size}; "
              f"full benchmark: python {LAB_MODULE}.py bench attention")
-    bench = _load_bench()
+    try:
+        bench = _load_bench()
+    except OSError as exc:  # a copy of the lab without tools/: the scoreboard still ends
+        return [f"speed: not measured: the reference kernels could not be loaded ({exc})"]
     dense = lambda: bench._contiguous_decode_attention(q, k_dense, v_dense)
     loop = lambda: bench._per_token_loop_attention(q[:1], k_cache, v_cache, tables[:1], lens[:1])
     fns = {"dense": dense, "loop": loop}

@@ -1036,7 +1036,8 @@ KERNEL = ("the output is softmax(q . k / sqrt(D)) @ v over the sequence's first 
           "block_tables[b, i // block_size], offset i % block_size")
 
 
-def paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, what="", why=KERNEL, tol=1e-5, **kwargs):
+def paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, what="", why=KERNEL, tol=1e-5, level=None,
+                   **kwargs):
     """lab.paged_attention against plain attention over each sequence's own K/V, a failure naming `why`.
     When the output is not finite, the kernel runs again with every non-finite cache entry (stale slots
     and padding blocks hold NaN or inf in these tests) made 0: if that output is right, the one fault is
@@ -1056,7 +1057,7 @@ def paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, what="", w
         else stale if why is KERNEL else why), level=2)
     for b in range(len(lens)):
         np.testing.assert_allclose(out[b], want[b], rtol=max(tol, 1e-4), atol=tol,
-                                   err_msg=rule(4, f"sequence {b} (context {lens[b]}{what}): {why}"))
+                                   err_msg=rule(4, f"sequence {b} (context {lens[b]}{what}): {why}", level=level))
     return out
 
 
@@ -1081,14 +1082,9 @@ def test_nothing_past_context_lens_is_read_as_data():
     for b, n in enumerate(lens):
         for i in range(n, lab.blocks_needed(n, 4) * 4):
             k_cache[tables[b, i // 4], i % 4], v_cache[tables[b, i // 4], i % 4] = 50 * q[b], 100.0
-    with np.errstate(all="ignore"):
-        out = lab.paged_attention(q, k_cache, v_cache, tables, np.array(lens))
-    for b in range(3):
-        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]), rtol=1e-4,
-                                   atol=1e-5, err_msg=rule(4, f"sequence {b} (context {lens[b]}): its stale slots, "
-                                                              "from position context_lens[b] on, hold a key that would "
-                                                              "take all the weight: nothing past context_lens is used "
-                                                              "as data (it counts the current token)", level=2))
+    paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, "", "its stale slots, from position "
+                   "context_lens[b] on, hold a key that would take all the weight: nothing past context_lens is used "
+                   "as data (it counts the current token)", level=2)
 
 
 @pytest.mark.exercise4
@@ -1105,13 +1101,8 @@ def test_each_sequence_reads_the_blocks_of_its_own_row_of_block_tables():
     # only the table rows can go wrong.
     lens = [4, 12, 8]
     q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, seed=8, fill=0.0, padding="zero")
-    with np.errstate(all="ignore"):
-        out = lab.paged_attention(q, k_cache, v_cache, tables, np.array(lens))
-    for b in range(3):
-        np.testing.assert_allclose(out[b], dense_attention_reference(q[b], seqs_k[b], seqs_v[b]), rtol=1e-4,
-                                   atol=1e-5, err_msg=rule(4, f"sequence {b} (context {lens[b]} of {lens}): each "
-                                                              "sequence attends to the blocks its own row of "
-                                                              "block_tables names, whatever the other lengths"))
+    paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, f" of {lens}", "each sequence attends to the "
+                   "blocks its own row of block_tables names, whatever the other lengths")
 
 
 @pytest.mark.exercise4

@@ -8,6 +8,7 @@ import pytest
 
 from conftest import lab
 from tests.support import (
+    reraise_stub,
     run_cli,
     run_script,
 )
@@ -67,9 +68,7 @@ def test_cli_subcommands_exit_0_and_print_their_headline(args, headline):
 @pytest.mark.needs(7)
 def test_cli_speculate_runs_speculative_generate_and_sets_measured_alpha_beside_the_formula():
     proc = run_cli("speculate")
-    stub = re.search(r"(Exercise \d+: \S+) is still a stub", proc.stdout)
-    if stub:
-        raise NotImplementedError(stub.group(1))
+    reraise_stub(proc.stdout)
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"alpha: measured 0\.\d+ .*formula 0\.\d+", proc.stdout), (
         f"`python {lab.__name__}.py speculate` must run speculative_generate on the toy models and print "
@@ -81,9 +80,7 @@ def test_cli_speculate_runs_speculative_generate_and_sets_measured_alpha_beside_
 @pytest.mark.needs(5)
 def test_cli_stack_measures_what_prefix_sharing_saves_on_the_lab_engine():
     proc = run_cli("stack")
-    stub = re.search(r"(Exercise \d+: \S+) is still a stub", proc.stdout)
-    if stub:
-        raise NotImplementedError(stub.group(1))
+    reraise_stub(proc.stdout)
     assert proc.returncode == 0, proc.stderr
     found = re.search(r"prefill tokens computed (\d+) -> (\d+) .*outputs identical: (\w+)", proc.stdout)
     assert found, f"`stack` must print what prefix caching saved on the toy engine; got:\n{proc.stdout[-600:]}"
