@@ -119,7 +119,7 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 def hash_block(parent_hash: int | None, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
     """Content hash of one FULL block, chained on the hash of the block before it: equal hashes
     mean equal whole prefixes. `cache_salt` goes into every block's hash. The same int in every
-    process, and collision-resistant (a collision would hand one request another's K/V)."""
+    process, and collision-resistant: a collision serves one request another's K/V."""
     # BEGIN SOLUTION: Exercise 3
     # repr of a tuple of ints, None and str is canonical: one text per value, in every process.
     key = repr((parent_hash, cache_salt, tuple(int(t) for t in token_ids))).encode()
@@ -250,8 +250,8 @@ class BlockAllocator:
     def lookup(self, block_hash: int) -> int | None:
         """A prefix-cache hit: take a reference on the block cached under `block_hash` and return it
         (a cached block with no reference is no longer free afterwards). None on a miss, or when
-        caching is off. With caching on, every call counts one `stats.queries` and every hit one
-        `stats.hits`; with caching off nothing is counted."""
+        caching is off. With caching on, each call counts one `stats.queries`, each hit one
+        `stats.hits`; off, nothing counts."""
         # BEGIN SOLUTION: Exercise 3
         if not self.enable_prefix_caching:
             return None
@@ -279,7 +279,7 @@ class BlockAllocator:
         # END SOLUTION
 
     def _evict(self, block_id: int) -> None:
-        """Forget a cached block's hash, and count the eviction: it is about to hold other tokens."""
+        """Forget a cached block's hash and count the eviction (it will hold other tokens)."""
         # BEGIN SOLUTION: Exercise 3
         del self._cached[self._block_hash.pop(block_id)]
         self.stats.evictions += 1
@@ -2055,8 +2055,8 @@ def speculative_generate(
     k: int = 4,
 ) -> SpeculativeOutput:
     """Generate with a draft that proposes up to `k` tokens and a target that verifies them in ONE
-    paged forward pass per round, rolling rejected tokens back from both caches. The output has
-    the target's distribution (greedy: exactly the target's greedy tokens).
+    paged forward pass per round. The output has the target's distribution (greedy: exactly the
+    target's greedy tokens).
 
     Conventions the counters and the draws follow:
     - both models prefill the prompt but its last token, emitting nothing; `num_target_passes`

@@ -38,14 +38,20 @@ def exercise_docstrings(source: str) -> dict[int, dict[str, str]]:
     return found
 
 
-def main(argv: list[str]) -> int:
-    path = Path(argv[0]) if argv else ROOT / "solution.py"
+def total_words(source: str) -> int:
+    """Words in every exercise's docstrings, a class shared by two exercises counted once."""
     every: dict[str, str] = {}
-    for number, docs in sorted(exercise_docstrings(path.read_text()).items()):
-        words = sum(len(text.split()) for text in docs.values())
+    for docs in exercise_docstrings(source).values():
         every |= docs
+    return sum(len(text.split()) for text in every.values())
+
+
+def main(argv: list[str]) -> int:
+    source = (Path(argv[0]) if argv else ROOT / "solution.py").read_text()
+    for number, docs in sorted(exercise_docstrings(source).items()):
+        words = sum(len(text.split()) for text in docs.values())
         print(f"Exercise {number}: {words:5d} words  ({', '.join(docs)})")
-    print(f"total: {sum(len(text.split()) for text in every.values())} words (a class shared by two exercises once)")
+    print(f"total: {total_words(source)} words (a class shared by two exercises once)")
     return 0
 
 

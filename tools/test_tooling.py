@@ -73,11 +73,15 @@ def test_lab_and_solution_expose_the_same_public_names_and_signatures():
     )
 
 
-def load_make_lab():
-    spec = importlib.util.spec_from_file_location("make_lab", ROOT / "tools" / "make_lab.py")
+def load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_make_lab():
+    return load_tool("make_lab")
 
 
 @pytest.mark.provided
@@ -138,6 +142,14 @@ def test_the_chapter_stays_a_chapter_and_each_reading_map_says_where():
     for name, text in (("solution.py", solution), ("lab.py", lab_text)):
         assert load_make_lab().refresh_reading_map(text) == text, (
             f"the reading map in {name}'s docstring names stale line ranges: run python tools/make_lab.py")
+
+
+@pytest.mark.provided
+def test_the_exercises_docstrings_state_the_contract_in_at_most_1730_words():
+    # 40% under the 2,884 words they had when they also gave the method (which is now the hints').
+    words = load_tool("docstring_words").total_words((ROOT / "solution.py").read_text())
+    assert words <= 1730, (f"the docstrings of the exercises and their classes hold {words} words, at most 1,730: "
+                           "they state the contract; the method belongs in docs/hints.md")
 
 
 @pytest.mark.provided
