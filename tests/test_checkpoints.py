@@ -303,12 +303,18 @@ def test_a_vocabulary_larger_than_the_model_is_refused(tmp_path, tiny_weights):
 # --- The commands: generate and speculate on checkpoints (they run the engine's exercises)
 
 
-@pytest.mark.needs(5)
-def test_a_served_checkpoint_speaks_text_through_its_own_tokenizer(tmp_path):
+def save_tiny_text_checkpoint(path):
+    """A 300-token GPT-2 checkpoint whose greedy path never reaches <|endoftext|> (id 299)."""
     config = lab.ModelConfig(**(CKPT_TINY | {"vocab_size": 300}))
     weights = lab.init_gpt2_weights(config, seed=2)
-    weights["wte.weight"][299] = -10.0  # keep <|endoftext|> (id 299) out of the greedy path
-    save_gpt2(tmp_path / "tiny-gpt2", config, weights)
+    weights["wte.weight"][299] = -10.0
+    save_gpt2(path, config, weights)
+    return config
+
+
+@pytest.mark.needs(5)
+def test_a_served_checkpoint_speaks_text_through_its_own_tokenizer(tmp_path):
+    config = save_tiny_text_checkpoint(tmp_path / "tiny-gpt2")
     engine, tokenizer = serving.checkpoint_commands.checkpoint_engine(lab, tmp_path / "tiny-gpt2", max_num_seqs=2)
     model, _ = load_gpt2(lab, tmp_path / "tiny-gpt2")
     with serving.start_server(engine, tokenizer=tokenizer, model_name="tiny-gpt2") as server:
@@ -326,10 +332,7 @@ def test_a_served_checkpoint_speaks_text_through_its_own_tokenizer(tmp_path):
 
 @pytest.mark.needs(5)
 def test_generate_text_is_the_greedy_continuation_decoded(tmp_path):
-    config = lab.ModelConfig(**(CKPT_TINY | {"vocab_size": 300}))
-    weights = lab.init_gpt2_weights(config, seed=2)
-    weights["wte.weight"][299] = -10.0  # keep <|endoftext|> (id 299) out of the greedy path
-    save_gpt2(tmp_path / "m", config, weights)
+    save_tiny_text_checkpoint(tmp_path / "m")
     model, tokenizer = load_gpt2(lab, tmp_path / "m")
     expected = greedy_reference(model, tokenizer.encode("low"), 8)
     assert 299 not in expected
