@@ -440,8 +440,8 @@ class AsyncLLM:
         kind = message[0]
         if kind == "outputs":
             _, rejected, outputs, self.gauges = message
-            for request_id, (field, error) in rejected.items():
-                self._finish(request_id, APIError(error, param=field))
+            for request_id, (field, error) in rejected.items():  # the id is the engine's, not the client's
+                self._finish(request_id, APIError(error.removeprefix(f"request {request_id!r}: "), param=field))
             for out in outputs:
                 self._deliver(out)
         elif kind == "failed":
@@ -454,7 +454,7 @@ class AsyncLLM:
         if queue is None:  # aborted, or failed: nobody waits for it
             return
         if out.finish_reason == "rejected":
-            self._finish(out.request_id, APIError(f"request {out.request_id!r} rejected: {out.finish_detail}"))
+            self._finish(out.request_id, APIError(f"this server can never run the request: {out.finish_detail}"))
             return
         queue.put_nowait(out)
         if out.finished:

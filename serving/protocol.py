@@ -49,6 +49,14 @@ class APIError(Exception):
         return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.status}}
 
 
+def field_error(message: str, field: str | None, param: str | None) -> APIError:
+    """An engine's refusal of its `field`, as a 400 about the request's own name for it, `param`
+    ("prompt_token_ids" -> "prompt"), in the message too."""
+    if field and param:
+        message = message.replace(field.split("[", 1)[0], param, 1)
+    return APIError(message, param=param)
+
+
 def model_not_found(name: object) -> APIError:
     """vLLM's answer to a request for a model it does not serve."""
     return APIError(f"The model `{name}` does not exist.", 404, "NotFoundError", "model")
@@ -345,8 +353,7 @@ def _extra_args(served: ServedModel, fields: Fields, max_tokens: int, logprobs: 
     try:
         args = sampling.extra_args(served.lab, values, served.config.vocab_size, max(max_tokens, 1))
     except ValueError as exc:
-        raise APIError(str(exc).replace(exc.argument, params.get(exc.argument, exc.argument), 1),
-                       param=params.get(exc.argument, exc.argument)) from None
+        raise field_error(str(exc), exc.argument, params.get(exc.argument, exc.argument)) from None
     for name in args or ():
         if name not in served.extra_fields:
             param = params.get(name, name)

@@ -21,7 +21,7 @@ from .async_llm import AsyncLLM
 from .http_server import Connection, Sink
 from .metrics import TTFT_BUCKETS_S, Histogram
 from .output import ChoiceState, Delta
-from .protocol import APIError, GenerateRequest, ServedModel, usage
+from .protocol import APIError, GenerateRequest, ServedModel, field_error, usage
 from .serving_chat import ChatFormat
 from .serving_completion import CompletionFormat
 
@@ -84,9 +84,8 @@ class OpenAIServing:
             item = await queue.get()
             if item is _CLIENT_GONE:
                 raise _ClientGone
-            if isinstance(item, APIError):
-                item.param = gen.param(item.param)
-                raise item
+            if isinstance(item, APIError):  # a refused field (a 400), or the engine's failure (a 500)
+                raise field_error(str(item), item.param, gen.param(item.param)) if item.param else item
             if item.request_id in siblings:
                 self.bridge.submit(siblings.pop(item.request_id), queue)
             state = states.get(item.request_id)

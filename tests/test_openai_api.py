@@ -104,6 +104,25 @@ def test_rule1_a_bad_value_is_a_400_naming_its_field(server, field, value):
     assert status == 400 and error["param"] == field, f"rule 1: {field}={value!r} must be a 400 naming it; got {error}"
 
 
+ENGINE_REFUSALS = {  # what only the engine's checks know: the model's context and vocabulary
+    "prompt": lambda n_positions, vocab: {"prompt": [1] * n_positions},
+    "max_tokens": lambda n_positions, vocab: {"prompt": [1, 2], "max_tokens": n_positions - 1},
+    "prompt[1]": lambda n_positions, vocab: {"prompt": [1, vocab]},
+}
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("case", ENGINE_REFUSALS)
+def test_rule1_an_engine_refusal_is_a_400_in_the_requests_own_words(server, engine_model, case):
+    config = engine_model.config
+    field = case.split("[")[0]
+    status, error = error_of(server, "/v1/completions", ENGINE_REFUSALS[case](config.n_positions, config.vocab_size))
+    assert status == 400 and error["param"] == field, f"rule 1: {case} must be a 400 naming {field}; got {error}"
+    assert error["message"].startswith(field) and "prompt_token_ids" not in error["message"], (
+        f"rule 1: the message speaks of the request's field {field!r}, not the engine's name for it: {error}")
+    assert "cmpl-" not in error["message"], f"rule 1: the engine's request id is not the client's: {error}"
+
+
 @pytest.mark.provided
 def test_rule1_defaults_are_openais_temperature_1_and_16_tokens(engine_model):
     config = engine_model.config
