@@ -309,7 +309,8 @@ def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=No
     vocabulary); `model_name`: the id clients name, or several (vLLM's --served-model-name; the
     first is the one responses carry; None: one made of the model's shape); `stream_interval`:
     tokens per streamed chunk (1: every token as it comes); `max_n`: the largest `n` of one
-    request (None: half of the engine's max_num_seqs). The sampling fields beyond the chapter's
+    request, and how many of one response's choices (prompts x n) are in the engine at once
+    (None: half of the engine's max_num_seqs). The sampling fields beyond the chapter's
     are answered when the engine was built with `serving.sampling.logits_processors()`, and
     refused with a 400 naming them when it was not."""
     return CompletionServer(engine, host, port, tokenizer=tokenizer, model_name=model_name,

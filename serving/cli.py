@@ -199,7 +199,8 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
                        help="the model names clients may use (the first is the one answered with); default: the "
                             "checkpoint directory's name, or one made of the toy model's shape")
     serve.add_argument("--max-n", type=_positive(int),
-                       help="the largest n of one request (default: half of --max-num-seqs)")
+                       help="the largest n of one request, and how many of its choices (prompts x n) run at once "
+                            "(default: half of --max-num-seqs)")
     load = commands.add_parser("loadtest", help="open-loop load test of any OpenAI-compatible server")
     load.add_argument("--url", required=True, help="e.g. http://127.0.0.1:8000")
     load.add_argument("--qps", type=_rates, default=[1.0, 2.0, 4.0], help="offered req/s: 1,2,4 (inf: all at once)")

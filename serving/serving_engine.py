@@ -8,12 +8,15 @@ What differs between the two endpoints, the shape of a choice, is theirs:
 goes first and its siblings follow once its first output arrives (its prompt is computed and
 its full blocks are in the cache by then), so that the n samples hold the prompt's full blocks
 once instead of n times (SGLang sends a prompt's parallel samples the same way). Without the
-cache they all go at once.
+cache they all go at once. Either way at most `max_n` of one response's choices (prompts x n)
+are in the engine at a time, the next going in as one finishes, so that no response holds more
+of the engine's seats than one request's largest n: another client's request finds the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import secrets
 import time
 
@@ -30,6 +33,31 @@ _CLIENT_GONE = object()  # put in a request's queue when its client disconnects
 
 class _ClientGone(Exception):
     """The client closed its connection: abort its request."""
+
+
+class Release:
+    """When each of a response's requests goes to the engine: at most `cap` at once, the next as
+    one finishes; with `share_prefix`, a prompt's samples 1..n-1 only after sample 0's first output
+    (its full blocks are cached by then)."""
+
+    def __init__(self, requests: list, n: int, cap: int, share_prefix: bool):
+        share = n > 1 and share_prefix
+        self.held = {requests[i].request_id: requests[i + 1:i + n]  # sample 0's id -> its siblings
+                     for i in range(0, len(requests), n)} if share else {}
+        self.ready = collections.deque(requests[::n] if share else requests)
+        self.running, self.cap = set(), cap
+
+    def next(self, request_id: str | None = None, finished: bool = False) -> list:
+        """The requests to submit now, after an output of `request_id` (None: at the start);
+        `finished`: that output ended its choice."""
+        self.ready.extend(self.held.pop(request_id, ()))
+        if finished:
+            self.running.discard(request_id)
+        batch = []
+        while self.ready and len(self.running) < self.cap:
+            batch.append(self.ready.popleft())
+            self.running.add(batch[-1].request_id)
+        return batch
 
 
 class FrontendStats:
@@ -55,15 +83,12 @@ class OpenAIServing:
                                             gen.eos_token_id, gen.min_tokens)
                   for i, r in enumerate(gen.requests)}
         queue: asyncio.Queue = asyncio.Queue()
-        siblings = {}  # sample 0's id -> the samples that wait for its prompt to be cached
-        if gen.n > 1 and self.served.prefix_caching:
-            siblings = {gen.requests[i].request_id: gen.requests[i + 1:i + gen.n]
-                        for i in range(0, len(gen.requests), gen.n)}
-        self.bridge.submit(gen.requests[::gen.n] if siblings else gen.requests, queue)
+        release = Release(gen.requests, gen.n, self.served.max_n, self.served.prefix_caching)
+        self.bridge.submit(release.next(), queue)
         watcher = asyncio.create_task(conn.watch_disconnect())
         watcher.add_done_callback(lambda t: t.cancelled() or not t.result() or queue.put_nowait(_CLIENT_GONE))
         try:
-            updates = self._updates(gen, states, queue, siblings, received)
+            updates = self._updates(gen, states, queue, release, received)
             respond = self._stream if gen.stream else self._respond_whole
             await respond(gen, states, updates, sink)
         except (_ClientGone, ConnectionError):
@@ -74,7 +99,7 @@ class OpenAIServing:
                 if not state.finished:  # the client went, or a choice failed: the rest must not run on
                     self.bridge.abort(request_id)
 
-    async def _updates(self, gen: GenerateRequest, states: dict, queue: asyncio.Queue, siblings: dict,
+    async def _updates(self, gen: GenerateRequest, states: dict, queue: asyncio.Queue, release: Release,
                        received: float):
         """(state, Delta, more) per step output, until every choice is finished; `more`: another
         output is already waiting (a stream writes once for all of them, see _stream). A late
@@ -86,8 +111,6 @@ class OpenAIServing:
                 raise _ClientGone
             if isinstance(item, APIError):  # a refused field (a 400), or the engine's failure (a 500)
                 raise field_error(str(item), item.param, gen.param(item.param)) if item.param else item
-            if item.request_id in siblings:
-                self.bridge.submit(siblings.pop(item.request_id), queue)
             state = states.get(item.request_id)
             if state is None or state.finished:  # a late output of a choice that has ended
                 if queue.empty():
@@ -102,6 +125,8 @@ class OpenAIServing:
                 unfinished.discard(item.request_id)
                 if not item.finished:  # a stop string: the engine must stop too
                     self.bridge.abort(item.request_id)
+            if more := release.next(item.request_id, state.finished):
+                self.bridge.submit(more, queue)
             yield state, delta, not queue.empty()
 
     def _header(self, gen: GenerateRequest, kind: str) -> dict:

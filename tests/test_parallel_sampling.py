@@ -1,16 +1,20 @@
 """`n`: parallel samples of one prompt, fanned out by the front end into n requests (seeds seed,
 seed + 1, ...), as vLLM V1 does. With the prefix cache on, the samples hold the prompt's full
-blocks once; one request's n takes at most half of the running seats; a client that goes
+blocks once; one request's choices (prompts x n) take at most half of the running seats; a client that goes
 aborts every sample. Each sample is checked against the plain reference sampler (test_sampling)."""
 
 from __future__ import annotations
 
 import threading
 import time
+import types
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import serving
+from serving.serving_engine import Release
 from serving.tokenizer import ByteTokenizer
 from tests.support import (
     HTTP_TIMEOUT,
@@ -98,32 +102,72 @@ def test_an_n_over_the_servers_limit_is_a_400_naming_n_and_the_limit(engine_mode
         serving.start_server(api_engine(engine_model), max_n=0)
 
 
+@pytest.mark.provided
+@settings(max_examples=60)
+@given(num_prompts=st.integers(1, 4), n=st.integers(1, 4), cap=st.integers(1, 6), share_prefix=st.booleans(),
+       data=st.data())
+def test_release_submits_each_choice_once_and_never_more_than_the_cap_at_once(num_prompts, n, cap, share_prefix,
+                                                                               data):
+    requests = [types.SimpleNamespace(request_id=f"r{i}") for i in range(num_prompts * n)]
+    release = Release(requests, n, cap, share_prefix)
+    submitted, running, outputs = [], [], {}  # outputs: how many each request has had
+    batch = release.next()
+    for _ in range(3 * len(requests) + 1):  # each request ends by its third output
+        for r in batch:
+            i = requests.index(r)
+            assert not (share_prefix and n > 1 and i % n and requests[i - i % n].request_id not in outputs), (
+                f"{r.request_id} went before sample 0 of its prompt had an output (its prompt was not cached yet)")
+        submitted += batch
+        running += [r.request_id for r in batch]
+        assert len(running) <= cap, f"{running} run at once: at most {cap} of one response's choices may"
+        if not running:
+            break
+        request_id = data.draw(st.sampled_from(running))
+        outputs[request_id] = outputs.get(request_id, 0) + 1
+        finished = outputs[request_id] == 3 or data.draw(st.booleans())
+        if finished:
+            running.remove(request_id)
+        batch = release.next(request_id, finished)
+    assert sorted(r.request_id for r in submitted) == sorted(r.request_id for r in requests), (
+        "every choice is submitted exactly once")
+
+
+MANY_CHOICES = {"the largest n": dict(prompt=PROMPT, n=4), "4 prompts x n = 2": dict(prompt=[PROMPT] * 4, n=2),
+                "8 prompts": dict(prompt=[PROMPT] * 8)}
+
+
 @pytest.mark.needs(5)
-def test_a_request_with_the_largest_n_leaves_seats_for_another_client(engine_model):
-    with serving.start_server(api_engine(engine_model)) as srv:  # 8 seats: n is at most 4
-        errors, done = [], threading.Event()
+@pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize("many", MANY_CHOICES)
+def test_a_request_with_many_choices_leaves_seats_for_another_client(engine_model, many, caching):
+    engine = api_engine(engine_model, enable_prefix_caching=caching)
+    with serving.start_server(engine) as srv:  # 8 seats: one request may hold 4
+        errors = []
 
         def long_request():
             try:
-                stream_events_at(srv, "/v1/completions", prompt=PROMPT, n=4, temperature=1.0, max_tokens=100)
+                stream_events_at(srv, "/v1/completions", **MANY_CHOICES[many], temperature=1.0, max_tokens=100)
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
-            done.set()
 
         thread = threading.Thread(target=long_request)
         thread.start()
-        time.sleep(0.05)
+        deadline = time.monotonic() + HTTP_TIMEOUT
+        while not engine.has_unfinished() and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.001)  # until the long request is in the engine
+        if errors:
+            raise errors[0]
         start = time.monotonic()
         body = complete(srv, prompt=[1, 2, 3], max_tokens=1, temperature=0)
         waited = time.monotonic() - start
-        finished_first = done.is_set()
+        long_still_running = engine.has_unfinished()
         thread.join(HTTP_TIMEOUT)
     if errors:
         raise errors[0]
     assert body["choices"][0]["finish_reason"] == "length"
-    assert not finished_first, (
-        f"the other client's one-token request waited {waited:.2f} s, until the 4 x 100-token request had ended: "
-        "a request's n must leave running seats free for others")
+    assert long_still_running, (
+        f"the other client's one-token request waited {waited:.2f} s, until the request with {many} had ended: "
+        "one request's choices (prompts x n) must leave running seats free for others")
 
 
 @pytest.mark.needs(5)
