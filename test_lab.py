@@ -3188,6 +3188,14 @@ def reference_draws(p, seed, n=300):
     return [int(rng.choice(len(p), p=p)) for _ in range(n)]
 
 
+def assert_drawn_from_the_kept_tokens(got, support, seed, what):
+    """`got`, draws seeded `seed`, are those of softmax(ROW) kept to `support` and renormalised."""
+    p = np.exp(ROW) * np.isin(np.arange(len(ROW)), list(support))
+    assert set(got) <= support, f"{what} sampled {sorted(set(got) - support)}, outside {sorted(support)}"
+    assert got == reference_draws(p / p.sum(), seed, len(got)), (
+        f"{what}: one draw rng.choice(V, p) per token from the kept tokens' renormalised softmax")
+
+
 @pytest.mark.provided
 @pytest.mark.parametrize("field, value, support", [
     ("top_k", 2, {4, 1}), ("top_k", 3, {4, 1, 3}), ("top_k", 0, set(range(8))), ("top_k", 8, set(range(8))),
@@ -3199,11 +3207,7 @@ def reference_draws(p, seed, n=300):
 ])
 def test_top_k_and_top_p_keep_exactly_the_tokens_vllm_keeps_and_renormalise(field, value, support):
     sampling = lab.SamplingParams(temperature=1.0, seed=5, **{field: value})
-    got = draws(sampling)
-    p = np.exp(ROW) * np.isin(np.arange(8), list(support))
-    assert set(got) <= support, f"{field}={value} sampled {sorted(set(got) - support)}, outside {sorted(support)}"
-    assert got == reference_draws(p / p.sum(), 5), (
-        f"{field}={value}: one draw rng.choice(V, p) per token from the kept tokens' renormalised softmax")
+    assert_drawn_from_the_kept_tokens(draws(sampling), support, 5, f"{field}={value}")
 
 
 @pytest.mark.provided

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import lab
 from serving import sampling
-from test_lab import ROW, reference_draws  # the chapter sampler's hand-made row and reference
+from test_lab import ROW, assert_drawn_from_the_kept_tokens, reference_draws  # the chapter sampler's row and reference
 from tests.support import random_prompts
 
 CORE = ("temperature", "max_tokens", "seed", "stop_token_ids", "top_k", "top_p")
@@ -104,11 +104,7 @@ def draws(sp, logits=ROW, n=300, **history):
 @pytest.mark.parametrize("value, support", [(0.5, {4, 1}), (0.11, {4, 1, 3, 0})])  # p >= min_p * 0.40
 def test_min_p_keeps_exactly_the_tokens_vllm_keeps_and_renormalises(value, support):
     sp = api_sampling(temperature=1.0, seed=5, min_p=value)
-    got = draws(sp)
-    p = np.exp(ROW) * np.isin(np.arange(8), list(support))
-    assert set(got) <= support, f"min_p={value} sampled {sorted(set(got) - support)}, outside {sorted(support)}"
-    assert got == reference_draws(p / p.sum(), 5), (
-        f"min_p={value}: one draw rng.choice(V, p) per token from the kept tokens' renormalised softmax")
+    assert_drawn_from_the_kept_tokens(draws(sp), support, 5, f"min_p={value}")
 
 
 @pytest.mark.provided
