@@ -171,6 +171,32 @@ def test_a_request_with_many_choices_leaves_seats_for_another_client(engine_mode
 
 
 @pytest.mark.needs(5)
+@pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize("many", MANY_CHOICES)
+def test_a_request_never_has_more_than_max_n_choices_in_the_engine(engine_model, many, caching):
+    engine = api_engine(engine_model, enable_prefix_caching=caching)
+    with serving.start_server(engine) as srv:  # 8 seats: max_n is 4
+        errors, peak = [], 0
+
+        def long_request():
+            try:
+                complete(srv, **MANY_CHOICES[many], temperature=1.0, max_tokens=30)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=long_request)
+        thread.start()
+        deadline = time.monotonic() + HTTP_TIMEOUT
+        while thread.is_alive() and time.monotonic() < deadline:
+            peak = max(peak, len(engine.requests))
+            time.sleep(0.0005)
+        thread.join(HTTP_TIMEOUT)
+    if errors:
+        raise errors[0]
+    assert peak <= 4, f"{peak} of one request's choices ({many}) were in the engine at once: at most max_n = 4"
+
+
+@pytest.mark.needs(5)
 def test_a_client_that_goes_aborts_every_sample(engine_model):
     engine = api_engine(engine_model, num_blocks=64)
     with serving.start_server(engine) as srv:
