@@ -43,7 +43,7 @@ def public_api(module) -> dict[str, str]:
 
 
 def generated_lab_text() -> str:
-    make_lab = load_make_lab()
+    make_lab = load_tool("make_lab")
     solution = make_lab.refresh_reading_map((ROOT / "solution.py").read_text())
     return make_lab.refresh_reading_map(make_lab.make_lab(solution))
 
@@ -80,10 +80,6 @@ def load_tool(name: str):
     return module
 
 
-def load_make_lab():
-    return load_tool("make_lab")
-
-
 @pytest.mark.provided
 def test_make_lab_turns_each_solution_region_into_a_stub_and_keeps_the_rest():
     source = (
@@ -94,7 +90,7 @@ def test_make_lab_turns_each_solution_region_into_a_stub_and_keeps_the_rest():
         "        return x + 1\n"
         "        # END SOLUTION\n"
     )
-    lab_text = load_make_lab().make_lab(source)
+    lab_text = load_tool("make_lab").make_lab(source)
     assert '"""Doc stays."""' in lab_text and "return x + 1" not in lab_text
     assert '        raise NotImplementedError("Exercise 3: A.f")\n' in lab_text
 
@@ -103,7 +99,7 @@ def test_make_lab_turns_each_solution_region_into_a_stub_and_keeps_the_rest():
 def test_make_lab_with_only_one_exercise_stubs_that_one_and_keeps_the_others():
     source = ("def f(x):\n    # BEGIN SOLUTION: Exercise 1\n    return x\n    # END SOLUTION\n\n\n"
               "def g(x):\n    # BEGIN SOLUTION: Exercise 2\n    return -x\n    # END SOLUTION\n")
-    lab_text = load_make_lab().make_lab(source, only={"2"})
+    lab_text = load_tool("make_lab").make_lab(source, only={"2"})
     assert "return x\n" in lab_text and 'raise NotImplementedError("Exercise 2: g")' in lab_text
     assert "Exercise 1: f" not in lab_text and "return -x" not in lab_text
 
@@ -116,7 +112,7 @@ def test_make_lab_with_only_one_exercise_stubs_that_one_and_keeps_the_others():
 ], ids=["no-end", "no-begin", "outside-a-function"])
 def test_make_lab_rejects_misplaced_markers(source):
     with pytest.raises(ValueError):
-        load_make_lab().make_lab(source)
+        load_tool("make_lab").make_lab(source)
 
 
 @pytest.mark.provided
@@ -140,7 +136,7 @@ def test_the_chapter_stays_a_chapter_and_each_reading_map_says_where():
         size = node.end_lineno - node.lineno + 1
         assert size < 180, f"{name} is {size} lines: under 180 (nano-vllm's is under 100)"
     for name, text in (("solution.py", solution), ("lab.py", lab_text)):
-        assert load_make_lab().refresh_reading_map(text) == text, (
+        assert load_tool("make_lab").refresh_reading_map(text) == text, (
             f"the reading map in {name}'s docstring names stale line ranges: run python tools/make_lab.py")
 
 
