@@ -4,14 +4,20 @@
   `from conftest import lab`.
 - `HYPOTHESIS_PROFILE=ci` picks the derandomised profile (no deadline, no example database);
   the default profile is fast, for the student loop.
-- A test that fails because a stub raised NotImplementedError is reported in one line that
-  names the exercise and the function to write.
+- A test that fails because a stub raised NotImplementedError is counted, not printed: it shows
+  as `w` in the progress line and as "N on stubs" in the final count (`-v` prints each, in one
+  line that names the exercise and the function to write). It still fails the run.
 - At the end of every run, a scoreboard: one line per exercise, passed/total, the functions still
   to write and the tests that fail for another reason (pytest's short summary is off: `-rN` in
   pyproject.toml, because it cuts every line to the terminal's width).
 - Once every Exercise 4 test passes, the scoreboard also shows the kernel's speed against
   contiguous attention, measured here in well under a second and never asserted.
 - Hypothesis writes no `.hypothesis/patches` file and prints no "git apply" footer.
+- `--grade results.json` writes the scoreboard as a Gradescope autograder result: one test a
+  exercise, scored by the share of its tests that passed (docs/teaching.md).
+- `-m exerciseN` collects only the test files that mark tests with an exercise (test_lab.py and
+  the few in tests/ that do): the rest would be deselected anyway, and importing them cost most of
+  one exercise's run.
 - `LAB_REPORT=path.json` writes every test's outcome, exercise and whether it hit a stub
   (`.ci/run` uses it to prove the lab is red only on stubs).
 """
@@ -64,6 +70,11 @@ _NEEDS: dict[str, int | None] = {}  # nodeid -> the exercise a test of provided 
 _RESULTS: dict[str, tuple[int | None, str, bool]] = {}  # nodeid -> (exercise, outcome, failed on a stub)
 _STUB_OF: dict[str, tuple[int, str]] = {}  # nodeid -> (exercise, function) of the stub it hit
 _SELECTED: dict[int | None, int] = {}  # exercise -> how many of its tests this run selected
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--grade", metavar="RESULTS_JSON", default=None,
+                     help="write the scoreboard as a Gradescope results.json (one test a exercise; docs/teaching.md)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -132,6 +143,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     )
 
 
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    """A stub's failure is a to-do, not a bug: counted ("N on stubs", `w` in the progress line) and
+    left out of the failures printed above the scoreboard, unless `-v` asks for each one."""
+    if report.failed and report.nodeid in _STUB_OF and config.get_verbosity() <= 0:
+        return "on stubs", "w", "STUB"
+    return None
+
+
+# -m exerciseN: a test file that marks no test with an exercise is not even imported.
+_MARKS_AN_EXERCISE = re.compile(r"mark\.exercise\d|mark, f\"exercise")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if not re.fullmatch(r"exercise\d+( or exercise\d+)*", (config.option.markexpr or "").strip()):
+        return None
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return not _MARKS_AN_EXERCISE.search(collection_path.read_text()) or None
+    return None
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when != "call" and not report.failed:
         return
@@ -170,25 +201,45 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     _scoreboard(terminalreporter)
 
 
+def exercise_rows() -> list[dict]:
+    """One row a exercise that ran: passed/total, the functions still to write (what `status`
+    knows, then the earlier exercises' stubs its tests hit) and the tests that failed otherwise.
+    The scoreboard prints these rows and `--grade` writes them: one home for both."""
+    unsolved = unsolved_exercises(lab)
+    rows = []
+    for number, title in EXERCISES.items():
+        mine = {k: r for k, r in _RESULTS.items() if r[0] == number}
+        if not mine:
+            continue
+        hit = [_STUB_OF[k] for k, r in mine.items() if r[2] and k in _STUB_OF]
+        earlier = dict.fromkeys(f"{name} (Exercise {n})" for n, name in sorted(hit) if n != number)
+        rows.append({"number": number, "title": title, "total": len(mine),
+                     "passed": sum(r[1] == "passed" for r in mine.values()), "on_stubs": len(hit),
+                     "to_write": unsolved.get(number, []) + list(earlier),
+                     "failed": [k for k, r in mine.items() if r[1] != "passed" and not r[2]]})
+    return rows
+
+
+def scoreboard_line(row: dict) -> str:
+    line = f"Exercise {row['number']} ({row['title']}): {row['passed']}/{row['total']}"
+    if row["passed"] == row["total"]:
+        line += " done"
+    if row["on_stubs"]:
+        line += f", {row['on_stubs']} on stubs"
+    if row["to_write"]:
+        line += f"; write {', '.join(row['to_write'])} in {LAB_MODULE}.py"
+    return line
+
+
 def _scoreboard(terminalreporter) -> None:
     results = _RESULTS
     if not results:
         return
     terminalreporter.section(f"scoreboard ({LAB_MODULE})")
-    for number, title in EXERCISES.items():
-        mine = {k: r for k, r in results.items() if r[0] == number}
-        if not mine:
-            continue
-        passed = sum(r[1] == "passed" for r in mine.values())
-        line = f"Exercise {number} ({title}): {passed}/{len(mine)}"
-        if passed == len(mine):
-            line += " done"
-        stubs = [_STUB_OF[k] for k, r in mine.items() if r[2] and k in _STUB_OF]
-        if stubs:
-            line += f", {len(stubs)} on stubs: {_to_write(number, stubs)}"
-        terminalreporter.write_line(line)
-        _list_failures(terminalreporter, [k for k, r in mine.items() if r[1] != "passed" and not r[2]])
-        if number == 4 and passed == len(mine) == _SELECTED.get(4):
+    for row in exercise_rows():
+        terminalreporter.write_line(scoreboard_line(row))
+        _list_failures(terminalreporter, row["failed"])
+        if row["number"] == 4 and row["passed"] == row["total"] == _SELECTED.get(4):
             for text in exercise4_speed():
                 terminalreporter.write_line(f"  {text}")
     provided = {k: r for k, r in results.items() if r[0] is None and _NEEDS.get(k) is None}
@@ -205,19 +256,42 @@ def _scoreboard(terminalreporter) -> None:
             line += f", waiting for {', '.join(f'{name} (Exercise {n})' for n, name in stubs)}"
         terminalreporter.write_line(line)
         _list_failures(terminalreporter, [k for k, r in running.items() if r[1] != "passed" and not r[2]])
+    if any(r[2] for r in results.values()) and terminalreporter.config.get_verbosity() <= 0:
+        terminalreporter.write_line("(failures on stubs are counted, not printed: -v prints each)")
     path = os.environ.get("LAB_REPORT")
     if path:
         rows = [{"test": k, "exercise": e, "needs": _NEEDS.get(k), "outcome": o, "stub": s}
                 for k, (e, o, s) in results.items()]
         with open(path, "w") as fh:
             json.dump(rows, fh, indent=1)
+    grade = terminalreporter.config.getoption("--grade")
+    if grade:
+        write_grade(grade, exercise_rows())
+        terminalreporter.write_line(f"grade written to {grade}")
 
 
-def _to_write(number: int, stubs: list[tuple[int, str]]) -> str:
-    """"write A, B in lab.py", the exercise's own stubs first, then the earlier ones its tests need."""
-    own = list(dict.fromkeys(name for n, name in stubs if n == number))
-    other = list(dict.fromkeys(f"{name} (Exercise {n})" for n, name in sorted(stubs) if n != number))
-    return f"write {', '.join(own + other)} in {LAB_MODULE}.py"
+GRADE_PER_EXERCISE = 10  # every exercise weighs the same; its score is the share of its tests passed
+
+
+def write_grade(path: str, rows: list[dict]) -> None:
+    """A Gradescope autograder result (`score`, `max_score`, `tests` with `name`, `score`,
+    `max_score`, `output`): one test a exercise, its output the scoreboard's line and what failed.
+    An exercise none of whose tests ran scores 0 and says so."""
+    ran = {row["number"]: row for row in rows}
+    tests = []
+    for number, title in EXERCISES.items():
+        row = ran.get(number)
+        if row is None:
+            score, output = 0.0, "no test of this exercise ran (was it deselected with -m or -k?)"
+        else:
+            score = round(GRADE_PER_EXERCISE * row["passed"] / row["total"], 2)
+            output = "\n".join([scoreboard_line(row)] + [f"failed: {k.split('::', 1)[-1]}" for k in row["failed"]])
+        tests.append({"name": f"Exercise {number}: {title}", "score": score,
+                      "max_score": GRADE_PER_EXERCISE, "output": output})
+    result = {"score": round(sum(t["score"] for t in tests), 2), "max_score": GRADE_PER_EXERCISE * len(tests),
+              "output": f"module graded: {LAB_MODULE}", "tests": tests}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=1) + "\n")
 
 
 def _list_failures(terminalreporter, nodeids: list[str], most: int = 5) -> None:

@@ -317,14 +317,17 @@ def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=No
                             stream_interval=stream_interval, max_n=max_n)
 
 
-def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None, **options) -> bool:
+def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None, note: str | None = None,
+          **options) -> bool:
     """`python solution.py serve`: run the server (`options` as start_server's) until Ctrl-C, or for
-    `duration` seconds. False if its front end ended of itself first (killed, or failed): a
-    server nobody can reach must not run on."""
+    `duration` seconds; `note`, a line for the banner. False if its front end ended of itself
+    first (killed, or failed): a server nobody can reach must not run on."""
     with start_server(engine, host, port, **options) as server:
         print(f"serving {', '.join(server.served.names)} at {server.url}  (POST /v1/completions "
               f"/v1/chat/completions /tokenize /detokenize, GET /v1/models /health /metrics /tokenizer_info; "
               f"Ctrl-C stops)", flush=True)
+        if note:
+            print(f"note: {note}", flush=True)
         if threading.current_thread() is threading.main_thread():
             # Stop on SIGINT even when it came in ignored (a shell's `serve &`), and on SIGTERM as on it.
             signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -296,8 +296,11 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
                 engine = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs or 64,
                                        logits_processors=logits_processors(), **options)
                 tokenizer, names = None, args.served_model_name
-            if not serve(engine, args.host, args.port, args.duration, tokenizer=tokenizer, model_name=names,
-                         stream_interval=args.stream_interval, max_n=args.max_n):
+            # Garbled text is what random weights write: say so before a client sees it.
+            note = None if args.model else (f"the model's weights are random (--seed {args.seed}), so its text is "
+                                            "noise; --model DIR serves a GPT-2 checkpoint (docs/checkpoints.md)")
+            if not serve(engine, args.host, args.port, args.duration, note=note, tokenizer=tokenizer,
+                         model_name=names, stream_interval=args.stream_interval, max_n=args.max_n):
                 parser.exit(1, f"{prog} serve: error: the server's HTTP front end stopped, so the server did\n")
         elif args.command == "loadtest":
             summaries = loadtest(lab, args.url, args.qps, args.num_prompts, args.workload, args.seed,

@@ -440,8 +440,23 @@ class Trace:
             "num_blocks": w.engine["num_blocks"], "block_size": w.engine["block_size"],
             "requests": {a.request_id: {"prompt": list(a.prompt), "max_tokens": a.max_tokens,
                                         "salt": a.cache_salt} for a in w.arrivals},
-            "frames": self.frames,
+            "frames": self.frames, "open": opening_step(self.frames),
         }
+
+
+def opening_step(frames: list[dict]) -> int:
+    """The step the page opens on (without `#step=N`): the first where the mechanisms show, a
+    preemption, a copy-on-write or a prefix-cache hit; else the first that retires a request;
+    else the first step that ran anything. Step 0 is the empty state before the run."""
+    def hit(i: int) -> bool:
+        return frames[i]["cache"][1] > frames[i - 1]["cache"][1]
+
+    for wanted in (lambda i: frames[i]["preempted"] or frames[i]["copies"] or hit(i),
+                   lambda i: frames[i]["finished"], lambda i: frames[i]["ran"]):
+        found = next((i for i in range(1, len(frames)) if wanted(i)), None)
+        if found is not None:
+            return found
+    return 0
 
 
 def record(lab: ModuleType, workload: Workload, max_steps: int = MAX_STEPS) -> Trace:
@@ -624,7 +639,7 @@ const IDS = Object.keys(T.requests);
 const COLOR = {};
 IDS.forEach((id, i) => { COLOR[id] = PALETTE[i % PALETTE.length]; });
 const $ = (id) => document.getElementById(id);
-let cur = 0, sel = null, timer = null;
+let cur = T.open, sel = null, timer = null;
 
 function esc(s) {
   const entity = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"};

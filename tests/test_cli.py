@@ -121,3 +121,12 @@ def test_cli_main_job_prints_the_four_scenarios_in_order():
     positions = [proc.stdout.find(h) for h in headlines]
     assert all(p >= 0 for p in positions) and positions == sorted(positions), (
         f"`python {lab.__name__}.py` must print the four design-review scenarios in order; found {positions}")
+
+
+@pytest.mark.needs(1)
+def test_serve_says_in_its_banner_that_the_toy_models_weights_are_random():
+    proc = run_cli("serve", "--port", "0", "--duration", "0.1")
+    assert proc.returncode == 0, proc.stderr
+    banner = " ".join(proc.stdout.split())
+    assert "serving " in banner and "weights are random (--seed 0)" in banner and "--model DIR" in banner, (
+        f"without --model the banner must say the weights are random (so garbled text is no surprise): {banner}")

@@ -23,9 +23,8 @@ import pytest
 
 from conftest import lab
 from serving import cli, hints, quiz
+from tests.support import REFERENCE, ROOT, needs_reference, reraise_stub
 
-ROOT = Path(__file__).resolve().parent.parent
-SOLUTION_SOURCE = (ROOT / "solution.py").read_text()
 TIMEOUT = 60
 
 
@@ -33,14 +32,14 @@ def _make_lab_text(only: set[str] | None = None) -> str:
     spec = importlib.util.spec_from_file_location("make_lab", ROOT / "tools" / "make_lab.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.make_lab(SOLUTION_SOURCE, only=only)
+    return module.make_lab(REFERENCE.read_text(), only=only)
 
 
 @pytest.fixture(scope="module")
 def labs(tmp_path_factory) -> dict[str, Path]:
     """A fresh lab (all stubs), a half-written one (only Exercise 1 left) and a finished one."""
     where = tmp_path_factory.mktemp("labs")
-    paths = {"fresh": where / "lab_fresh.py", "half": where / "lab_half.py", "finished": ROOT / "solution.py"}
+    paths = {"fresh": where / "lab_fresh.py", "half": where / "lab_half.py", "finished": REFERENCE}
     paths["fresh"].write_text(_make_lab_text())
     paths["half"].write_text(_make_lab_text(only={"1"}))
     return paths
@@ -52,7 +51,7 @@ SCORED_SEED = 7
 def scored_answers() -> tuple[list, str]:
     """The reference's quiz 2 at SCORED_SEED, and answers to it: right, wrong, not a number then
     right, wrong."""
-    questions = quiz.make_questions(importlib.import_module("solution"), 2, seed=SCORED_SEED)
+    questions = quiz.make_questions(importlib.import_module(REFERENCE.stem), 2, seed=SCORED_SEED)
     answers = [questions[0].answer, questions[1].answer + 1, "not a number", questions[2].answer,
                questions[3].answer + 3]
     return questions, "".join(f"{a}\n" for a in answers)
@@ -100,15 +99,6 @@ def module_copy(name: str, directory: Path, **replaced) -> types.ModuleType:
     some of its attributes replaced."""
     copy = types.ModuleType(name)
     copy.__dict__.update(vars(lab))
-    copy.__file__ = str(directory / f"{name}.py")
-    copy.__dict__.update(replaced)
-    return copy
-
-
-def solution_copy(name: str, directory: Path, **replaced) -> types.ModuleType:
-    reference = importlib.import_module("solution")
-    copy = types.ModuleType(name)
-    copy.__dict__.update(vars(reference))
     copy.__file__ = str(directory / f"{name}.py")
     copy.__dict__.update(replaced)
     return copy
@@ -217,6 +207,7 @@ def test_hint_and_quiz_refuse_bad_input_with_one_line_and_exit_status_2(args, sa
 
 
 @pytest.mark.provided
+@needs_reference
 def test_an_unknown_exercise_is_exit_status_2_from_the_command_line(runs):
     proc = runs["unknown exercise"]
     assert proc.returncode == 2 and "there is no exercise 12" in proc.stderr, proc.stderr
@@ -224,6 +215,7 @@ def test_an_unknown_exercise_is_exit_status_2_from_the_command_line(runs):
 
 
 @pytest.mark.provided
+@needs_reference
 def test_hint_from_the_command_line_on_a_fresh_lab(runs, labs):
     proc = runs["hint fresh"]
     assert proc.returncode == 0 and "Exercise 4 (paged attention), hint 1 of 3: Nudge" in proc.stdout, proc.stderr
@@ -255,6 +247,7 @@ def test_whole_answers_are_exact_and_the_others_within_their_stated_tolerance():
 
 
 @pytest.mark.provided
+@needs_reference
 def test_the_quiz_scores_piped_answers_and_explains_each_on_the_reference(runs):
     questions = scored_answers()[0]
     proc = runs["quiz scored"]
@@ -268,39 +261,40 @@ def test_the_quiz_scores_piped_answers_and_explains_each_on_the_reference(runs):
     assert all(q.text in flat and q.explanation in flat for q in questions)
 
 
-@pytest.mark.provided
+@pytest.mark.needs(1)
 def test_the_quiz_ends_cleanly_at_the_end_of_its_input(tmp_path):
-    reference = solution_copy("solution_copy", tmp_path)
-    first = quiz.make_questions(reference, 1, seed=3)[0]
+    module = module_copy("lab_copy", tmp_path)
+    first = quiz.make_questions(module, 1, seed=3)[0]
     out = io.StringIO()
-    assert quiz.run_quiz(reference, 1, 3, "solution_copy.py", stdin=io.StringIO(f"{first.answer}\n"),
+    assert quiz.run_quiz(module, 1, 3, "lab_copy.py", stdin=io.StringIO(f"{first.answer}\n"),
                          stdout=out) == 0
     assert "right: the answer is" in out.getvalue() and "Quiz ended before Q2: 1 right of 1 answered." in out.getvalue()
 
 
-@pytest.mark.provided
+@pytest.mark.needs(5)
 def test_the_same_seed_asks_the_same_questions_and_fresh_figures_come_without_one(capsys):
-    reference = importlib.import_module("solution")
-    texts = lambda seed: [q.text for q in quiz.make_questions(reference, 5, seed)]  # noqa: E731
+    texts = lambda seed: [q.text for q in quiz.make_questions(lab, 5, seed)]  # noqa: E731
     assert texts(11) == texts(11)
     assert len({tuple(texts(seed)) for seed in range(6)}) > 1
 
 
-@pytest.mark.provided
+@pytest.mark.needs(1)
 def test_the_quiz_says_when_the_modules_answer_disagrees_with_the_reasoning(tmp_path):
-    floor = solution_copy("broken", tmp_path, blocks_needed=lambda n, b: n // b)  # the classic off-by-one
+    floor = module_copy("broken", tmp_path, blocks_needed=lambda n, b: n // b)  # the classic off-by-one
     out = io.StringIO()
     quiz.run_quiz(floor, 1, 1, "broken.py", stdin=io.StringIO("0\n0\n0\n"), stdout=out)
+    reraise_stub(out.getvalue())
     flat = " ".join(out.getvalue().split())
     assert "Note: the reasoning above gives" in flat and "broken.py computes" in flat and "pytest -m exercise1" in flat
 
 
-@pytest.mark.provided
+@pytest.mark.needs(1)
 def test_a_module_that_fails_for_another_reason_than_a_stub_stops_the_quiz_with_exit_status_1(tmp_path, capsys):
     def boom(num_tokens, block_size):
         raise ValueError("boom")
 
-    status, _, err = cli_run(solution_copy("broken", tmp_path, blocks_needed=boom), capsys, "quiz", "1")
+    status, _, err = cli_run(module_copy("broken", tmp_path, blocks_needed=boom), capsys, "quiz", "1")
+    reraise_stub(err)
     assert status == 1 and "broken.py quiz: error: ValueError: boom" in err
 
 
@@ -312,6 +306,7 @@ def test_the_quiz_help_says_the_answers_come_from_the_module_itself(capsys):
 
 
 @pytest.mark.provided
+@needs_reference
 def test_the_quiz_on_a_half_written_lab_asks_what_is_written_and_names_what_is_not(runs):
     stubbed, written = runs["quiz half stubbed"], runs["quiz half written"]
     assert stubbed.returncode == 1 and "Exercise 1: blocks_needed is still a stub: write it first" in stubbed.stderr, (
@@ -326,6 +321,7 @@ def test_the_quiz_on_a_half_written_lab_asks_what_is_written_and_names_what_is_n
 
 
 @pytest.mark.provided
+@needs_reference
 def test_status_on_a_fresh_a_half_written_and_a_finished_lab(runs):
     status = {state: runs[f"status {state}"] for state in ("fresh", "half", "finished")}
     for state, proc in status.items():

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from conftest import lab
 from serving import datasets, trace
-from tests.support import run_cli
+from tests.support import needs_reference, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -325,6 +325,7 @@ def test_a_run_that_raises_or_does_not_finish_still_gets_the_steps_before(monkey
 
 
 @pytest.mark.provided
+@needs_reference
 def test_the_trace_of_a_scheduler_that_preempts_the_wrong_request_says_so(tmp_path, monkeypatch):
     """What the trace is for: a student's scheduler that preempts the request asking for a block
     instead of the newest one. The page names the victim that should have gone, and keeps every
@@ -471,6 +472,7 @@ def test_cli_trace_says_in_one_line_that_it_cannot_write_the_page(tmp_path):
 
 
 @pytest.mark.provided
+@needs_reference
 def test_cli_trace_on_a_half_written_lab_names_the_missing_stub(tmp_path):
     sys.path.insert(0, str(ROOT / "tools"))
     try:
@@ -607,3 +609,26 @@ def test_the_page_rendered_in_chromium_shows_the_recorded_step(tmp_path):
     path.write_text(late)
     with pytest.raises(AssertionError, match=f"step {step}"):
         check_rendered(RenderedPage(dump_dom(path, f"step={step}&request=r3")), data, step, "r3")
+
+
+@pytest.mark.needs(5)
+def test_the_page_opens_on_the_first_step_where_a_mechanism_shows():
+    """Without `#step=N` the page opens where something happens, not on the empty step 0: on the
+    memory-pressure run that is its first preemption, and no earlier step preempts, copies or hits."""
+    _, data, _ = recorded("memory-pressure")
+    frames, first = data["frames"], data["open"]
+    assert frames[first]["preempted"], f"the page opens on step {first}, which preempts nothing"
+    for k in range(1, first):
+        hit = frames[k]["cache"][1] > frames[k - 1]["cache"][1]
+        assert not (frames[k]["preempted"] or frames[k]["copies"] or hit), (
+            f"step {k} already shows a mechanism, before the opening step {first}")
+
+
+@pytest.mark.needs(5)
+@pytest.mark.skipif(BROWSER is None, reason="needs Chromium to render the page: apt-get install chromium "
+                                            "(or any chromium / chromium-browser on PATH)")
+def test_the_page_without_a_step_in_its_address_opens_on_the_opening_step(tmp_path):
+    rec, data, _ = recorded("memory-pressure")
+    path = tmp_path / "trace.html"
+    path.write_text(trace.render_page(rec))
+    assert RenderedPage(dump_dom(path, "")).step == data["open"] > 0, "the page opens on the recording's opening step"
