@@ -133,6 +133,7 @@ def test_the_hints_file_has_a_nudge_an_idea_and_a_method_for_every_exercise():
 
 
 @pytest.mark.provided
+@needs_reference
 def test_each_method_names_every_function_its_exercise_writes():
     methods = {n: levels[3][1] for n, levels in hints.load_hints().items()}
     stubs = re.findall(r'raise NotImplementedError\("Exercise (\d+): ([\w.]+)"\)', _make_lab_text())

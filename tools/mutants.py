@@ -438,7 +438,7 @@ def run(name: str, marker: str, path: str, source: str, workdir: Path, hint: str
         module, project, pythonpath = "solution", workdir / "project", os.environ.get("PYTHONPATH", "")
         # __pycache__ comes along: it holds test_lab.py with pytest's assertions already rewritten
         # (about 4 s to redo per process), valid in the copy because copytree keeps mtimes.
-        shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(".git", ".hypothesis"))
+        shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(".git", ".hypothesis", ".venv"))
         (project / path).write_text(source)
     env = _pytest_env(module, pythonpath)
     if hint:

@@ -9,7 +9,10 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -169,3 +172,56 @@ def test_the_benchmarks_import_the_module_they_measure_and_it_never_imports_them
     assert not re.search(r"^(from|import) (tools|bench)\b", solution, re.M), (
         "solution.py imports the benchmarks: measurement stands beside the model, not inside it")
     assert not re.search(r"^def bench_", solution, re.M), "benchmark code belongs in tools/bench.py"
+
+
+# --- the student's copy and its grade (docs/teaching.md) ----------------------------------------
+
+
+@pytest.mark.provided
+def test_the_student_copy_ships_no_reference_and_refuses_a_file_that_quotes_an_answer():
+    student_copy = load_tool("student_copy")
+    shipped = student_copy.shipped_files()
+    assert "lab.py" in shipped and "test_lab.py" in shipped and "conftest.py" in shipped
+    kept_back = [p for p in shipped if p in student_copy.MAINTAINERS_ONLY or p.startswith(".ci/")]
+    assert not kept_back, f"the student's copy would ship maintainers' files: {kept_back}"
+    missing = [p for p in student_copy.MAINTAINERS_ONLY if not (ROOT / p).exists()]
+    assert not missing, f"MAINTAINERS_ONLY names paths that are gone (renamed? then the copy ships them): {missing}"
+    solution = (ROOT / "solution.py").read_text()
+    region = solution[solution.index("# BEGIN SOLUTION: Exercise 5"):]
+    quoted = region[:region.index("# END SOLUTION")]
+    assert student_copy.leaks({"docs/notes.md": quoted}, solution), "a file quoting Exercise 5's answer must be refused"
+    assert not student_copy.leaks({"lab.py": generated_lab_text()}, solution), "the stubbed lab holds no answer"
+    readme = student_copy.student_readme((ROOT / "README.md").read_text())
+    assert "<!-- maintainers" not in readme and "LAB_MODULE=solution" not in readme and "student's copy" in readme
+
+
+@pytest.mark.provided
+def test_grade_on_a_half_written_lab_is_a_gradescope_result_that_agrees_with_the_scoreboard(tmp_path):
+    """Exercises 1-4 written, 5-8 stubs; only Exercises 4 and 5 run (fast): 4 scores full, 5 the
+    share of its tests that pass without a scheduler and names its functions to write, the others
+    say that none of their tests ran."""
+    (tmp_path / "lab_half.py").write_text(load_tool("make_lab").make_lab((ROOT / "solution.py").read_text(),
+                                                                         only={"5", "6", "7", "8"}))
+    env = dict(os.environ, LAB_MODULE="lab_half", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
+    result_path = tmp_path / "results" / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "test_lab.py",
+                           "-m", "exercise4 or exercise5", "--grade", str(result_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    result = json.loads(result_path.read_text())
+    assert set(result) >= {"score", "max_score", "tests"} and len(result["tests"]) == 8
+    for test in result["tests"]:
+        assert set(test) >= {"name", "score", "max_score", "output"}, test
+        assert 0 <= test["score"] <= test["max_score"] and isinstance(test["output"], str)
+    by_name = {t["name"].split(":")[0]: t for t in result["tests"]}
+    assert by_name["Exercise 4"]["score"] == by_name["Exercise 4"]["max_score"] > 0
+    assert by_name["Exercise 5"]["score"] < 1 and "Scheduler.schedule" in by_name["Exercise 5"]["output"]
+    assert "no test of this exercise ran" in by_name["Exercise 1"]["output"] and by_name["Exercise 1"]["score"] == 0
+    assert result["score"] == round(sum(t["score"] for t in result["tests"]), 2)
+    board = proc.stdout[proc.stdout.index("scoreboard (lab_half)"):].splitlines()
+    for number in (4, 5):
+        test = by_name[f"Exercise {number}"]
+        first = test["output"].splitlines()[0]
+        assert first in board, f"Exercise {number}: the grade says {first!r}; the scoreboard: {board}"
+        passed, total = map(int, re.search(r"\): (\d+)/(\d+)", first).groups())
+        assert test["score"] == round(test["max_score"] * passed / total, 2), f"Exercise {number}: {test}"

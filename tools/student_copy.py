@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Write the lab as a course hands it out: the repository without the reference or its answers.
+
+    python tools/student_copy.py DIR      # DIR must not exist yet, or be empty
+
+The copy holds every file git tracks here except MAINTAINERS_ONLY: `solution.py`, the planted
+mistakes, and the tools that exist to check the reference against the lab. It changes two files:
+- README.md loses the parts written for maintainers (between `<!-- maintainers -->` and
+  `<!-- /maintainers -->`) and opens with a line that says what the copy is;
+- pyproject.toml installs `lab` alone (there is no `solution` to install).
+It adds `docs/reference-traces/`: each trace workload recorded on the reference engine
+(`python solution.py trace`), so a student can watch a correct run before their own Exercise 5
+exists.
+
+Before it writes anything it checks that no shipped file holds an exercise's answer (three or
+more lines of one solution region of `solution.py` that the stubbed lab does not have): a file
+added later that quotes the reference makes this command fail, not the course leak.
+docs/teaching.md says how an instructor builds, checks and grades the copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from make_lab import BEGIN, END, make_lab  # noqa: E402
+
+# Paths (a trailing slash: a folder) that stay with the maintainers: the reference, the planted
+# mistakes, and the checks of the reference against the lab (they read solution.py).
+MAINTAINERS_ONLY = (
+    "solution.py",
+    ".ci/",
+    "tools/mutants.py",
+    "tools/mutants_caught.json",
+    "tools/teach_check.py",
+    "tools/check_stubs.py",
+    "tools/test_tooling.py",
+    "tools/make_lab.py",
+    "tools/docstring_words.py",
+    "tools/check_against_hf.py",
+    "tools/student_copy.py",
+)
+MAINTAINERS = re.compile(r"\n?<!-- maintainers -->.*?<!-- /maintainers -->\n?", re.S)
+TRACE_WORKLOADS = ("skewed", "shared-prefix", "memory-pressure", "arrivals")
+SHORTEST_ANSWER_LINE = 24  # shorter lines (`return x`, `else:`) are too common to call a leak
+LEAK_LINES = 3  # lines of one solution region in one shipped file that make it a leak
+
+
+def shipped_files(root: Path = ROOT) -> list[str]:
+    """The files git tracks under `root`, less MAINTAINERS_ONLY."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, check=True)
+    return sorted(path for path in tracked.stdout.split("\0") if path and not path.startswith(MAINTAINERS_ONLY)
+                  and path not in MAINTAINERS_ONLY)
+
+
+def answer_regions(solution: str) -> list[set[str]]:
+    """Per solution region of solution.py, its stripped lines that the generated lab lacks."""
+    lab_lines = {line.strip() for line in make_lab(solution).splitlines()}
+    regions: list[set[str]] = []
+    for line in solution.splitlines():
+        if BEGIN.match(line):
+            regions.append(set())
+        elif END.match(line):
+            regions[-1] -= lab_lines
+            regions.append(None)  # outside a region until the next BEGIN
+        elif regions and regions[-1] is not None and len(line.strip()) >= SHORTEST_ANSWER_LINE \
+                and not line.strip().startswith("#"):
+            regions[-1].add(line.strip())
+    return [region for region in regions if region]
+
+
+def leaks(files: dict[str, str], solution: str) -> list[str]:
+    """`path: N lines of one answer` for every shipped text file that holds LEAK_LINES or more
+    lines of one solution region (a line or two alike is a common idiom, not an answer)."""
+    regions = answer_regions(solution)
+    found = []
+    for path, text in files.items():
+        lines = {line.strip() for line in text.splitlines()}
+        for region in regions:
+            shared = sorted(region & lines)
+            if len(shared) >= LEAK_LINES:
+                found.append(f"{path}: {len(shared)} lines of one answer, such as {shared[0]!r}")
+    return found
+
+
+def student_readme(readme: str) -> str:
+    intro = ("> **The student's copy.** Your course made this copy of the lab with `tools/student_copy.py`: "
+             "it has no `solution.py`, so you write every exercise in `lab.py` and the tests tell you when it "
+             "is right. `docs/reference-traces/` holds recorded runs of a correct engine to compare yours with.\n")
+    body = MAINTAINERS.sub("\n", readme)
+    title, _, rest = body.partition("\n")
+    return f"{title}\n\n{intro}{rest}"
+
+
+def student_pyproject(text: str) -> str:
+    changed = text.replace('py-modules = ["solution", "lab"]', 'py-modules = ["lab"]')
+    if changed == text:
+        raise SystemExit("tools/student_copy.py: pyproject.toml no longer lists py-modules = [\"solution\", \"lab\"]")
+    return changed
+
+
+def record_reference_traces(out: Path) -> None:
+    """Each workload's trace, recorded on the reference engine, into out/docs/reference-traces/."""
+    where = out / "docs" / "reference-traces"
+    where.mkdir(parents=True, exist_ok=True)
+    for workload in TRACE_WORKLOADS:
+        subprocess.run([sys.executable, str(ROOT / "solution.py"), "trace", "--workload", workload,
+                        "--out", str(where / f"{workload}.html")], cwd=tempfile.gettempdir(), check=True,
+                       capture_output=True, text=True)
+
+
+def write_copy(out: Path) -> list[str]:
+    """Write the copy into `out`; returns the paths written (relative)."""
+    if out.exists() and any(out.iterdir()):
+        raise SystemExit(f"tools/student_copy.py: {out} is not empty: name a new folder")
+    solution = (ROOT / "solution.py").read_text()
+    texts: dict[str, str] = {}
+    binaries: list[str] = []
+    for path in shipped_files():
+        try:
+            texts[path] = (ROOT / path).read_text(encoding="utf-8")
+        except UnicodeDecodeError:  # an image: copied as it is
+            binaries.append(path)
+    texts["README.md"] = student_readme(texts["README.md"])
+    texts["pyproject.toml"] = student_pyproject(texts["pyproject.toml"])
+    found = leaks(texts, solution)
+    if found:
+        raise SystemExit("tools/student_copy.py: these shipped files hold lines of the exercises' answers:\n  "
+                         + "\n  ".join(found))
+    for path, text in texts.items():
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_text(text, encoding="utf-8")
+    for path in binaries:
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_bytes((ROOT / path).read_bytes())
+    record_reference_traces(out)
+    return sorted([*texts, *binaries])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="write the student's copy of the lab (no solution.py) into DIR")
+    parser.add_argument("dir", type=Path, help="where to write it: a new or empty folder")
+    args = parser.parse_args(argv)
+    written = write_copy(args.dir)
+    print(f"wrote the student's copy to {args.dir}: {len(written)} files and docs/reference-traces/ "
+          f"(left out: {', '.join(MAINTAINERS_ONLY)})")
+    print(f"next: cd {args.dir} and follow its README (a virtual environment, then python -m pytest)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
