@@ -197,15 +197,15 @@ def test_the_student_copy_ships_no_reference_and_refuses_a_file_that_quotes_an_a
 
 @pytest.mark.provided
 def test_grade_on_a_half_written_lab_is_a_gradescope_result_that_agrees_with_the_scoreboard(tmp_path):
-    """Exercises 1-4 written, 5-8 stubs; only Exercises 4 and 5 run (fast): 4 scores full, 5 the
-    share of its tests that pass without a scheduler and names its functions to write, the others
-    say that none of their tests ran."""
+    """Exercises 5-7 stubs, the others written; only Exercises 6 and 8 run (fast): 8 scores full,
+    6 the share of its tests that pass without its functions and names them, the others say that
+    none of their tests ran."""
     (tmp_path / "lab_half.py").write_text(load_tool("make_lab").make_lab((ROOT / "solution.py").read_text(),
-                                                                         only={"5", "6", "7", "8"}))
+                                                                         only={"5", "6", "7"}))
     env = dict(os.environ, LAB_MODULE="lab_half", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
     result_path = tmp_path / "results" / "results.json"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "test_lab.py",
-                           "-m", "exercise4 or exercise5", "--grade", str(result_path)],
+                           "-m", "exercise6 or exercise8", "--grade", str(result_path)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout[-2000:]
     result = json.loads(result_path.read_text())
@@ -214,12 +214,12 @@ def test_grade_on_a_half_written_lab_is_a_gradescope_result_that_agrees_with_the
         assert set(test) >= {"name", "score", "max_score", "output"}, test
         assert 0 <= test["score"] <= test["max_score"] and isinstance(test["output"], str)
     by_name = {t["name"].split(":")[0]: t for t in result["tests"]}
-    assert by_name["Exercise 4"]["score"] == by_name["Exercise 4"]["max_score"] > 0
-    assert by_name["Exercise 5"]["score"] < 1 and "Scheduler.schedule" in by_name["Exercise 5"]["output"]
+    assert by_name["Exercise 8"]["score"] == by_name["Exercise 8"]["max_score"] > 0
+    assert by_name["Exercise 6"]["score"] < 1 and "accept_or_resample" in by_name["Exercise 6"]["output"]
     assert "no test of this exercise ran" in by_name["Exercise 1"]["output"] and by_name["Exercise 1"]["score"] == 0
     assert result["score"] == round(sum(t["score"] for t in result["tests"]), 2)
     board = proc.stdout[proc.stdout.index("scoreboard (lab_half)"):].splitlines()
-    for number in (4, 5):
+    for number in (6, 8):
         test = by_name[f"Exercise {number}"]
         first = test["output"].splitlines()[0]
         assert first in board, f"Exercise {number}: the grade says {first!r}; the scoreboard: {board}"
