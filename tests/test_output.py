@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import serving
@@ -60,6 +60,7 @@ def run_choice(pieces, stops, min_tokens=0):
 @given(text=st.text("abc ", min_size=1, max_size=24), stops=st.lists(st.text("abc ", min_size=1, max_size=3),
                                                                       min_size=1, max_size=4, unique=True),
        cuts=st.lists(st.integers(1, 23), max_size=8))
+@example(text="ab c", stops=["c", "ab"], cuts=[])  # in one token, the stop listed first completes last
 def test_of_several_stop_strings_the_text_ends_before_the_first_one_complete(text, stops, cuts):
     bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
