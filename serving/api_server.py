@@ -35,6 +35,8 @@ import warnings
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
+from checkpoints.tokenizer import ByteTokenizer
+
 from . import sampling, serving_tokenization
 from .async_llm import AsyncLLM, CommandWriter, EngineCore, command_pipe
 from .chat import parse_chat_request
@@ -43,7 +45,6 @@ from .http_server import Connections, HTTPRequest, Sink
 from .metrics import prometheus_text
 from .protocol import APIError, ServedModel, model_not_found, parse_completion_request
 from .serving_engine import FrontendStats, OpenAIServing
-from .tokenizer import ByteTokenizer
 
 SHUTDOWN_TIMEOUT_S = 10.0
 INLINE_PARSE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop; larger ones on the pool

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .tokenizer import IncrementalDetokenizer
+from checkpoints.tokenizer import IncrementalDetokenizer
 
 
 @dataclasses.dataclass

@@ -15,10 +15,7 @@ import pytest
 
 import serving
 from conftest import lab
-from serving import (
-    benchmark_serving,
-    datasets,
-)
+from loadtest import benchmark_serving, datasets
 from tests.support import (
     HTTP_TIMEOUT,
     MODEL_CONFIGS,

@@ -1,5 +1,5 @@
-"""Real checkpoints: a GPT-2 directory from disk (serving/model_loader.py), and the commands that run
-the engine on one (serving/checkpoint_commands.py). Every checkpoint is written by the test itself."""
+"""Real checkpoints: a GPT-2 directory from disk (checkpoints/model_loader.py), and the commands that run
+the engine on one (checkpoints/commands.py). Every checkpoint is written by the test itself."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import checkpoints.commands
 import serving
+from checkpoints.commands import generate_text, speculate_checkpoints
+from checkpoints.model_loader import load_gpt2, read_safetensors, save_gpt2
 from conftest import lab
-from serving.checkpoint_commands import generate_text, speculate_checkpoints
-from serving.model_loader import load_gpt2, read_safetensors, save_gpt2
 from tests.support import (
     CKPT_TINY,
     HAND_MERGES,
@@ -315,7 +316,7 @@ def save_tiny_text_checkpoint(path):
 @pytest.mark.needs(5)
 def test_a_served_checkpoint_speaks_text_through_its_own_tokenizer(tmp_path):
     config = save_tiny_text_checkpoint(tmp_path / "tiny-gpt2")
-    engine, tokenizer = serving.checkpoint_commands.checkpoint_engine(lab, tmp_path / "tiny-gpt2", max_num_seqs=2)
+    engine, tokenizer = checkpoints.commands.checkpoint_engine(lab, tmp_path / "tiny-gpt2", max_num_seqs=2)
     model, _ = load_gpt2(lab, tmp_path / "tiny-gpt2")
     with serving.start_server(engine, tokenizer=tokenizer, model_name="tiny-gpt2") as server:
         card = json.loads(http_call(server, "GET", "/v1/models")[2])["data"][0]
@@ -377,8 +378,8 @@ def test_speculate_refuses_a_draft_with_another_tokenizer(tmp_path):
 
 @pytest.mark.provided
 def test_nothing_here_imports_the_lab_modules_by_name():
-    for name in ("tokenizer.py", "model_loader.py", "checkpoint_commands.py"):
-        source = (Path(__file__).parent.parent / "serving" / name).read_text()
+    for name in ("tokenizer.py", "model_loader.py", "commands.py"):
+        source = (Path(__file__).parent.parent / "checkpoints" / name).read_text()
         for module in ("solution", "lab"):
             imports = f"import {module}" in source or f"from {module} " in source
-            assert not imports, f"serving/{name} imports {module}: it must be handed the module instead"
+            assert not imports, f"checkpoints/{name} imports {module}: it must be handed the module instead"

@@ -1,4 +1,4 @@
-"""test_hints.py: `hint`, `quiz` and `status` (serving/hints.py, serving/quiz.py, serving/cli.py) on a
+"""test_hints.py: `hint`, `quiz` and `status` (course/hints.py, course/quiz.py, course/cli.py) on a
 fresh lab (every exercise a stub), a half-written one and a finished one.
 
 The labs are generated into a temporary directory by tools/make_lab.py, as tools/check_stubs.py does,
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import lab
-from serving import cli, hints, quiz
+from course import cli, hints, quiz
 from tests.support import REFERENCE, ROOT, needs_reference, reraise_stub
 
 TIMEOUT = 60
@@ -105,7 +105,7 @@ def module_copy(name: str, directory: Path, **replaced) -> types.ModuleType:
 
 
 def cli_run(module: types.ModuleType, capsys, *args: str) -> tuple[int, str, str]:
-    """serving.cli.main in this process: (exit status, stdout, stderr)."""
+    """course.cli.main in this process: (exit status, stdout, stderr)."""
     try:
         status = cli.main(module, list(args))
     except SystemExit as exc:

@@ -12,10 +12,7 @@ import pytest
 
 import serving
 from conftest import lab
-from serving import (
-    api_server,
-    http_server,
-)
+from serving import api_server, http_server
 from tests.support import (
     HTTP_TIMEOUT,
     api_engine,

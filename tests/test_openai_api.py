@@ -10,18 +10,13 @@ import numpy as np
 import pytest
 
 import serving
-from conftest import lab
-from serving import (
-    api_server,
-    chat,
-    output,
-    protocol,
-)
-from serving.async_llm import StepOutput
-from serving.tokenizer import (
+from checkpoints.tokenizer import (
     ByteTokenizer,
     IncrementalDetokenizer,
 )
+from conftest import lab
+from serving import api_server, chat, output, protocol
+from serving.async_llm import StepOutput
 from tests.support import (
     HTTP_TIMEOUT,
     MODEL_CONFIGS,

@@ -12,10 +12,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import serving
+from checkpoints.tokenizer import ByteTokenizer
 from conftest import lab
 from serving.async_llm import StepOutput
 from serving.output import ChoiceState
-from serving.tokenizer import ByteTokenizer
 from tests.support import MODEL_CONFIGS, api_engine, complete, http_call, stream_events_at
 
 

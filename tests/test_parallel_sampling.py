@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import serving
+from checkpoints.tokenizer import ByteTokenizer
 from serving.serving_engine import Release
-from serving.tokenizer import ByteTokenizer
 from tests.support import (
     HTTP_TIMEOUT,
     api_engine,

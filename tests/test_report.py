@@ -9,14 +9,12 @@ import re
 
 import pytest
 
+import loadtest.simulator
 import serving
 from conftest import lab
-from serving import (
-    benchmark_serving,
-    report,
-    scenarios,
-)
-from serving.cli import unsolved_exercises
+from course import report, scenarios
+from course.cli import unsolved_exercises
+from loadtest import benchmark_serving
 from tests.support import (
     MODEL_CONFIGS,
     reraise_stub,
@@ -149,7 +147,7 @@ def test_report_block_table_slots_are_block_times_size_plus_offset():
 def test_report_batching_numbers_are_the_simulators():
     fig, run = drawn("batching")
     p = run["params"]
-    workload = serving.simulator.skewed_workload(p["num_short"], p["long_len"], p["short_len"], p["prompt_len"])
+    workload = loadtest.simulator.skewed_workload(p["num_short"], p["long_len"], p["short_len"], p["prompt_len"])
     for scheduling in ("static", "continuous"):
         sim = serving.simulate_serving(lab, workload, scheduling, max_num_seqs=p["slots"])
         labels = {k.split("-", 1)[1]: v for k, v in fig["labels"].items() if k.startswith(scheduling + "-")}
@@ -214,7 +212,7 @@ def test_report_latency_figure_labels_every_rate_and_marks_the_knee():
 def test_report_latency_numbers_are_the_simulators_at_each_rate():
     fig, run = drawn("latency_load")
     p, last = run["params"], len(run["rates"]) - 1
-    workload = serving.simulator.recurring_workload(p["num_requests"], p["long_len"], p["short_len"],
+    workload = loadtest.simulator.recurring_workload(p["num_requests"], p["long_len"], p["short_len"],
                                                     p["prompt_len"], run["rates"][last])
     summary = serving.simulate_serving(lab, workload, "continuous", max_num_seqs=p["slots"],
                                        record_timeline=False).summary()

@@ -16,10 +16,7 @@ import pytest
 
 import serving
 from conftest import lab
-from serving import (
-    api_server,
-    protocol,
-)
+from serving import api_server, protocol
 from tests.support import (
     HTTP_TIMEOUT,
     at_once,

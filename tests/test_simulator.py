@@ -1,4 +1,4 @@
-"""test_simulator.py: the serving simulator (serving/simulator.py) and the serving statistics it
+"""test_simulator.py: the serving simulator (loadtest/simulator.py) and the serving statistics it
 reports (serving/metrics.py's summarize_serving). The simulator drives the module's own scheduler
 (Exercise 5) on a clock of its own, so most of these tests are Exercise 5's."""
 
@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+import loadtest.simulator
 import serving
 from conftest import lab
-from serving import metrics, scenarios
+from course import scenarios
+from serving import metrics
 
 # --- the simulator on hand-traced workloads (it runs Exercise 5's scheduler) ---------------
 
@@ -47,7 +49,7 @@ def test_simulator_counts_steps_and_wasted_slot_steps_of_a_hand_traced_workload(
 
 @pytest.mark.needs(5)
 def test_simulated_time_of_a_hand_traced_workload():
-    cost = serving.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
+    cost = loadtest.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
                                            compute_time_per_token=0.3)
     sim = serving.simulate_serving(lab, [(0.0, 4, 1), (0.0, 4, 3)], max_num_seqs=2, cost=cost)
     # step 1: both prefills, 8 tokens, 8 context: max(1.8, 2.4) | step 2: decode at context 5: 1.5 | 6: 1.6
@@ -61,7 +63,7 @@ def test_simulated_time_of_a_hand_traced_workload():
 
 @pytest.mark.needs(5)
 def test_simulated_ttft_of_a_chunked_prefill_is_the_end_of_its_last_chunk():
-    cost = serving.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
+    cost = loadtest.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
                                            compute_time_per_token=0.3)
     sim = serving.simulate_serving(lab, [(0.0, 8, 2)], max_num_batched_tokens=4, cost=cost)
     # chunk 0..3: max(1.4, 1.2) | chunk 4..7, first token: max(1.8, 1.2) | decode at context 9: 1.9
@@ -103,7 +105,7 @@ def test_simulator_rejects_a_bad_workload_by_name(workload, says):
 
 @pytest.mark.provided
 def test_a_simulated_step_costs_the_slower_of_memory_and_compute():
-    cost = serving.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
+    cost = loadtest.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
                                            compute_time_per_token=0.3)
     assert cost.step_time(1, 5) == pytest.approx(1.5), "a decode step is memory-bound: 1 + 5 x 0.1 > 1 x 0.3"
     assert cost.step_time(8, 8) == pytest.approx(2.4), (

@@ -1,4 +1,4 @@
-"""GPT-2's byte-level BPE in the standard library, the byte tokenizer, and streaming text (serving/tokenizer.py)."""
+"""GPT-2's byte-level BPE in the standard library, the byte tokenizer, and streaming text (checkpoints/tokenizer.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import lab
-from serving.model_loader import load_gpt2, save_gpt2
-from serving.tokenizer import (
+from checkpoints.model_loader import load_gpt2, save_gpt2
+from checkpoints.tokenizer import (
     ByteTokenizer,
     GPT2Tokenizer,
     IncrementalDetokenizer,
@@ -16,6 +15,7 @@ from serving.tokenizer import (
     gpt2_pretokenize_pattern,
     prompt_token_ids,
 )
+from conftest import lab
 from tests.support import CKPT_TINY, HAND_MERGES, HAND_VOCAB, write_tokenizer
 
 # =====================================================================================

@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import lab
-from serving import datasets, trace
+from course import trace
+from loadtest import datasets
 from tests.support import needs_reference, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -36,8 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 sys.path.insert(0, str(ROOT))
-from serving import api_server, benchmark_serving, cli, datasets, protocol, scenarios, simulator, trace  # noqa: E402
-from serving.tokenizer import ByteTokenizer  # noqa: E402
+from checkpoints.tokenizer import ByteTokenizer  # noqa: E402
+from course import cli, scenarios, trace  # noqa: E402
+from loadtest import benchmark_serving, datasets, simulator  # noqa: E402
+from serving import api_server, protocol  # noqa: E402
 
 lab = None  # the module under test (solution or lab): `use_module` sets it before any benchmark runs
 

@@ -28,8 +28,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from serving.checkpoint_commands import DEFAULT_PROMPT, speculate_checkpoints  # noqa: E402
-from serving.model_loader import load_gpt2, save_gpt2  # noqa: E402
+from checkpoints.commands import DEFAULT_PROMPT, speculate_checkpoints  # noqa: E402
+from checkpoints.model_loader import load_gpt2, save_gpt2  # noqa: E402
 
 GPT2_124M = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 

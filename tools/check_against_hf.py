@@ -36,8 +36,8 @@ def main() -> int:
     from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
     import solution as lab
-    from serving.model_loader import load_gpt2
-    from serving.tokenizer import GPT2Tokenizer
+    from checkpoints.model_loader import load_gpt2
+    from checkpoints.tokenizer import GPT2Tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="check-hf-"))
     corpus = [(ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "solution.py", "test_lab.py")]

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from serving.tokenizer import bytes_to_unicode  # noqa: E402
+from checkpoints.tokenizer import bytes_to_unicode  # noqa: E402
 
 
 def write_byte_tokenizer(out_dir: str) -> None:

@@ -191,11 +191,12 @@ def pytest_run(module: str, workdir: Path, args: list[str]) -> dict:
 
 
 def innermost_is_provided(frame, module: str, source: str, exercise: int) -> bool:
-    """Whether the failure was raised in provided code: serving/, or the module outside the exercise's regions."""
+    """Whether the failure was raised in provided code: the packages beside the chapter, or the module
+    outside the exercise's regions."""
     if frame is None:
         return False
     path, line, _ = frame
-    if path.startswith("serving"):
+    if path.startswith(("serving", "checkpoints", "loadtest", "course")):
         return True
     if Path(path).stem != module:
         return False  # the test file, numpy, ...

@@ -151,17 +151,42 @@ def test_the_exercises_docstrings_state_the_contract_in_at_most_1730_words():
                            "they state the contract; the method belongs in docs/hints.md")
 
 
+PACKAGES = ("serving", "checkpoints", "loadtest", "course")  # the jobs beside the chapter
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The top-level names a module imports (absolute imports only; relative ones stay inside)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
 @pytest.mark.provided
 def test_serving_is_handed_the_module_and_the_chapter_imports_serving_only_in_main():
-    for path in sorted((ROOT / "serving").glob("*.py")):
-        found = re.findall(r"^\s*(?:from|import) (solution|lab)\b", path.read_text(), re.M)
-        assert not found, f"serving/{path.name} imports {found[0]} by name: hand it the module instead"
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).glob("*.py")):
+            found = imported_packages(path) & {"solution", "lab"}
+            assert not found, f"{package}/{path.name} imports {found} by name: hand it the module instead"
     solution = (ROOT / "solution.py").read_text()
     main = solution[solution.index('if __name__ == "__main__":'):]
     before = solution[: solution.index('if __name__ == "__main__":')]
     assert not re.search(r"^\s*(from|import) serving\b", before, re.M), (
         "solution.py imports serving/ outside `__main__`: the chapter stands below what runs it")
     assert "serving.main(" in main, "`python solution.py` must hand the module to serving.main"
+
+
+@pytest.mark.provided
+def test_imports_run_one_way_the_course_above_the_server_load_and_checkpoints():
+    for package in PACKAGES[:-1]:
+        for path in sorted((ROOT / package).glob("*.py")):
+            assert "course" not in imported_packages(path), (
+                f"{package}/{path.name} imports the course: the course stands above {package}/, never below it")
+    for path in sorted((ROOT / "serving").glob("*.py")):
+        assert "loadtest" not in imported_packages(path), f"serving/{path.name} imports the load generator"
 
 
 @pytest.mark.provided

@@ -28,9 +28,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .benchmark_serving import find_knee
+from loadtest.benchmark_serving import find_knee
+from loadtest.simulator import recurring_workload, simulate_serving, skewed_workload
+
 from .scenarios import make_early_exit_target
-from .simulator import recurring_workload, simulate_serving, skewed_workload
 
 # Okabe & Ito (2008), "Color Universal Design": eight colours distinguishable under every
 # common colour-vision deficiency.

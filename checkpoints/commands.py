@@ -17,8 +17,9 @@ from types import ModuleType
 
 import numpy as np
 
+from serving.sampling import logits_processors
+
 from .model_loader import load_gpt2
-from .sampling import logits_processors
 from .tokenizer import GPT2Tokenizer
 
 # A few sentences of ordinary English for `speculate` to continue.

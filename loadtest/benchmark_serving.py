@@ -30,8 +30,9 @@ from types import ModuleType
 
 import numpy as np
 
+from serving.metrics import latency_percentiles
+
 from .datasets import WorkloadRequest, make_workload, poisson_arrival_times, save_workload
-from .metrics import latency_percentiles
 
 MAX_RESPONSE_BYTES = 1 << 20  # one response line or body; a longer one is not a completion stream
 KEEP_ALIVE_REUSE_S = 2.0  # an idle connection is reused for this long (servers close them after 5 s)

@@ -341,7 +341,7 @@ class _StepRun:
 def _run_steps(lab: ModuleType, requests: list[tuple[int, int]], scheduling: str, max_num_seqs: int,
                max_num_batched_tokens: int = 512) -> _StepRun:
     """Drive the module's scheduler, with no model, over requests (prompt_len, output_len) that all
-    arrive at step 0 (as serving/simulator.py does, without a clock), at most MAX_STEPS steps."""
+    arrive at step 0 (as loadtest/simulator.py does, without a clock), at most MAX_STEPS steps."""
     pool = lab.BlockAllocator(64, 16)
     scheduler = lab.make_scheduler(scheduling, pool, max_num_seqs, max_num_batched_tokens, True)
     for i, (prompt_len, output_len) in enumerate(requests):

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .datasets import LENGTH_SIGMA, sample_request_lengths
+from loadtest.datasets import LENGTH_SIGMA, sample_request_lengths
 
 # The curriculum's sizing scenario: "a 13B model, 80 GB GPU, 8k context".
 SEED_SIZING = {"model": "llama-2-13b", "gpu": "a100-80gb", "max_model_len": 8192}  # every default below

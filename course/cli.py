@@ -15,14 +15,15 @@ import subprocess
 import sys
 from types import ModuleType
 
-from .api_server import serve
-from .benchmark_serving import loadtest, server_model_card
-from .checkpoint_commands import checkpoint_engine, generate_text, speculate_checkpoints
-from .datasets import LOAD_WORKLOADS
+from checkpoints.commands import checkpoint_engine, generate_text, speculate_checkpoints
+from loadtest.benchmark_serving import loadtest, server_model_card
+from loadtest.datasets import LOAD_WORKLOADS
+from serving.api_server import serve
+from serving.sampling import logits_processors
+
 from .hints import LEVELS, HintsError, show_hint
 from .quiz import QuizError, run_quiz
 from .report import load_report_html, write_report
-from .sampling import logits_processors
 from .scenarios import run_all_scenarios, scenario_batching, scenario_speculate
 from .sizing import SEED_SIZING, scenario_size
 from .stacks import scenario_stack

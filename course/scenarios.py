@@ -13,7 +13,8 @@ from types import ModuleType
 
 import numpy as np
 
-from .simulator import ServingSimulation, recurring_workload, simulate_serving, skewed_workload
+from loadtest.simulator import ServingSimulation, recurring_workload, simulate_serving, skewed_workload
+
 from .sizing import scenario_size
 from .stacks import scenario_stack
 

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import numpy as np
 
-from .metrics import summarize_serving
+from serving.metrics import summarize_serving
 
 
 @dataclasses.dataclass(frozen=True)

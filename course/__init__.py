@@ -1,0 +1,17 @@
+"""The course around the chapter: the command line, and what it runs for a student and a reviewer.
+Each entry point is handed the chapter module (`solution` or `lab`), never imports it by name.
+
+    file           what it holds
+    cli.py         `main(lab, argv)`: every command of `python lab.py ...` / `python solution.py ...`
+    scenarios.py   the four design reviews `python solution.py` prints
+    sizing.py      the capacity plan's printout and KV waste (`size`)
+    stacks.py      vLLM vs TensorRT-LLM vs SGLang, as data (`stack`)
+    hints.py       `hint N`: the hints of docs/hints.md, one level at a time
+    quiz.py        `quiz N`: numeric questions the module's own code answers
+    trace.py       `trace`: one recorded engine run as a page, step by step
+    report.py      `report`: one HTML page of figures drawn from real runs
+"""
+
+from .cli import main
+
+__all__ = ["main"]
