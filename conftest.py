@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from course.cli import unsolved_exercises
+from course.status import unsolved_exercises
 
 LAB_MODULE = os.environ.get("LAB_MODULE", "lab")
 STUB = re.compile(r"^Exercise (\d+): (\S+)$")

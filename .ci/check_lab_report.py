@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, ".")
 import lab  # noqa: E402
-from course.cli import unsolved_exercises  # noqa: E402
+from course.status import unsolved_exercises  # noqa: E402
 
 rows = json.load(open(sys.argv[1]))
 # A failure must be a stub's, in a test marked with an exercise or with the exercise it needs

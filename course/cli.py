@@ -6,7 +6,6 @@ With no command it prints the four design-review scenarios (the main job).
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import os
 import random
@@ -27,32 +26,12 @@ from .report import load_report_html, write_report
 from .scenarios import run_all_scenarios, scenario_batching, scenario_speculate
 from .sizing import SEED_SIZING, scenario_size
 from .stacks import scenario_stack
+from .status import status_report, unsolved_exercises  # noqa: F401 - unsolved_exercises: the course's one home
 from .trace import WORKLOADS, write_trace
 
 # The model `python solution.py serve` runs by default: the lab's GPT-2 with room for ShareGPT-
 # like requests (prompt + output <= 512 tokens).
 SERVE_MODEL = dict(vocab_size=256, n_positions=512, n_embd=64, n_layer=2, n_head=4)
-
-
-def unsolved_exercises(lab: ModuleType) -> dict[int, list[str]]:
-    """Exercise number -> the functions still stubbed in the module's source (empty when all are done)."""
-    stubs: dict[int, list[str]] = {}
-    for number, name in re.findall(r'raise NotImplementedError\("Exercise (\d+): ([\w.]+)"\)', inspect.getsource(lab)):
-        stubs.setdefault(int(number), []).append(name)
-    return stubs
-
-
-def status_report(lab: ModuleType) -> str:
-    """Which exercises the module still stubs (`python lab.py status`)."""
-    stubs = unsolved_exercises(lab)
-    lines = [f"{os.path.basename(lab.__file__)}: the inference-serving lab"]
-    for number, title in lab.EXERCISES.items():
-        lines.append(f"  Exercise {number}  {title}")
-        lines.append("      to do: " + ", ".join(stubs[number]) if number in stubs else "      done")
-    prog = os.path.basename(lab.__file__)
-    lines.append(f"Stuck? `python {prog} hint N` shows the next of three hints for exercise N; "
-                 f"`python {prog} quiz N` asks the numbers it computes (docs/hints.md, docs/deliverables.md).")
-    return "\n".join(lines)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -13,7 +13,7 @@ import loadtest.simulator
 import serving
 from conftest import lab
 from course import report, scenarios
-from course.cli import unsolved_exercises
+from course.status import unsolved_exercises
 from loadtest import benchmark_serving
 from tests.support import (
     MODEL_CONFIGS,
