@@ -193,7 +193,7 @@ class BlockAllocator:
 
     def free(self, block_id: int) -> None:
         """Drop one reference; at zero the block can be handed out again, as the most recently freed
-        (and, if the prefix cache holds its hash, still findable). (Checked before your code: an id
+        (and, if `is_cached(block_id)`, still findable: evictable). (Checked before your code: an id
         that is not an int in range, or a block with no reference left, raises and changes nothing.)"""
         block_id = self._checked_id(block_id, in_use="it has no reference left (double free)")
         raise NotImplementedError("Exercise 1: BlockAllocator.free")

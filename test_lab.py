@@ -248,50 +248,56 @@ def test_freed_blocks_are_reused_least_recently_freed_first():
                                      "recently freed first (the free pool is a queue)", level=2)
 
 
-def allocator_with_a_cache(num_blocks, block_size=4):
-    """A caching allocator whose `_evict` (Exercise 3's) is a recorder that forgets the block's hash:
-    the tests of the evictable queue below need no Exercise 3 code. Returns it and the evicted ids."""
-    alloc, evicted = lab.BlockAllocator(num_blocks, block_size, enable_prefix_caching=True), []
-
-    def record(block_id):
-        evicted.append(block_id)
-        alloc._cached.pop(alloc._block_hash.pop(block_id, None), None)
-
-    alloc._evict = record
-    return alloc, evicted
-
-
-def pretend_cached(alloc, *block_ids):
-    """What Exercise 3's `register` records for a block: its hash in the two maps of BlockAllocator.__init__."""
-    for block_id in block_ids:
+def caching_allocator(num_blocks, *cached, block_size=4):
+    """A caching allocator with every block allocated, `cached` of them in the prefix cache as Exercise 3's
+    `register` leaves them: in the two maps of BlockAllocator.__init__ that the provided `is_cached` reads
+    (`free` asks `is_cached`, its docstring says). No Exercise 3 code runs. Returns it and the block ids."""
+    alloc = lab.BlockAllocator(num_blocks, block_size, enable_prefix_caching=True)
+    blocks = [alloc.allocate() for _ in range(num_blocks)]
+    for block_id in (blocks[i] for i in cached):
         alloc._cached[-1 - block_id], alloc._block_hash[block_id] = block_id, -1 - block_id
+    return alloc, blocks
+
+
+def allocate_evicting_nothing(alloc, rules):
+    """alloc.allocate() where no cached block may be evicted: every cached block is still cached afterwards.
+    Eviction there breaks one of `rules` (the test cannot tell which): a call of `_evict` while Exercise 3 is
+    a stub fails with them, not as a stub to write."""
+    cached = [b for b in range(alloc.num_blocks) if alloc.is_cached(b)]
+    try:
+        got = alloc.allocate()
+    except NotImplementedError as exc:
+        if "_evict" not in str(exc):
+            raise
+        pytest.fail(rule(1, f"allocate() evicted a cached block (it called _evict, Exercise 3's stub): {rules}", 2))
+    lost = [b for b in cached if not alloc.is_cached(b)]
+    assert not lost, rule(1, f"allocate() handed out {got} and evicted {lost}: {rules}", level=2)
+    return got
 
 
 @pytest.mark.exercise1
 def test_a_freed_block_the_prefix_cache_does_not_hold_is_plain_free():
-    alloc, evicted = allocator_with_a_cache(2)
-    a, _ = alloc.allocate(), alloc.allocate()
-    alloc.free(a)
-    got = alloc.allocate()
-    assert (got, evicted) == (a, []), rule(
-        1, f"allocate() handed out {got} and evicted {evicted}: a freed block whose hash the prefix cache does not "
-           "hold is plain free, handed out again with nothing to evict", level=2)
+    alloc, (a, b, _) = caching_allocator(3, 1)
+    alloc.free(b)  # cached: evictable
+    alloc.free(a)  # not cached: plain free
+    got = allocate_evicting_nothing(alloc, f"block {a}, freed and not in the prefix cache (is_cached), is plain "
+                                           f"free (free), and a plain free block goes before any cached one (allocate)")
+    assert got == a, rule(1, f"allocate() handed out {got}: the only plain free block was {a}", level=2)
 
 
 @pytest.mark.exercise1
-def test_cached_but_unreferenced_blocks_are_free_and_evicted_only_once_no_plain_block_is_left():
-    alloc, evicted = allocator_with_a_cache(3)
-    a, b, c = (alloc.allocate() for _ in range(3))
-    pretend_cached(alloc, a, b)
+def test_cached_but_unreferenced_blocks_count_as_free_and_wait_until_no_plain_block_is_left():
+    alloc, (a, b, c) = caching_allocator(3, 0, 1)
     for block in (a, c, b):
         alloc.free(block)
     assert alloc.num_free_blocks == 3, rule(
         1, f"num_free_blocks is {alloc.num_free_blocks} with every block freed: it counts the blocks allocate() can "
            "hand out, plain free and cached but unreferenced (evictable) alike")
-    got = [alloc.allocate() for _ in range(3)]
-    assert (got, evicted) == ([c, a, b], [a, b]), rule(
-        1, f"freed {[a, c, b]} ({a} and {b} cached), then handed out {got} and evicted {evicted}: a plain free block "
-           "first, a cached one only when no plain one is left (least recently freed first, evicted then)", level=2)
+    assert alloc.is_cached(a) and alloc.is_cached(b), rule(
+        1, "free evicted a cached block: it stays findable until allocate() needs it", level=2)
+    got = allocate_evicting_nothing(alloc, f"freed {[a, c, b]} ({a} and {b} cached): the plain free block {c} "
+                                           "goes first (allocate), a cached one only when no plain one is left")
+    assert got == c, rule(1, f"allocate() handed out {got}: the only plain free block was {c}", level=2)
 
 
 # =====================================================================================
