@@ -2557,7 +2557,7 @@ def test_target_passes_match_the_accept_counts(spec_target, k, max_tokens):
 def test_greedy_rounds_accept_the_drafts_the_draft_model_proposes_from_the_committed_tokens(spec_target):
     draft = lab.make_self_draft(spec_target, 2)
     prompt, k, max_tokens = [1, 2, 3], 3, 12
-    out = speculate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=max_tokens), k)
+    out = speculate(spec_target, draft, prompt, lab.SamplingParams(seed=0, max_tokens=max_tokens), k)
     committed, expected = list(prompt), []  # the reference: both models re-run densely, no cache
     while len(committed) - len(prompt) < max_tokens:
         n = min(k, max_tokens - (len(committed) - len(prompt)) - 1)
@@ -2573,7 +2573,8 @@ def test_greedy_rounds_accept_the_drafts_the_draft_model_proposes_from_the_commi
 
 @pytest.mark.exercise7
 def test_greedy_speculation_with_a_good_draft_equals_the_targets_greedy_output(spec_target):
-    out = speculate(spec_target, lab.make_self_draft(spec_target, 2), [1, 2, 3], lab.SamplingParams(max_tokens=24), 3)
+    sampling = lab.SamplingParams(seed=0, max_tokens=24)
+    out = speculate(spec_target, lab.make_self_draft(spec_target, 2), [1, 2, 3], sampling, 3)
     assert out.token_ids == greedy_reference(spec_target, [1, 2, 3], 24), rule(
         7, "greedy speculative decoding gives exactly the target's own greedy tokens")
     assert out.num_accepted > 0, rule(7, "a self-draft with half the target's layers gets some drafts accepted")
@@ -2582,7 +2583,7 @@ def test_greedy_speculation_with_a_good_draft_equals_the_targets_greedy_output(s
 @pytest.mark.exercise7
 def test_greedy_speculation_with_an_always_wrong_draft_still_equals_the_target(spec_target):
     wrong = lab.ToyTransformer(lab.ModelConfig(**{**SPEC_TARGET, "n_layer": 1}), seed=99)
-    out = speculate(spec_target, wrong, [4, 5, 6], lab.SamplingParams(max_tokens=20), 3)
+    out = speculate(spec_target, wrong, [4, 5, 6], lab.SamplingParams(seed=0, max_tokens=20), 3)
     assert out.token_ids == greedy_reference(spec_target, [4, 5, 6], 20), rule(
         7, "with every draft rejected, each round still emits the target's token (the residual)")
     assert out.num_accepted == 0, rule(
@@ -2603,7 +2604,7 @@ def test_the_target_verifies_each_round_in_one_forward_pass():
         return forward(*args, **kwargs)
 
     target.forward = counting_forward
-    out = speculate(target, draft, [9, 8, 7], lab.SamplingParams(max_tokens=15), 3)
+    out = speculate(target, draft, [9, 8, 7], lab.SamplingParams(seed=0, max_tokens=15), 3)
     assert out.token_ids == greedy_reference(target, [9, 8, 7], 15), rule(7, "greedy: the target's greedy tokens")
     assert out.num_target_passes <= len(calls) <= out.num_target_passes + 1, rule(
         7, f"{len(calls)} calls of target.forward for {out.num_target_passes} rounds: the target scores the last token "
@@ -2615,7 +2616,7 @@ def test_the_target_verifies_each_round_in_one_forward_pass():
 def test_speculation_runs_up_to_the_last_position_without_running_out_of_blocks(spec_target, left):
     n = spec_target.config.n_positions
     prompt = [(7 * i) % spec_target.config.vocab_size for i in range(n - left)]
-    out = speculate(spec_target, spec_target, prompt, lab.SamplingParams(max_tokens=left), 8)
+    out = speculate(spec_target, spec_target, prompt, lab.SamplingParams(seed=0, max_tokens=left), 8)
     assert out.token_ids == greedy_reference(spec_target, prompt, left), rule(
         7, "near n_positions a round drafts fewer tokens (positions left in the context - 1): its bonus needs one too")
     assert out.num_accepted == out.num_draft_tokens, rule(7, "a draft identical to the target has every draft accepted")
@@ -2626,20 +2627,20 @@ def test_stop_token_ends_speculative_generation(spec_target):
     full = greedy_reference(spec_target, [1, 2, 3], 12)
     stop = full[5]
     out = speculate(spec_target, lab.make_self_draft(spec_target, 2), [1, 2, 3],
-                    lab.SamplingParams(max_tokens=12, stop_token_ids=(stop,)), 4)
+                    lab.SamplingParams(seed=0, max_tokens=12, stop_token_ids=(stop,)), 4)
     assert out.token_ids == full[: full.index(stop) + 1], rule(7, "the output stops at the first stop token, kept")
 
 
 @pytest.mark.exercise7
 def test_no_round_runs_after_the_round_that_emitted_a_stop_token(spec_target):
     draft, prompt = lab.make_self_draft(spec_target, 2), [1, 2, 3]
-    free = speculate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=16), 3)
+    free = speculate(spec_target, draft, prompt, lab.SamplingParams(seed=0, max_tokens=16), 3)
     stop = free.token_ids[4]
     at = free.token_ids.index(stop)
     rounds = next(r + 1 for r in range(len(free.accepted_per_pass))
                   if sum(a + 1 for a in free.accepted_per_pass[: r + 1]) > at)  # the round that emitted it
     assert rounds < free.num_target_passes, "test setup: the free run must go on after the stop token"
-    out = speculate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=16, stop_token_ids=(stop,)), 3)
+    out = speculate(spec_target, draft, prompt, lab.SamplingParams(seed=0, max_tokens=16, stop_token_ids=(stop,)), 3)
     assert out.token_ids == free.token_ids[: at + 1], rule(7, "the output stops at the first stop token, kept")
     assert out.num_target_passes == rounds and out.accepted_per_pass == free.accepted_per_pass[:rounds], rule(
         7, f"{out.num_target_passes} rounds ran, but round {rounds} emitted the stop token: no round starts after it")
