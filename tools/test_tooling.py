@@ -169,3 +169,12 @@ def test_the_benchmarks_import_the_module_they_measure_and_it_never_imports_them
     assert not re.search(r"^(from|import) (tools|bench)\b", solution, re.M), (
         "solution.py imports the benchmarks: measurement stands beside the model, not inside it")
     assert not re.search(r"^def bench_", solution, re.M), "benchmark code belongs in tools/bench.py"
+
+
+@pytest.mark.provided
+@pytest.mark.skipif(not (ROOT / "tools" / "second_lab.py").exists(), reason="a maintainers' tool (it holds answers)")
+def test_the_second_implementation_fills_every_stub_of_the_generated_lab():
+    # The suite on it is `python tools/second_lab.py --run` (issue 35): this checks it still fits lab.py.
+    text = load_tool("second_lab").second_lab(generated_lab_text())
+    assert "raise NotImplementedError(\"Exercise" not in text, "a stub of lab.py has no second implementation"
+    compile(text, "second_lab.py", "exec")
