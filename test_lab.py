@@ -1042,25 +1042,54 @@ KERNEL = ("the output is softmax(q . k / sqrt(D)) @ v over the sequence's first 
           "block_tables[b, i // block_size], offset i % block_size")
 
 
+def kernel_slip(q, seqs_k, seqs_v, out, lens, block_size):
+    """The slip a wrong output shows, when it is exactly attention done one classic wrong way on some
+    sequence (checked against the plain reference done that way): scores without 1/sqrt(D), a last partly
+    filled block or the current token left out. None when none of them explains it."""
+    def matches(b, got, scale=1.0, tokens=None):
+        ref = dense_attention_reference(q[b] * np.float32(scale), seqs_k[b][:tokens], seqs_v[b][:tokens])
+        return np.allclose(got, ref, rtol=1e-4, atol=1e-4)
+    for b, n in enumerate(lens):
+        got, whole = out[b], n // block_size * block_size
+        if matches(b, got) or not len(seqs_k[b]):
+            continue
+        if matches(b, got, scale=math.sqrt(q.shape[-1])):
+            return f"sequence {b}'s output is attention over scores q . k: they are q . k / sqrt(D)"
+        if 0 < whole < n and matches(b, got, tokens=whole):
+            return (f"sequence {b} (context {n}, blocks of {block_size}) attended to its first {whole} tokens only: "
+                    "its last block counts though partly filled (blocks_needed(context_lens[b], block_size) blocks)")
+        if n > 1 and matches(b, got, tokens=n - 1):
+            return f"sequence {b} attended to its first {n - 1} tokens of {n}: context_lens counts the current token"
+    return None
+
+
 def paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, what="", why=KERNEL, tol=1e-5, level=None,
                    **kwargs):
-    """lab.paged_attention against plain attention over each sequence's own K/V, a failure naming `why`.
-    When the output is not finite, the kernel runs again with every non-finite cache entry (stale slots
-    and padding blocks hold NaN or inf in these tests) made 0: if that output is right, the one fault is
-    a 0 weight times a NaN value, and the message says so."""
+    """lab.paged_attention against plain attention over each sequence's own K/V, a failure naming `why`
+    once the classic slips are ruled out (`kernel_slip`). When the output is not finite, the kernel runs
+    again with every non-finite cache entry (stale slots and padding blocks hold NaN or inf in these tests)
+    made 0: if that output is right, the one fault is a 0 weight times a NaN value; if it is finite but
+    wrong, those entries were read as data; if it is not finite either, the kernel made the NaN itself."""
     def run(k, v):
         with np.errstate(all="ignore"):  # a kernel that reads the NaN/huge fill fails below, not with a warning
             return lab.paged_attention(q, k, v, tables, np.asarray(lens), **kwargs)
     out = run(k_cache, v_cache)
     want = [dense_attention_reference(q[b], seqs_k[b], seqs_v[b]) for b in range(len(lens))]
     finite = np.all(np.isfinite(out))
-    zeroed = (np.where(np.isfinite(c), c, 0).astype(c.dtype) for c in (k_cache, v_cache))
-    leak = not finite and np.allclose(run(*zeroed), want, rtol=1e-4, atol=1e-4)
+    if not (finite and all(np.allclose(out[b], want[b], rtol=max(tol, 1e-4), atol=tol) for b in range(len(lens)))):
+        slip = kernel_slip(q, seqs_k, seqs_v, out, lens, k_cache.shape[1])
+        if slip:
+            pytest.fail(rule(4, slip + what))
+    zeroed = None if finite else run(*(np.where(np.isfinite(c), c, 0).astype(c.dtype) for c in (k_cache, v_cache)))
+    leak = not finite and np.allclose(zeroed, want, rtol=1e-4, atol=1e-4)
     stale = ("slots past context_lens (stale slots, padding blocks: NaN or inf here) reached the result: nothing past "
              "a sequence's context is used as data")
+    made = ("the kernel made it (with the cache's NaN and inf made 0 it is still not finite): an exp that overflowed "
+            "(a score not shifted by the running max) or a softmax sum of 0 (no token read, or every weight "
+            "underflowed)")
     assert finite, rule(4, f"non-finite output{what}: " + (
         f"right once they hold 0, so {stale}, not even times a 0 weight (0 x NaN = NaN)" if leak
-        else stale if why is KERNEL else why), level=2)
+        else stale if finite or np.all(np.isfinite(zeroed)) else why if why is not KERNEL else made), level=2)
     for b in range(len(lens)):
         np.testing.assert_allclose(out[b], want[b], rtol=max(tol, 1e-4), atol=tol,
                                    err_msg=rule(4, f"sequence {b} (context {lens[b]}{what}): {why}", level=level))
@@ -1085,12 +1114,16 @@ def test_nothing_past_context_lens_is_read_as_data():
     # Finite stale data that would show if it were used: a key that takes all the weight, a value of 100.
     lens = [7, 5, 2]  # longest first: the table rows need no reordering
     q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, seed=9, fill=0.0)
+    zero_stale = k_cache.copy(), v_cache.copy()
     for b, n in enumerate(lens):
         for i in range(n, lab.blocks_needed(n, 4) * 4):
             k_cache[tables[b, i // 4], i % 4], v_cache[tables[b, i // 4], i % 4] = 50 * q[b], 100.0
-    paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, "", "its stale slots, from position "
-                   "context_lens[b] on, hold a key that would take all the weight: nothing past context_lens is used "
-                   "as data (it counts the current token)", level=2)
+    with np.errstate(all="ignore"):
+        outs = [lab.paged_attention(q, k, v, tables, np.asarray(lens)) for k, v in ((k_cache, v_cache), zero_stale)]
+    why = "nothing past context_lens is used as data (it counts the current token)"
+    if not np.array_equal(*outs, equal_nan=True):  # what the stale slots hold changed the output: they were read
+        why = "its stale slots, from position context_lens[b] on, hold a key that would take all the weight: " + why
+    paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, "", why, level=2)
 
 
 @pytest.mark.exercise4
@@ -1120,16 +1153,33 @@ def test_paged_attention_reads_a_last_block_that_is_exactly_full(extra_columns):
                                                          "counts: " + KERNEL)
 
 
+def case_with_scores(lens, scores, seed):
+    """A paged case whose score q . k / sqrt(D) for token i of sequence b, on every head, is scores(b, i)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((len(lens), 2, 8)).astype(np.float32)
+    unit = q / np.sum(q * q, axis=-1, keepdims=True) * np.float32(math.sqrt(8))   # q . unit / sqrt(D) = 1
+    seqs_k = [np.stack([scores(b, i) * unit[b] for i in range(n)]).astype(np.float32) for b, n in enumerate(lens)]
+    seqs_v = [rng.standard_normal((n, 2, 8)).astype(np.float32) for n in lens]
+    return (q, seqs_k, seqs_v, *scatter_into_paged_cache(seqs_k, seqs_v, 4, rng))
+
+
 @pytest.mark.exercise4
 def test_paged_attention_is_stable_with_huge_logits():
-    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case([7, 13, 1], seed=1)
-    # Scaled so q.k / sqrt(D) is ~1e4: exp() of that overflows float32 (and float64) unless the max is
-    # subtracted first.
-    q, k_cache, seqs_k = q * np.float32(100.0), k_cache * np.float32(100.0), [k * np.float32(100.0) for k in seqs_k]
-    logits = [np.abs(seqs_k[b][:, 0] @ q[b, 0]).max() / math.sqrt(8) for b in range(2)]
-    assert min(logits) > 1e3, "test setup: the logits should be huge"
+    # Scores up to ~1e4: exp() of that overflows float32 (and float64) unless the max is subtracted first.
+    lens = [7, 13, 1]
+    case = case_with_scores(lens, lambda b, i: 1e4 * (-1) ** i * (1 + i % 3) / 3, seed=1)
     why = "exp of a score is taken only once the running max is subtracted (a stable softmax)"
-    paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, [7, 13, 1], ", logits ~1e4", why, tol=1e-4)
+    paged_vs_dense(*case, lens, ", scores up to ~1e4", why, tol=1e-4)
+
+
+@pytest.mark.exercise4
+def test_paged_attention_is_stable_when_every_score_is_very_negative():
+    # Every score is -150 or below: exp(score) underflows to 0 in float32 (below ~-104) for every token.
+    lens = [7, 13, 1]
+    case = case_with_scores(lens, lambda b, i: -150.0 - 10 * ((i * 7 + b) % 5), seed=2)
+    why = ("every score is -150 or below here, so every weight underflowed to 0 unless each exp is taken of the score "
+           "minus the running max, the max of the scores seen so far (it starts at -inf, not 0)")
+    paged_vs_dense(*case, lens, ", scores -150 to -190", why, tol=1e-4)
 
 
 @pytest.mark.exercise4
