@@ -2414,6 +2414,9 @@ def test_residual_falls_back_to_p_when_p_equals_q():
 def test_a_draft_is_accepted_only_when_u_is_below_min_1_p_over_q(p0, u):
     q, p = np.array([[0.5, 0.5, 0.0]]), np.array([p0, [1.0, 0.0, 0.0]])
     out = lab.accept_or_resample([0], q, p, ScriptedGenerator([u], choice_token=1))
+    assert out[:1] != [1] or len(out) == 1, rule(
+        6, f"got {out}: draft 0 was rejected and its replacement drawn, then more tokens: at the first rejection one "
+           "token is drawn from the residual and the step ends (no bonus token)")
     assert out == [1], rule(6, f"draft 0, with p/q = {p0[0] / 0.5:g}, at u = {u:g} gave {out}: it is accepted iff u is "
                                "below min(1, p/q), strictly: at u = p/q it is rejected, and a token the target gives p "
                                "= 0 is never accepted, not even at u = 0", level=3)
@@ -2616,9 +2619,14 @@ def test_greedy_rounds_accept_the_drafts_the_draft_model_proposes_from_the_commi
         accepted = next((i for i in range(n) if proposals[i] != wanted[i]), n)
         expected.append(accepted)
         committed += wanted[: accepted + 1]
+    assert out.accepted_per_pass[:1] == expected[:1], rule(
+        7, f"accepted per round {out.accepted_per_pass}, expected {expected}: the first round, before any rollback, "
+           "already differs: the draft proposes its greedy continuation (it samples at the target's temperature, 0 "
+           "here), and a greedy target keeps a draft iff it is its own argmax")
     assert out.accepted_per_pass == expected, rule(
-        7, f"accepted per round {out.accepted_per_pass}, expected {expected}: each round the draft proposes its greedy "
-           "continuation of the COMMITTED tokens: after every round both caches are rolled back to them", level=2)
+        7, f"accepted per round {out.accepted_per_pass}, expected {expected}, the first round right: each round the "
+           "draft proposes its greedy continuation of the COMMITTED tokens: after every round both caches are rolled "
+           "back to them", level=2)
 
 
 @pytest.mark.exercise7
@@ -2679,6 +2687,22 @@ def test_stop_token_ends_speculative_generation(spec_target):
     out = speculate(spec_target, lab.make_self_draft(spec_target, 2), [1, 2, 3],
                     lab.SamplingParams(seed=0, max_tokens=12, stop_token_ids=(stop,)), 4)
     assert out.token_ids == full[: full.index(stop) + 1], rule(7, "the output stops at the first stop token, kept")
+
+
+@pytest.mark.exercise7
+def test_a_stop_token_accepted_in_the_middle_of_a_round_ends_the_output_there(spec_target):
+    full = greedy_reference(spec_target, [9, 8, 7], 12)
+    stop = full[1]
+    assert full[0] != stop, "test setup: the stop token first comes second"
+    # The target as its own draft: greedy, every draft is kept, so round 1 emits 5 tokens, the stop token second.
+    out = speculate(spec_target, spec_target, [9, 8, 7], lab.SamplingParams(seed=0, max_tokens=12,
+                                                                            stop_token_ids=(stop,)), 4)
+    assert out.token_ids == full[:2], rule(
+        7, f"got {out.token_ids}, where round 1 emitted {full[:5]} with the stop token {stop} second: the output stops "
+           "at the first stop token (kept), even in the middle of a round")
+    assert (out.num_target_passes, out.num_accepted) == (1, 4), rule(
+        7, f"{out.num_target_passes} rounds, {out.num_accepted} drafts accepted: round 1 kept its 4 drafts (counted, "
+           "past the stop token too), and no round starts after a stop token")
 
 
 @pytest.mark.exercise7
