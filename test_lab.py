@@ -440,7 +440,9 @@ def test_a_forked_table_copies_the_shared_last_block_before_writing():
         2, "a forked table wrote into its shared last block: a block another table can see is never written", level=2)
     assert copies == [(shared_last, child.block_ids[-1])], rule(
         2, f"append returns the copy-on-write pair (src, dst) for the caller to copy, got {copies}")
-    assert alloc.ref_count(shared_last) == 1, rule(2, "after the copy the child no longer holds the old block")
+    assert alloc.ref_count(shared_last) == 1, rule(
+        2, f"the shared block keeps reference count {alloc.ref_count(shared_last)} after the child's copy: the child "
+           "drops its reference on the old block (only the parent holds it now)")
     assert parent.block_ids[0] == child.block_ids[0] and alloc.ref_count(parent.block_ids[0]) == 2, rule(
         2, "full blocks stay shared: only the block being written is copied")
     assert parent.token_ids == list(range(6)), rule(2, "the child's append changed the parent's tokens")
@@ -672,6 +674,18 @@ def test_eviction_takes_the_least_recently_used_cached_block():
     filler.free()
     assert cached_tokens(alloc, [2, 2, 2, 2, 5]) == 4, rule(
         3, "the most recently used cached block was evicted: the least recently used goes first", level=2)
+
+
+@pytest.mark.exercise3
+def test_an_evicted_block_is_found_under_its_old_hash_no_more():
+    alloc = lab.BlockAllocator(1, 4, enable_prefix_caching=True)
+    computed_table(alloc, [1, 1, 1, 1]).free()  # the only block: cached, unreferenced
+    block = alloc.allocate()                     # evicted: it will hold other tokens
+    found = alloc.get_cached_block(lab.hash_block(None, [1, 1, 1, 1]))
+    assert (found, alloc.is_cached(block)) == (None, False), rule(
+        3, f"block {block} was evicted to hold other tokens, yet get_cached_block(its old hash) gives {found} and "
+           f"is_cached({block}) {alloc.is_cached(block)}: eviction forgets the hash, both ways (a stale entry would "
+           "serve another request's K/V)")
 
 
 @pytest.mark.exercise3
@@ -1537,7 +1551,9 @@ def test_preemption_takes_the_newest_frees_its_blocks_and_keeps_its_tokens():
         5, f"preempted {ids(plan.preempted)}: the victim is the most recently admitted running sequence, B", level=2)
     assert a in plan.scheduled and b not in plan.scheduled, rule(5, f"only A runs, got {ids(plan.scheduled)}")
     assert b.block_table.block_ids == [] and allocator.num_free_blocks == 5 - len(a.block_table.block_ids), rule(
-        5, "a preempted sequence frees its blocks (preemption by recompute)")
+        5, f"B, preempted, holds blocks {b.block_table.block_ids} ({allocator.num_free_blocks} of 5 free): a preempted "
+           "sequence frees its blocks (preemption by recompute), and gets none back in that step (once it is its own "
+           "victim, it stops asking)")
     assert b.output_token_ids == [8, 10, 11, 12, 13], rule(5, "preemption by recompute keeps every token produced")
     assert b.num_computed_tokens == 0, rule(5, "a sequence that waits after a preemption has computed nothing")
 
@@ -1615,6 +1631,9 @@ def test_without_chunked_prefill_a_prompt_that_does_not_fit_the_budget_waits():
     for rid, prompt_len in ((0, 6), (1, 6)):
         scheduler.add_request(request(rid, prompt_len, 3))
     plan = scheduler.schedule()
+    assert plan.total_num_scheduled_tokens <= 10, rule(
+        5, f"scheduled {plan.num_scheduled_tokens}: a step runs at most max_num_batched_tokens = 10 tokens, each "
+           "admitted prompt's tokens charged to that budget")
     assert plan.num_scheduled_tokens == {"0": 6}, rule(
         5, f"scheduled {plan.num_scheduled_tokens}: without chunked prefill a prompt runs whole or waits, and 6 + 6 "
            "tokens exceed the budget of 10")
