@@ -673,7 +673,8 @@ def test_eviction_takes_the_least_recently_used_cached_block():
     assert alloc.stats.evictions == 1, rule(3, f"{alloc.stats.evictions} evictions: 2 blocks taken, 1 plain free")
     filler.free()
     assert cached_tokens(alloc, [2, 2, 2, 2, 5]) == 4, rule(
-        3, "the most recently used cached block was evicted: the least recently used goes first", level=2)
+        3, "the most recently used cached block was evicted: the least recently used goes first (allocate, "
+           "Exercise 1, takes the least recently freed evictable block)", level=2)
 
 
 @pytest.mark.exercise3
