@@ -148,8 +148,8 @@ class PrefixCacheStats:
 class BlockAllocator:
     """The physical pool of KV blocks `0..num_blocks-1`, with reference counts.
 
-    Invariants: a block with no reference is plain free or cached-and-evictable (the prefix cache
-    still finds it), never both; blocks are handed out least recently freed first, a cached one only
+    Invariants: a block with no reference is in one of the queues `_free` (plain) or `_evictable` (cached,
+    still found), never both; blocks are handed out least recently freed first, a cached one only
     when no plain one is left, evicted then and not earlier; only a block in use can be registered;
     every error leaves the allocator exactly as it was."""
 
