@@ -152,8 +152,8 @@ class PrefixCacheStats:
 class BlockAllocator:
     """The physical pool of KV blocks `0..num_blocks-1`, with reference counts.
 
-    Invariants: a block with no reference is plain free or cached-and-evictable (the prefix cache
-    still finds it), never both; blocks are handed out least recently freed first, a cached one only
+    Invariants: a block with no reference is in one of the queues `_free` (plain) or `_evictable` (cached,
+    still found), never both; blocks are handed out least recently freed first, a cached one only
     when no plain one is left, evicted then and not earlier; only a block in use can be registered;
     every error leaves the allocator exactly as it was."""
 
@@ -211,7 +211,7 @@ class BlockAllocator:
 
     def free(self, block_id: int) -> None:
         """Drop one reference; at zero the block can be handed out again, as the most recently freed
-        (and, if the prefix cache holds its hash, still findable). (Checked before your code: an id
+        (and, if `is_cached(block_id)`, still findable: evictable). (Checked before your code: an id
         that is not an int in range, or a block with no reference left, raises and changes nothing.)"""
         block_id = self._checked_id(block_id, in_use="it has no reference left (double free)")
         # BEGIN SOLUTION: Exercise 1

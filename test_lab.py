@@ -248,50 +248,56 @@ def test_freed_blocks_are_reused_least_recently_freed_first():
                                      "recently freed first (the free pool is a queue)", level=2)
 
 
-def allocator_with_a_cache(num_blocks, block_size=4):
-    """A caching allocator whose `_evict` (Exercise 3's) is a recorder that forgets the block's hash:
-    the tests of the evictable queue below need no Exercise 3 code. Returns it and the evicted ids."""
-    alloc, evicted = lab.BlockAllocator(num_blocks, block_size, enable_prefix_caching=True), []
-
-    def record(block_id):
-        evicted.append(block_id)
-        alloc._cached.pop(alloc._block_hash.pop(block_id, None), None)
-
-    alloc._evict = record
-    return alloc, evicted
-
-
-def pretend_cached(alloc, *block_ids):
-    """What Exercise 3's `register` records for a block: its hash in the two maps of BlockAllocator.__init__."""
-    for block_id in block_ids:
+def caching_allocator(num_blocks, *cached, block_size=4):
+    """A caching allocator with every block allocated, `cached` of them in the prefix cache as Exercise 3's
+    `register` leaves them: in the two maps of BlockAllocator.__init__ that the provided `is_cached` reads
+    (`free` asks `is_cached`, its docstring says). No Exercise 3 code runs. Returns it and the block ids."""
+    alloc = lab.BlockAllocator(num_blocks, block_size, enable_prefix_caching=True)
+    blocks = [alloc.allocate() for _ in range(num_blocks)]
+    for block_id in (blocks[i] for i in cached):
         alloc._cached[-1 - block_id], alloc._block_hash[block_id] = block_id, -1 - block_id
+    return alloc, blocks
+
+
+def allocate_evicting_nothing(alloc, rules):
+    """alloc.allocate() where no cached block may be evicted: every cached block is still cached afterwards.
+    Eviction there breaks one of `rules` (the test cannot tell which): a call of `_evict` while Exercise 3 is
+    a stub fails with them, not as a stub to write."""
+    cached = [b for b in range(alloc.num_blocks) if alloc.is_cached(b)]
+    try:
+        got = alloc.allocate()
+    except NotImplementedError as exc:
+        if "_evict" not in str(exc):
+            raise
+        pytest.fail(rule(1, f"allocate() evicted a cached block (it called _evict, Exercise 3's stub): {rules}", 2))
+    lost = [b for b in cached if not alloc.is_cached(b)]
+    assert not lost, rule(1, f"allocate() handed out {got} and evicted {lost}: {rules}", level=2)
+    return got
 
 
 @pytest.mark.exercise1
 def test_a_freed_block_the_prefix_cache_does_not_hold_is_plain_free():
-    alloc, evicted = allocator_with_a_cache(2)
-    a, _ = alloc.allocate(), alloc.allocate()
-    alloc.free(a)
-    got = alloc.allocate()
-    assert (got, evicted) == (a, []), rule(
-        1, f"allocate() handed out {got} and evicted {evicted}: a freed block whose hash the prefix cache does not "
-           "hold is plain free, handed out again with nothing to evict", level=2)
+    alloc, (a, b, _) = caching_allocator(3, 1)
+    alloc.free(b)  # cached: evictable
+    alloc.free(a)  # not cached: plain free
+    got = allocate_evicting_nothing(alloc, f"block {a}, freed and not in the prefix cache (is_cached), is plain "
+                                           f"free (free), and a plain free block goes before any cached one (allocate)")
+    assert got == a, rule(1, f"allocate() handed out {got}: the only plain free block was {a}", level=2)
 
 
 @pytest.mark.exercise1
-def test_cached_but_unreferenced_blocks_are_free_and_evicted_only_once_no_plain_block_is_left():
-    alloc, evicted = allocator_with_a_cache(3)
-    a, b, c = (alloc.allocate() for _ in range(3))
-    pretend_cached(alloc, a, b)
+def test_cached_but_unreferenced_blocks_count_as_free_and_wait_until_no_plain_block_is_left():
+    alloc, (a, b, c) = caching_allocator(3, 0, 1)
     for block in (a, c, b):
         alloc.free(block)
     assert alloc.num_free_blocks == 3, rule(
         1, f"num_free_blocks is {alloc.num_free_blocks} with every block freed: it counts the blocks allocate() can "
            "hand out, plain free and cached but unreferenced (evictable) alike")
-    got = [alloc.allocate() for _ in range(3)]
-    assert (got, evicted) == ([c, a, b], [a, b]), rule(
-        1, f"freed {[a, c, b]} ({a} and {b} cached), then handed out {got} and evicted {evicted}: a plain free block "
-           "first, a cached one only when no plain one is left (least recently freed first, evicted then)", level=2)
+    assert alloc.is_cached(a) and alloc.is_cached(b), rule(
+        1, "free evicted a cached block: it stays findable until allocate() needs it", level=2)
+    got = allocate_evicting_nothing(alloc, f"freed {[a, c, b]} ({a} and {b} cached): the plain free block {c} "
+                                           "goes first (allocate), a cached one only when no plain one is left")
+    assert got == c, rule(1, f"allocate() handed out {got}: the only plain free block was {c}", level=2)
 
 
 # =====================================================================================
@@ -434,7 +440,9 @@ def test_a_forked_table_copies_the_shared_last_block_before_writing():
         2, "a forked table wrote into its shared last block: a block another table can see is never written", level=2)
     assert copies == [(shared_last, child.block_ids[-1])], rule(
         2, f"append returns the copy-on-write pair (src, dst) for the caller to copy, got {copies}")
-    assert alloc.ref_count(shared_last) == 1, rule(2, "after the copy the child no longer holds the old block")
+    assert alloc.ref_count(shared_last) == 1, rule(
+        2, f"the shared block keeps reference count {alloc.ref_count(shared_last)} after the child's copy: the child "
+           "drops its reference on the old block (only the parent holds it now)")
     assert parent.block_ids[0] == child.block_ids[0] and alloc.ref_count(parent.block_ids[0]) == 2, rule(
         2, "full blocks stay shared: only the block being written is copied")
     assert parent.token_ids == list(range(6)), rule(2, "the child's append changed the parent's tokens")
@@ -665,7 +673,20 @@ def test_eviction_takes_the_least_recently_used_cached_block():
     assert alloc.stats.evictions == 1, rule(3, f"{alloc.stats.evictions} evictions: 2 blocks taken, 1 plain free")
     filler.free()
     assert cached_tokens(alloc, [2, 2, 2, 2, 5]) == 4, rule(
-        3, "the most recently used cached block was evicted: the least recently used goes first", level=2)
+        3, "the most recently used cached block was evicted: the least recently used goes first (allocate, "
+           "Exercise 1, takes the least recently freed evictable block)", level=2)
+
+
+@pytest.mark.exercise3
+def test_an_evicted_block_is_found_under_its_old_hash_no_more():
+    alloc = lab.BlockAllocator(1, 4, enable_prefix_caching=True)
+    computed_table(alloc, [1, 1, 1, 1]).free()  # the only block: cached, unreferenced
+    block = alloc.allocate()                     # evicted: it will hold other tokens
+    found = alloc.get_cached_block(lab.hash_block(None, [1, 1, 1, 1]))
+    assert (found, alloc.is_cached(block)) == (None, False), rule(
+        3, f"block {block} was evicted to hold other tokens, yet get_cached_block(its old hash) gives {found} and "
+           f"is_cached({block}) {alloc.is_cached(block)}: eviction forgets the hash, both ways (a stale entry would "
+           "serve another request's K/V)")
 
 
 @pytest.mark.exercise3
@@ -1036,25 +1057,54 @@ KERNEL = ("the output is softmax(q . k / sqrt(D)) @ v over the sequence's first 
           "block_tables[b, i // block_size], offset i % block_size")
 
 
+def kernel_slip(q, seqs_k, seqs_v, out, lens, block_size):
+    """The slip a wrong output shows, when it is exactly attention done one classic wrong way on some
+    sequence (checked against the plain reference done that way): scores without 1/sqrt(D), a last partly
+    filled block or the current token left out. None when none of them explains it."""
+    def matches(b, got, scale=1.0, tokens=None):
+        ref = dense_attention_reference(q[b] * np.float32(scale), seqs_k[b][:tokens], seqs_v[b][:tokens])
+        return np.allclose(got, ref, rtol=1e-4, atol=1e-4)
+    for b, n in enumerate(lens):
+        got, whole = out[b], n // block_size * block_size
+        if matches(b, got) or not len(seqs_k[b]):
+            continue
+        if matches(b, got, scale=math.sqrt(q.shape[-1])):
+            return f"sequence {b}'s output is attention over scores q . k: they are q . k / sqrt(D)"
+        if 0 < whole < n and matches(b, got, tokens=whole):
+            return (f"sequence {b} (context {n}, blocks of {block_size}) attended to its first {whole} tokens only: "
+                    "its last block counts though partly filled (blocks_needed(context_lens[b], block_size) blocks)")
+        if n > 1 and matches(b, got, tokens=n - 1):
+            return f"sequence {b} attended to its first {n - 1} tokens of {n}: context_lens counts the current token"
+    return None
+
+
 def paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, what="", why=KERNEL, tol=1e-5, level=None,
                    **kwargs):
-    """lab.paged_attention against plain attention over each sequence's own K/V, a failure naming `why`.
-    When the output is not finite, the kernel runs again with every non-finite cache entry (stale slots
-    and padding blocks hold NaN or inf in these tests) made 0: if that output is right, the one fault is
-    a 0 weight times a NaN value, and the message says so."""
+    """lab.paged_attention against plain attention over each sequence's own K/V, a failure naming `why`
+    once the classic slips are ruled out (`kernel_slip`). When the output is not finite, the kernel runs
+    again with every non-finite cache entry (stale slots and padding blocks hold NaN or inf in these tests)
+    made 0: if that output is right, the one fault is a 0 weight times a NaN value; if it is finite but
+    wrong, those entries were read as data; if it is not finite either, the kernel made the NaN itself."""
     def run(k, v):
         with np.errstate(all="ignore"):  # a kernel that reads the NaN/huge fill fails below, not with a warning
             return lab.paged_attention(q, k, v, tables, np.asarray(lens), **kwargs)
     out = run(k_cache, v_cache)
     want = [dense_attention_reference(q[b], seqs_k[b], seqs_v[b]) for b in range(len(lens))]
     finite = np.all(np.isfinite(out))
-    zeroed = (np.where(np.isfinite(c), c, 0).astype(c.dtype) for c in (k_cache, v_cache))
-    leak = not finite and np.allclose(run(*zeroed), want, rtol=1e-4, atol=1e-4)
+    if not (finite and all(np.allclose(out[b], want[b], rtol=max(tol, 1e-4), atol=tol) for b in range(len(lens)))):
+        slip = kernel_slip(q, seqs_k, seqs_v, out, lens, k_cache.shape[1])
+        if slip:
+            pytest.fail(rule(4, slip + what))
+    zeroed = None if finite else run(*(np.where(np.isfinite(c), c, 0).astype(c.dtype) for c in (k_cache, v_cache)))
+    leak = not finite and np.allclose(zeroed, want, rtol=1e-4, atol=1e-4)
     stale = ("slots past context_lens (stale slots, padding blocks: NaN or inf here) reached the result: nothing past "
              "a sequence's context is used as data")
+    made = ("the kernel made it (with the cache's NaN and inf made 0 it is still not finite): an exp that overflowed "
+            "(a score not shifted by the running max) or a softmax sum of 0 (no token read, or every weight "
+            "underflowed)")
     assert finite, rule(4, f"non-finite output{what}: " + (
         f"right once they hold 0, so {stale}, not even times a 0 weight (0 x NaN = NaN)" if leak
-        else stale if why is KERNEL else why), level=2)
+        else stale if finite or np.all(np.isfinite(zeroed)) else why if why is not KERNEL else made), level=2)
     for b in range(len(lens)):
         np.testing.assert_allclose(out[b], want[b], rtol=max(tol, 1e-4), atol=tol,
                                    err_msg=rule(4, f"sequence {b} (context {lens[b]}{what}): {why}", level=level))
@@ -1079,12 +1129,16 @@ def test_nothing_past_context_lens_is_read_as_data():
     # Finite stale data that would show if it were used: a key that takes all the weight, a value of 100.
     lens = [7, 5, 2]  # longest first: the table rows need no reordering
     q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case(lens, seed=9, fill=0.0)
+    zero_stale = k_cache.copy(), v_cache.copy()
     for b, n in enumerate(lens):
         for i in range(n, lab.blocks_needed(n, 4) * 4):
             k_cache[tables[b, i // 4], i % 4], v_cache[tables[b, i // 4], i % 4] = 50 * q[b], 100.0
-    paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, "", "its stale slots, from position "
-                   "context_lens[b] on, hold a key that would take all the weight: nothing past context_lens is used "
-                   "as data (it counts the current token)", level=2)
+    with np.errstate(all="ignore"):
+        outs = [lab.paged_attention(q, k, v, tables, np.asarray(lens)) for k, v in ((k_cache, v_cache), zero_stale)]
+    why = "nothing past context_lens is used as data (it counts the current token)"
+    if not np.array_equal(*outs, equal_nan=True):  # what the stale slots hold changed the output: they were read
+        why = "its stale slots, from position context_lens[b] on, hold a key that would take all the weight: " + why
+    paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, lens, "", why, level=2)
 
 
 @pytest.mark.exercise4
@@ -1114,16 +1168,33 @@ def test_paged_attention_reads_a_last_block_that_is_exactly_full(extra_columns):
                                                          "counts: " + KERNEL)
 
 
+def case_with_scores(lens, scores, seed):
+    """A paged case whose score q . k / sqrt(D) for token i of sequence b, on every head, is scores(b, i)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((len(lens), 2, 8)).astype(np.float32)
+    unit = q / np.sum(q * q, axis=-1, keepdims=True) * np.float32(math.sqrt(8))   # q . unit / sqrt(D) = 1
+    seqs_k = [np.stack([scores(b, i) * unit[b] for i in range(n)]).astype(np.float32) for b, n in enumerate(lens)]
+    seqs_v = [rng.standard_normal((n, 2, 8)).astype(np.float32) for n in lens]
+    return (q, seqs_k, seqs_v, *scatter_into_paged_cache(seqs_k, seqs_v, 4, rng))
+
+
 @pytest.mark.exercise4
 def test_paged_attention_is_stable_with_huge_logits():
-    q, seqs_k, seqs_v, k_cache, v_cache, tables = random_case([7, 13, 1], seed=1)
-    # Scaled so q.k / sqrt(D) is ~1e4: exp() of that overflows float32 (and float64) unless the max is
-    # subtracted first.
-    q, k_cache, seqs_k = q * np.float32(100.0), k_cache * np.float32(100.0), [k * np.float32(100.0) for k in seqs_k]
-    logits = [np.abs(seqs_k[b][:, 0] @ q[b, 0]).max() / math.sqrt(8) for b in range(2)]
-    assert min(logits) > 1e3, "test setup: the logits should be huge"
+    # Scores up to ~1e4: exp() of that overflows float32 (and float64) unless the max is subtracted first.
+    lens = [7, 13, 1]
+    case = case_with_scores(lens, lambda b, i: 1e4 * (-1) ** i * (1 + i % 3) / 3, seed=1)
     why = "exp of a score is taken only once the running max is subtracted (a stable softmax)"
-    paged_vs_dense(q, seqs_k, seqs_v, k_cache, v_cache, tables, [7, 13, 1], ", logits ~1e4", why, tol=1e-4)
+    paged_vs_dense(*case, lens, ", scores up to ~1e4", why, tol=1e-4)
+
+
+@pytest.mark.exercise4
+def test_paged_attention_is_stable_when_every_score_is_very_negative():
+    # Every score is -150 or below: exp(score) underflows to 0 in float32 (below ~-104) for every token.
+    lens = [7, 13, 1]
+    case = case_with_scores(lens, lambda b, i: -150.0 - 10 * ((i * 7 + b) % 5), seed=2)
+    why = ("every score is -150 or below here, so every weight underflowed to 0 unless each exp is taken of the score "
+           "minus the running max, the max of the scores seen so far (it starts at -inf, not 0)")
+    paged_vs_dense(*case, lens, ", scores -150 to -190", why, tol=1e-4)
 
 
 @pytest.mark.exercise4
@@ -1481,7 +1552,9 @@ def test_preemption_takes_the_newest_frees_its_blocks_and_keeps_its_tokens():
         5, f"preempted {ids(plan.preempted)}: the victim is the most recently admitted running sequence, B", level=2)
     assert a in plan.scheduled and b not in plan.scheduled, rule(5, f"only A runs, got {ids(plan.scheduled)}")
     assert b.block_table.block_ids == [] and allocator.num_free_blocks == 5 - len(a.block_table.block_ids), rule(
-        5, "a preempted sequence frees its blocks (preemption by recompute)")
+        5, f"B, preempted, holds blocks {b.block_table.block_ids} ({allocator.num_free_blocks} of 5 free): a preempted "
+           "sequence frees its blocks (preemption by recompute), and gets none back in that step (once it is its own "
+           "victim, it stops asking)")
     assert b.output_token_ids == [8, 10, 11, 12, 13], rule(5, "preemption by recompute keeps every token produced")
     assert b.num_computed_tokens == 0, rule(5, "a sequence that waits after a preemption has computed nothing")
 
@@ -1559,6 +1632,9 @@ def test_without_chunked_prefill_a_prompt_that_does_not_fit_the_budget_waits():
     for rid, prompt_len in ((0, 6), (1, 6)):
         scheduler.add_request(request(rid, prompt_len, 3))
     plan = scheduler.schedule()
+    assert plan.total_num_scheduled_tokens <= 10, rule(
+        5, f"scheduled {plan.num_scheduled_tokens}: a step runs at most max_num_batched_tokens = 10 tokens, each "
+           "admitted prompt's tokens charged to that budget")
     assert plan.num_scheduled_tokens == {"0": 6}, rule(
         5, f"scheduled {plan.num_scheduled_tokens}: without chunked prefill a prompt runs whole or waits, and 6 + 6 "
            "tokens exceed the budget of 10")
@@ -2358,6 +2434,9 @@ def test_residual_falls_back_to_p_when_p_equals_q():
 def test_a_draft_is_accepted_only_when_u_is_below_min_1_p_over_q(p0, u):
     q, p = np.array([[0.5, 0.5, 0.0]]), np.array([p0, [1.0, 0.0, 0.0]])
     out = lab.accept_or_resample([0], q, p, ScriptedGenerator([u], choice_token=1))
+    assert out[:1] != [1] or len(out) == 1, rule(
+        6, f"got {out}: draft 0 was rejected and its replacement drawn, then more tokens: at the first rejection one "
+           "token is drawn from the residual and the step ends (no bonus token)")
     assert out == [1], rule(6, f"draft 0, with p/q = {p0[0] / 0.5:g}, at u = {u:g} gave {out}: it is accepted iff u is "
                                "below min(1, p/q), strictly: at u = p/q it is rejected, and a token the target gives p "
                                "= 0 is never accepted, not even at u = 0", level=3)
@@ -2551,7 +2630,7 @@ def test_target_passes_match_the_accept_counts(spec_target, k, max_tokens):
 def test_greedy_rounds_accept_the_drafts_the_draft_model_proposes_from_the_committed_tokens(spec_target):
     draft = lab.make_self_draft(spec_target, 2)
     prompt, k, max_tokens = [1, 2, 3], 3, 12
-    out = speculate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=max_tokens), k)
+    out = speculate(spec_target, draft, prompt, lab.SamplingParams(seed=0, max_tokens=max_tokens), k)
     committed, expected = list(prompt), []  # the reference: both models re-run densely, no cache
     while len(committed) - len(prompt) < max_tokens:
         n = min(k, max_tokens - (len(committed) - len(prompt)) - 1)
@@ -2560,14 +2639,20 @@ def test_greedy_rounds_accept_the_drafts_the_draft_model_proposes_from_the_commi
         accepted = next((i for i in range(n) if proposals[i] != wanted[i]), n)
         expected.append(accepted)
         committed += wanted[: accepted + 1]
+    assert out.accepted_per_pass[:1] == expected[:1], rule(
+        7, f"accepted per round {out.accepted_per_pass}, expected {expected}: the first round, before any rollback, "
+           "already differs: the draft proposes its greedy continuation (it samples at the target's temperature, 0 "
+           "here), and a greedy target keeps a draft iff it is its own argmax")
     assert out.accepted_per_pass == expected, rule(
-        7, f"accepted per round {out.accepted_per_pass}, expected {expected}: each round the draft proposes its greedy "
-           "continuation of the COMMITTED tokens: after every round both caches are rolled back to them", level=2)
+        7, f"accepted per round {out.accepted_per_pass}, expected {expected}, the first round right: each round the "
+           "draft proposes its greedy continuation of the COMMITTED tokens: after every round both caches are rolled "
+           "back to them", level=2)
 
 
 @pytest.mark.exercise7
 def test_greedy_speculation_with_a_good_draft_equals_the_targets_greedy_output(spec_target):
-    out = speculate(spec_target, lab.make_self_draft(spec_target, 2), [1, 2, 3], lab.SamplingParams(max_tokens=24), 3)
+    sampling = lab.SamplingParams(seed=0, max_tokens=24)
+    out = speculate(spec_target, lab.make_self_draft(spec_target, 2), [1, 2, 3], sampling, 3)
     assert out.token_ids == greedy_reference(spec_target, [1, 2, 3], 24), rule(
         7, "greedy speculative decoding gives exactly the target's own greedy tokens")
     assert out.num_accepted > 0, rule(7, "a self-draft with half the target's layers gets some drafts accepted")
@@ -2576,7 +2661,7 @@ def test_greedy_speculation_with_a_good_draft_equals_the_targets_greedy_output(s
 @pytest.mark.exercise7
 def test_greedy_speculation_with_an_always_wrong_draft_still_equals_the_target(spec_target):
     wrong = lab.ToyTransformer(lab.ModelConfig(**{**SPEC_TARGET, "n_layer": 1}), seed=99)
-    out = speculate(spec_target, wrong, [4, 5, 6], lab.SamplingParams(max_tokens=20), 3)
+    out = speculate(spec_target, wrong, [4, 5, 6], lab.SamplingParams(seed=0, max_tokens=20), 3)
     assert out.token_ids == greedy_reference(spec_target, [4, 5, 6], 20), rule(
         7, "with every draft rejected, each round still emits the target's token (the residual)")
     assert out.num_accepted == 0, rule(
@@ -2597,7 +2682,7 @@ def test_the_target_verifies_each_round_in_one_forward_pass():
         return forward(*args, **kwargs)
 
     target.forward = counting_forward
-    out = speculate(target, draft, [9, 8, 7], lab.SamplingParams(max_tokens=15), 3)
+    out = speculate(target, draft, [9, 8, 7], lab.SamplingParams(seed=0, max_tokens=15), 3)
     assert out.token_ids == greedy_reference(target, [9, 8, 7], 15), rule(7, "greedy: the target's greedy tokens")
     assert out.num_target_passes <= len(calls) <= out.num_target_passes + 1, rule(
         7, f"{len(calls)} calls of target.forward for {out.num_target_passes} rounds: the target scores the last token "
@@ -2609,7 +2694,7 @@ def test_the_target_verifies_each_round_in_one_forward_pass():
 def test_speculation_runs_up_to_the_last_position_without_running_out_of_blocks(spec_target, left):
     n = spec_target.config.n_positions
     prompt = [(7 * i) % spec_target.config.vocab_size for i in range(n - left)]
-    out = speculate(spec_target, spec_target, prompt, lab.SamplingParams(max_tokens=left), 8)
+    out = speculate(spec_target, spec_target, prompt, lab.SamplingParams(seed=0, max_tokens=left), 8)
     assert out.token_ids == greedy_reference(spec_target, prompt, left), rule(
         7, "near n_positions a round drafts fewer tokens (positions left in the context - 1): its bonus needs one too")
     assert out.num_accepted == out.num_draft_tokens, rule(7, "a draft identical to the target has every draft accepted")
@@ -2620,20 +2705,36 @@ def test_stop_token_ends_speculative_generation(spec_target):
     full = greedy_reference(spec_target, [1, 2, 3], 12)
     stop = full[5]
     out = speculate(spec_target, lab.make_self_draft(spec_target, 2), [1, 2, 3],
-                    lab.SamplingParams(max_tokens=12, stop_token_ids=(stop,)), 4)
+                    lab.SamplingParams(seed=0, max_tokens=12, stop_token_ids=(stop,)), 4)
     assert out.token_ids == full[: full.index(stop) + 1], rule(7, "the output stops at the first stop token, kept")
+
+
+@pytest.mark.exercise7
+def test_a_stop_token_accepted_in_the_middle_of_a_round_ends_the_output_there(spec_target):
+    full = greedy_reference(spec_target, [9, 8, 7], 12)
+    stop = full[1]
+    assert full[0] != stop, "test setup: the stop token first comes second"
+    # The target as its own draft: greedy, every draft is kept, so round 1 emits 5 tokens, the stop token second.
+    out = speculate(spec_target, spec_target, [9, 8, 7], lab.SamplingParams(seed=0, max_tokens=12,
+                                                                            stop_token_ids=(stop,)), 4)
+    assert out.token_ids == full[:2], rule(
+        7, f"got {out.token_ids}, where round 1 emitted {full[:5]} with the stop token {stop} second: the output stops "
+           "at the first stop token (kept), even in the middle of a round")
+    assert (out.num_target_passes, out.num_accepted) == (1, 4), rule(
+        7, f"{out.num_target_passes} rounds, {out.num_accepted} drafts accepted: round 1 kept its 4 drafts (counted, "
+           "past the stop token too), and no round starts after a stop token")
 
 
 @pytest.mark.exercise7
 def test_no_round_runs_after_the_round_that_emitted_a_stop_token(spec_target):
     draft, prompt = lab.make_self_draft(spec_target, 2), [1, 2, 3]
-    free = speculate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=16), 3)
+    free = speculate(spec_target, draft, prompt, lab.SamplingParams(seed=0, max_tokens=16), 3)
     stop = free.token_ids[4]
     at = free.token_ids.index(stop)
     rounds = next(r + 1 for r in range(len(free.accepted_per_pass))
                   if sum(a + 1 for a in free.accepted_per_pass[: r + 1]) > at)  # the round that emitted it
     assert rounds < free.num_target_passes, "test setup: the free run must go on after the stop token"
-    out = speculate(spec_target, draft, prompt, lab.SamplingParams(max_tokens=16, stop_token_ids=(stop,)), 3)
+    out = speculate(spec_target, draft, prompt, lab.SamplingParams(seed=0, max_tokens=16, stop_token_ids=(stop,)), 3)
     assert out.token_ids == free.token_ids[: at + 1], rule(7, "the output stops at the first stop token, kept")
     assert out.num_target_passes == rounds and out.accepted_per_pass == free.accepted_per_pass[:rounds], rule(
         7, f"{out.num_target_passes} rounds ran, but round {rounds} emitted the stop token: no round starts after it")

@@ -146,7 +146,8 @@ def test_a_request_with_many_choices_leaves_seats_for_another_client(engine_mode
 
         def long_request():
             try:
-                stream_events_at(srv, "/v1/completions", **MANY_CHOICES[many], temperature=1.0, max_tokens=100)
+                stream_events_at(srv, "/v1/completions", **MANY_CHOICES[many], temperature=1.0, seed=5,
+                                 max_tokens=100)
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 
@@ -180,7 +181,7 @@ def test_a_request_never_has_more_than_max_n_choices_in_the_engine(engine_model,
 
         def long_request():
             try:
-                complete(srv, **MANY_CHOICES[many], temperature=1.0, max_tokens=30)
+                complete(srv, **MANY_CHOICES[many], temperature=1.0, seed=5, max_tokens=30)
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 
@@ -200,7 +201,7 @@ def test_a_request_never_has_more_than_max_n_choices_in_the_engine(engine_model,
 def test_a_client_that_goes_aborts_every_sample(engine_model):
     engine = api_engine(engine_model, num_blocks=64)
     with serving.start_server(engine) as srv:
-        reply = stream_then_hang_up(srv, 2, n=3, temperature=1.0)
+        reply = stream_then_hang_up(srv, 2, n=3, temperature=1.0, seed=5)
         assert b"data: " in reply, reply[:200]
         deadline = time.monotonic() + HTTP_TIMEOUT
         while time.monotonic() < deadline and (engine.requests or engine.allocator.num_free_blocks < 64):

@@ -45,6 +45,7 @@ MAINTAINERS_ONLY = (
     "tools/docstring_words.py",
     "tools/check_against_hf.py",
     "tools/student_copy.py",
+    "tools/second_lab.py",
 )
 MAINTAINERS = re.compile(r"\n?<!-- maintainers -->.*?<!-- /maintainers -->\n?", re.S)
 TRACE_WORKLOADS = ("skewed", "shared-prefix", "memory-pressure", "arrivals")

@@ -26,6 +26,7 @@ the report's own reading may differ; a message that matches and is wrong is not 
     python tools/teach_check.py -k reseeded   # those whose name contains this
     python tools/teach_check.py -e 5          # Exercise 5's
     python tools/teach_check.py --json out.json
+    python tools/teach_check.py --held-out    # issue 35's mistakes, planted after the messages
 """
 
 from __future__ import annotations
@@ -134,6 +135,106 @@ MISTAKES: list[tuple[str, int, str, str, str]] = [
     ("a decode step charges the whole output, not half of it", 8,
      "context = mean_prompt_len + mean_output_len / 2", "context = mean_prompt_len + mean_output_len",
      r"half the output|mean_output_len / 2|prompt \+ half"),
+]
+
+# Issue 35's round: mistakes planted after the messages above were written (held out from them).
+# `--held-out` runs these instead of MISTAKES.
+HELD_OUT: list[tuple[str, int, str, str, str]] = [
+    # --- Exercise 1 ---------------------------------------------------------------------------
+    ("blocks_needed counts a block too many at the boundary", 1,
+     "return (num_tokens + block_size - 1) // block_size", "return (num_tokens + block_size) // block_size",
+     r"needed only when|one too many|fewest"),
+    ("free returns a shared block to the pool at every free", 1,
+     "        if self._ref_counts[block_id] == 0:\n            queue =", "        if True:\n            queue =",
+     r"last free|another table still holds"),
+    ("allocate evicts the most recently freed cached block", 1,
+     "block_id, _ = self._evictable.popitem(last=False)", "block_id, _ = self._evictable.popitem()",
+     r"least recently used|least recently freed"),
+    # --- Exercise 2 ---------------------------------------------------------------------------
+    ("fork does not incref the shared blocks", 2,
+     "        for block_id in self.block_ids:\n            self.allocator.incref(block_id)\n", "",
+     r"one more reference|incref|reference count|reference on every block"),
+    ("truncate keeps the hash of a block no longer full", 2,
+     "        del self._block_hashes[num_tokens // self.block_size :]\n", "",
+     r"no longer (full|registered)|stale"),
+    ("copy-on-write keeps this table's reference on the shared block", 2,
+     "            self.allocator.free(src)\n", "",
+     r"drops? (its|this table's) reference|reference on the (old|shared) block"),
+    # --- Exercise 3 ---------------------------------------------------------------------------
+    ("_evict forgets the block's hash but the cache still maps the hash to it", 3,
+     "del self._cached[self._block_hash.pop(block_id)]", "self._block_hash.pop(block_id)",
+     r"no longer findable|evicted block|other tokens"),
+    ("lookup revives an evictable block but leaves it in the evictable queue", 3,
+     "        if self._ref_counts[block_id] == 0:\n            del self._evictable[block_id]\n", "",
+     r"revive|leaves? the free pool|handed out twice"),
+    ("register lets a second block take over a cached hash", 3,
+     "block_hash in self._cached or block_id", "block_id",
+     r"first registration|first copy stays"),
+    # --- Exercise 4 ---------------------------------------------------------------------------
+    ("the kernel forgets the 1/sqrt(D) scale", 4,
+     "qv = (q[order] * np.float32(1.0 / math.sqrt(head_dim)))[..., None]", "qv = q[order][..., None]",
+     r"sqrt\(D\)|scale"),
+    ("the kernel reads one block too few (floor, not blocks_needed)", 4,
+     "num_used = -(-lens // block_size)", "num_used = lens // block_size",
+     r"every block|too few|last block|blocks_needed"),
+    ("the running max starts at 0, not -inf: exp underflows for very negative scores", 4,
+     "run_max = np.full((batch, n_head, 1), -np.inf, np.float32)", "run_max = np.zeros((batch, n_head, 1), np.float32)",
+     r"running max (starts|begins)|-inf|very negative|underflow"),
+    ("the stale slots are masked in the scores but not cleared (0 * NaN)", 4,
+     "            for gathered in (k, v, k_s, v_s):\n                if gathered is not None:\n"
+     "                    gathered[past_end] = 0.0\n", "",
+     r"NaN|stale slot"),
+    # --- Exercise 5 ---------------------------------------------------------------------------
+    ("admission does not charge the token budget", 5,
+     "            plan.add(seq, num_new)\n            budget -= num_new\n        return plan",
+     "            plan.add(seq, num_new)\n        return plan",
+     r"max_num_batched_tokens|token budget"),
+    ("a preempted sequence keeps its computed count", 5,
+     "        seq.num_computed_tokens = 0\n", "",
+     r"recompute|num_computed_tokens"),
+    ("a preempted sequence waits at the back of the queue", 5,
+     "self.waiting.appendleft(seq)", "self.waiting.append(seq)",
+     r"front of the queue|FRONT"),
+    ("a step admits newcomers after a preemption", 5,
+     "while self.waiting and not plan.preempted and", "while self.waiting and",
+     r"preempted anyone admits nobody|admits nobody|no admission"),
+    ("a sequence that preempted itself asks for blocks again", 5,
+     "                if victim is seq:\n                    break\n", "",
+     r"its own victim|preempted itself|not scheduled in the step"),
+    ("update does not make the computed full blocks findable", 5,
+     "            seq.block_table.cache_full_blocks(seq.num_computed_tokens)  # their K/V is written now\n", "",
+     r"findable|cache_full_blocks"),
+    # --- Exercise 6 ---------------------------------------------------------------------------
+    ("the residual is not normalised", 6,
+     "    return residual / mass\n", "    return residual\n",
+     r"normalis|sums? to 1"),
+    ("the step goes on after a rejection", 6,
+     "p=residual_distribution(p[i], q[i]))))\n        return emitted\n", "p=residual_distribution(p[i], q[i]))))\n",
+     r"step ends|first rejection"),
+    ("the bonus token is drawn from the last draft position's row", 6,
+     "emitted.append(int(rng.choice(vocab_size, p=p[-1])))", "emitted.append(int(rng.choice(vocab_size, p=p[-2])))",
+     r"target_probs\[k\]|bonus"),
+    # --- Exercise 7 ---------------------------------------------------------------------------
+    ("a round rolls the caches back one token too far", 7,
+     "seq.rollback(committed + len(emitted) - 1)\n", "seq.rollback(committed + len(emitted) - 2)\n",
+     r"rolled back|committed tokens"),
+    ("the draft samples at temperature 1, not the target's", 7,
+     "q = token_probs(draft_seq.run()[-1], sampling.temperature)", "q = token_probs(draft_seq.run()[-1], 1.0)",
+     r"target's temperature"),
+    ("the output is not cut at the first stop token", 7,
+     "return SpeculativeOutput(out[: first_stop + 1],", "return SpeculativeOutput(out,",
+     r"first stop token|stop token \(kept\)"),
+    # --- Exercise 8 ---------------------------------------------------------------------------
+    ("the weights are not split over tp", 8,
+     "weight_bytes = model.weight_bytes / tp", "weight_bytes = model.weight_bytes",
+     r"split over tp|1/tp of the weights|weights.{0,40}tp"),
+    ("the decode FLOPs are not split over tp", 8,
+     "compute_s = 2 * model.num_params * max_seqs / (tp * gpu.flops)",
+     "compute_s = 2 * model.num_params * max_seqs / gpu.flops",
+     r"over tp|1/tp of the FLOPs"),
+    ("activation_bytes do not come off the budget", 8,
+     "free = budget - weight_bytes - activation_bytes", "free = budget - weight_bytes",
+     r"activation"),
 ]
 
 TIMEOUT_S = 300
@@ -257,9 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-e", "--exercise", type=int, action="append", help="only this exercise's mistakes")
     parser.add_argument("-j", type=int, default=os.cpu_count() or 2, help="mistakes run at once")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--held-out", action="store_true", help="issue 35's held-out mistakes instead")
     args = parser.parse_args(argv)
     source = (ROOT / "solution.py").read_text()
-    chosen = [(i, m) for i, m in enumerate(MISTAKES) if args.k in m[0] and m[1] in (args.exercise or [m[1]])]
+    mistakes = HELD_OUT if args.held_out else MISTAKES
+    chosen = [(i, m) for i, m in enumerate(mistakes) if args.k in m[0] and m[1] in (args.exercise or [m[1]])]
     rows = []
     with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(max(1, args.j)) as pool:
         for row in pool.map(lambda im: check(*im, source, Path(tmp)), chosen):

@@ -250,3 +250,12 @@ def test_grade_on_a_half_written_lab_is_a_gradescope_result_that_agrees_with_the
         assert first in board, f"Exercise {number}: the grade says {first!r}; the scoreboard: {board}"
         passed, total = map(int, re.search(r"\): (\d+)/(\d+)", first).groups())
         assert test["score"] == round(test["max_score"] * passed / total, 2), f"Exercise {number}: {test}"
+
+
+@pytest.mark.provided
+@pytest.mark.skipif(not (ROOT / "tools" / "second_lab.py").exists(), reason="a maintainers' tool (it holds answers)")
+def test_the_second_implementation_fills_every_stub_of_the_generated_lab():
+    # The suite on it is `python tools/second_lab.py --run` (issue 35): this checks it still fits lab.py.
+    text = load_tool("second_lab").second_lab(generated_lab_text())
+    assert "raise NotImplementedError(\"Exercise" not in text, "a stub of lab.py has no second implementation"
+    compile(text, "second_lab.py", "exec")
