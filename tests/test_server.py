@@ -19,6 +19,7 @@ from conftest import lab
 from serving import (
     api_server,
     protocol,
+    sampling,
 )
 from tests.support import (
     HTTP_TIMEOUT,
@@ -406,3 +407,28 @@ def test_the_front_ends_commands_never_block_its_loop_and_arrive_in_order():
         loop.close()
         reader.close()
         writer.close()
+
+
+class Doubler:
+    """A logits processor of the caller's own: it must stay, after the API's."""
+
+    def __call__(self, seq, logits):
+        return logits * 2
+
+
+@pytest.mark.needs(5)
+@pytest.mark.parametrize("own", [[], [sampling.LogitBias()], [Doubler()]], ids=["none", "logit-bias-only", "own"])
+def test_an_engine_built_without_the_apis_processors_serves_the_whole_api(engine_model, own):
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4, logits_processors=own)
+    fields = dict(prompt=[3, 4], max_tokens=4, temperature=0, logprobs=2, min_tokens=2, presence_penalty=0.5,
+                  frequency_penalty=0.5, repetition_penalty=1.2, min_p=0.1, logit_bias={"7": 100},
+                  return_token_ids=True)
+    with serving.start_server(engine) as srv:
+        status, _, data = http_call(srv, "POST", "/v1/completions", json.dumps(fields))
+        assert status == 200, (
+            f"start_server serves the whole API whatever the engine was built with (it installs the logits "
+            f"processors the engine lacks); got HTTP {status} {data[:200]!r}")
+    choice = json.loads(data)["choices"][0]
+    assert choice["token_ids"] == [7] * 4 and len(choice["logprobs"]["top_logprobs"]) == 4, (
+        f"logit_bias +100 makes token 7 every greedy draw, and logprobs come with each token: {choice}")
+    assert engine.logits_processors == own, "close() gives the engine its own processors back"
