@@ -547,3 +547,21 @@ def test_tokenizer_info_describes_the_tokenizer_under_hugging_faces_names(server
     info = json.loads(data)
     assert status == 200 and info["tokenizer_class"] == "ByteTokenizer" and info["model_max_length"] == 128
     assert info["eos_token"] is None and info["vocab_size"] == 64, info
+
+
+@pytest.mark.needs(5)
+def test_a_batch_of_256_prompts_is_served_as_lm_eval_sends_it(byte_server):
+    # lm_eval --batch_size 256, loglikelihood: 256 prompts in one request, echo, max_tokens 1, logprobs 1
+    prompts = [[65 + i % 26, 97 + i % 7, 32] for i in range(256)]
+    body = complete(byte_server, prompt=prompts, max_tokens=1, temperature=0, echo=True, logprobs=1)
+    choices = sorted(body["choices"], key=lambda c: c["index"])
+    assert [c["index"] for c in choices] == list(range(256)) and all(
+        len(c["logprobs"]["token_logprobs"]) == 4 for c in choices), (
+        "a request of 256 prompts (lm_eval --batch_size 256) gets one choice per prompt, each with its logprobs")
+
+
+@pytest.mark.provided
+def test_more_prompts_than_the_choice_cap_is_a_400_naming_prompt(server):
+    status, error = error_of(server, "/v1/completions", {"prompt": [[1]] * (protocol.MAX_CHOICES + 1)})
+    assert status == 400 and error["param"] == "prompt" and str(protocol.MAX_CHOICES) in error["message"], (
+        f"one request's choices are capped (the front end's work for it holds up every other client): {error}")
