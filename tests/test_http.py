@@ -309,7 +309,7 @@ def test_rule8_a_chunked_body_over_the_limit_is_a_400_that_the_client_receives(s
 
 CHUNKED_FRAMING_ERRORS = [  # (what follows the head, the status)
     (b"zz\r\nab\r\n0\r\n\r\n", 400),  # a size that is not hex
-    (b"2\r\nabc\r\n0\r\n\r\n", 400),  # data longer than its size: no CRLF after it
+    (b"%x\r\n%s \r\n0\r\n\r\n" % (len(ECHO_BODY), ECHO_BODY), 400),  # data past its size: no CRLF after it
     (b"%x\r\n" % (2 << 20), 400),  # one chunk over the limit, refused from its size line
 ]
 
@@ -429,3 +429,23 @@ def test_rule7_a_request_sent_whole_before_a_half_close_is_answered_in_full(engi
     assert head.startswith(b"HTTP/1.1 200") and done, (
         f"rule 7: an end of stream after a whole request is a half-close, not a disconnect: the client still "
         f"reads, and is owed the whole answer: {reply[:160]!r} ... {reply[-80:]!r}")
+
+
+@pytest.mark.provided
+def test_rule7_after_an_error_the_server_reads_what_the_client_still_sends_before_it_closes(server):
+    # RFC 9112 §9.6: a server that closes at once resets a client still sending, and the reset can
+    # destroy the response on its way. The server shuts its side for writing, then reads on.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (2 * http_server.MAX_BODY_BYTES))
+        reply = read_to_close(sock)  # the 400, refused from the Content-Length, then the server's end of stream
+        errors = []
+        for _ in range(3):  # the rest of the body the client was sending
+            try:
+                sock.sendall(b"x" * 65536)
+            except OSError as exc:
+                errors.append(exc)
+                break
+            time.sleep(0.05)
+    assert reply.startswith(b"HTTP/1.1 400") and not errors, (
+        f"rule 7: after its error the server half-closes and reads on (a graceful close), so a client still "
+        f"sending is not reset: {reply[:80]!r}, then {errors}")
