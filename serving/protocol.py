@@ -37,8 +37,8 @@ MAX_STOP_TOKEN_IDS = 1024  # each is a set member in the engine; the bound keeps
 # Prompts x n in one request. The engine needs no cap (a request's choices enter it --max-n at
 # a time); this one bounds the front end's work for one request, which every other client's
 # stream waits on (one process and one GIL, even when a large body is parsed on a worker
-# thread): ~15 us and ~1.1 KB a choice to parse and track, so 2048 choices cost ~30 ms and ~2 MB,
-# where a 1 MiB body of 200,000 one-token prompts took 3.2 s and 214 MB (docs/serving.md,
+# thread): 10-15 us and 1.1 KB a choice to parse and track, so 2048 choices cost ~25 ms and 2 MB,
+# where a 1 MiB body of 200,000 one-token prompts took 2-3 s and 214 MB (docs/serving.md,
 # "Batch clients"). lm_eval --batch_size 256 sends 256 prompts.
 MAX_CHOICES = 2048
 
