@@ -269,7 +269,9 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
                            enable_chunked_prefill=not args.no_chunked_prefill)
             if args.model:  # max_model_len is the checkpoint's n_positions; the KV-cache fits max_num_seqs of them
                 engine, tokenizer = checkpoint_engine(lab, args.model, args.max_num_seqs or 4, **options)
-                names = args.served_model_name or [os.path.basename(os.path.normpath(args.model))]
+                # The directory's name, and the --model string as given (vLLM's name for it)
+                names = args.served_model_name or list(dict.fromkeys([os.path.basename(os.path.normpath(args.model)),
+                                                                      args.model]))
             else:
                 model = lab.ToyTransformer(lab.ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}),
                                            seed=args.seed)

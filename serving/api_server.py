@@ -80,18 +80,24 @@ class CompletionServer:
         # One request's n takes at most half of the running seats (each sample is a sequence).
         max_n = max(1, engine.scheduler.max_num_seqs // 2) if max_n is None else max_n
         self.served = ServedModel(sys.modules[type(engine).__module__], config, self.tokenizer, tuple(names), max_n,
-                                  frozenset(sampling.supported_fields(engine)), engine.allocator.enable_prefix_caching)
+                                  engine.allocator.enable_prefix_caching)
         self._closed, self._close_lock = False, threading.Lock()
         sock = socket.create_server((host, port))  # a port in use fails here, in the caller
         self.port = sock.getsockname()[1]
         commands_r, commands_w = command_pipe()
         outputs_r, outputs_w = multiprocessing.Pipe(duplex=False)
         self._pipes = [commands_r, outputs_w]  # this process's ends, closed by close()
+        # The whole API whatever the engine was built with: the processors it lacks are installed
+        # until close() (an engine handed over without them would refuse logprobs, penalties...).
+        self._own_processors = engine.logits_processors
+        engine.logits_processors = sampling.with_api_processors(engine.logits_processors,
+                                                                getattr(self.tokenizer, "eos_token_id", None))
         try:
             self._start(engine, sock, commands_r, commands_w, outputs_r, outputs_w, stream_interval)
         except BaseException:  # e.g. fork refused: nothing of this server may stay open
             for end in (sock, commands_r, commands_w, outputs_r, outputs_w):
                 end.close()
+            engine.logits_processors = self._own_processors
             raise
         if not self._core.ready.wait(SHUTDOWN_TIMEOUT_S) or self._core.frontend_error:
             error = self._core.frontend_error or "the server's front end did not start"
@@ -133,7 +139,8 @@ class CompletionServer:
         # would block the write; killing it after the timeout below ends the write too.
         threading.Thread(target=self._core.send, args=(("close",),), name="lab-close", daemon=True).start()
         self._frontend.join(SHUTDOWN_TIMEOUT_S * 3)
-        self._core.join(SHUTDOWN_TIMEOUT_S)
+        if self._core.join(SHUTDOWN_TIMEOUT_S):  # the engine's thread has ended: the engine is the caller's again
+            self.engine.logits_processors = self._own_processors
         for end in self._pipes:
             end.close()
 
@@ -311,9 +318,10 @@ def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=No
     first is the one responses carry; None: one made of the model's shape); `stream_interval`:
     tokens per streamed chunk (1: every token as it comes); `max_n`: the largest `n` of one
     request, and how many of one response's choices (prompts x n) are in the engine at once
-    (None: half of the engine's max_num_seqs). The sampling fields beyond the chapter's
-    are answered when the engine was built with `serving.sampling.logits_processors()`, and
-    refused with a 400 naming them when it was not."""
+    (None: half of the engine's max_num_seqs). Every field of the API is served whatever the
+    engine was built with: the logits processors of `serving.sampling.logits_processors()` that
+    it lacks (logprobs, min_tokens, logit_bias, penalties, min_p) are installed in it, ahead of
+    its own, until `close()` puts its own list back."""
     return CompletionServer(engine, host, port, tokenizer=tokenizer, model_name=model_name,
                             stream_interval=stream_interval, max_n=max_n)
 

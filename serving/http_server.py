@@ -6,11 +6,24 @@ delimited by the close.
   `Connection: close` or stays idle for KEEP_ALIVE_TIMEOUT_S. An HTTP/1.0 client's connection
   persists only when it asks (`Connection: keep-alive`), and a streamed response to it is
   delimited by the close (it knows no chunked encoding). HEAD is GET without the body.
+- A body comes with a Content-Length or in the chunked coding (RFC 9112 §7.1: a recipient must
+  parse it; `curl -T -` and http.client with an iterable body send it), under the same limit.
 - No client can stall the others: a body over MAX_BODY_BYTES is refused from its
-  Content-Length before it is read, every read has a deadline, and a head that cannot be read
-  gets its 400 at once and the connection closes (its framing is lost). A head whose lines end
-  in a bare LF is read as if they ended in CRLF (RFC 9112 allows a recipient to).
-- A request still arriving when the server shuts down gets a 503, not a silent close.
+  Content-Length, or from the chunk that would pass it, before it is read; every read has a
+  deadline, and a head that cannot be read gets its 400 at once and the connection closes (its
+  framing is lost). Blank lines before a request count toward the head's limit. A head whose
+  lines end in a bare LF is read as if they ended in CRLF (RFC 9112 allows a recipient to).
+- No connection that has sent a byte since its last response is closed without a word: a
+  request still incomplete at its deadline gets a 408 (RFC 9110 §15.5.9), one cut short by the
+  client's end of stream a 400, one still arriving when the server shuts down a 503. A
+  connection that sent nothing is closed silently when it idles out: a 408 there would be read
+  as the answer to the next request its client sends.
+- An end of stream after a whole request is a half-close (the client shut its side for writing
+  and still reads), not a disconnect: the request runs and is answered. A client that has gone
+  altogether is found when a write to it fails (a stream's next chunk), or by a reset.
+- When the server ends a connection it closes gracefully (RFC 9112 §9.6): it shuts its side for
+  writing and drops what the client still sends for up to LINGER_S, so that a reset caused by
+  unread bytes does not destroy the response just sent (an error about a body it never read).
 
 `Connections` runs every connection and hands each request to a `route(request, conn, sink)`
 coroutine, which answers through the `Sink` or raises an `APIError`.
@@ -28,13 +41,18 @@ from dataclasses import dataclass
 from .protocol import APIError
 
 MAX_BODY_BYTES = 1 << 20  # a completion body is a prompt and a few fields; a larger one is refused unread
-MAX_HEADER_BYTES = 16 << 10
-READ_TIMEOUT_S = 10.0  # to receive a request's head and body; a silent client is dropped
+MAX_HEADER_BYTES = 16 << 10  # a request's head, with the blank lines before it; a chunked body's trailers
+MAX_CHUNK_LINE_BYTES = 1 << 10  # a chunk's size line, extensions included
+READ_TIMEOUT_S = 10.0  # to receive a request's head and body; then a 408 (silence if nothing came)
 KEEP_ALIVE_TIMEOUT_S = 5.0  # an idle persistent connection is closed after this long (uvicorn's default)
+LINGER_S = 2.0  # a closing connection's bytes are read and dropped this long (Apache's lingering close: 2 s)
+LINGER_MAX_BYTES = 4 << 20
 
 HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line after the head, CRLF or bare LF
+BLANK_LINES = re.compile(rb"(?:\r?\n)*")
+CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           500: "Internal Server Error", 503: "Service Unavailable"}
+           408: "Request Timeout", 500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
 # One encoder for every event: json.dumps with any non-default argument builds a new one per call.
 COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -57,26 +75,75 @@ class Connection:
         self.reader, self.writer = reader, writer
         self.buffer = bytearray()
         self.idle = True  # waiting for a request or its body (a shutdown may drop it at once)
+        self.heard = False  # bytes arrived since the last response: an end here is owed a word
+        self.half_closed = False  # the client shut its side for writing (it may still read)
 
     async def fill(self) -> bool:
         """Read what has arrived into the buffer; False at end of stream."""
         data = await self.reader.read(65536)
         self.buffer += data
+        if data:
+            self.heard = True
+        else:
+            self.half_closed = True
         return bool(data)
 
     async def read_head(self) -> bytes:
+        skipped = 0  # blank lines before the request (RFC 9112 allows them), counted toward the limit
         while True:
-            while self.buffer.startswith((b"\r\n", b"\n")):  # blank lines between requests are allowed (RFC 9112)
-                del self.buffer[:2 if self.buffer.startswith(b"\r\n") else 1]
+            blank = BLANK_LINES.match(self.buffer).end()
+            del self.buffer[:blank]
+            skipped += blank
             end = HEAD_END.search(self.buffer)
             if end:
                 head = bytes(self.buffer[:end.start()])
                 del self.buffer[:end.end()]
                 return head
-            if len(self.buffer) > MAX_HEADER_BYTES:
-                raise APIError(f"the request head is over {MAX_HEADER_BYTES} bytes")
+            if skipped + len(self.buffer) > MAX_HEADER_BYTES:
+                raise APIError(f"the request head, with the blank lines before it, is over {MAX_HEADER_BYTES} bytes")
             if not await self.fill():
                 raise asyncio.IncompleteReadError(bytes(self.buffer), None)
+
+    async def read_line(self, limit: int) -> bytes:
+        """One line, without its CRLF (or bare LF), of at most `limit` bytes."""
+        while (end := self.buffer.find(b"\n")) < 0:
+            if len(self.buffer) > limit:
+                raise APIError(f"a line of the chunked body is over {limit} bytes")
+            if not await self.fill():
+                raise asyncio.IncompleteReadError(bytes(self.buffer), None)
+        line = bytes(self.buffer[:end]).removesuffix(b"\r")
+        if len(line) > limit:
+            raise APIError(f"a line of the chunked body is over {limit} bytes")
+        del self.buffer[:end + 1]
+        return line
+
+    async def read_chunked(self, limit: int) -> bytes:
+        """A body in the chunked coding (RFC 9112 §7.1): chunks of `size in hex [;extensions]`
+        CRLF, data, CRLF; a chunk of size 0; trailer lines (read and dropped); a blank line. A
+        chunk that would take the body over `limit` bytes is refused before it is read."""
+        body = bytearray()
+        while True:
+            size = self._chunk_size(await self.read_line(MAX_CHUNK_LINE_BYTES))
+            if size == 0:
+                break
+            if len(body) + size > limit:
+                raise APIError(f"the chunked body is over {limit} bytes; the limit is {limit}")
+            body += await self.read_exactly(size)
+            if await self.read_line(1) != b"":
+                raise APIError("a chunk's data must be followed by CRLF: the chunked body is malformed")
+        trailers = 0
+        while line := await self.read_line(MAX_HEADER_BYTES):
+            trailers += len(line)
+            if trailers > MAX_HEADER_BYTES:
+                raise APIError(f"the chunked body's trailers are over {MAX_HEADER_BYTES} bytes")
+        return bytes(body)
+
+    @staticmethod
+    def _chunk_size(line: bytes) -> int:
+        size = line.split(b";", 1)[0].strip(b" \t")
+        if not CHUNK_SIZE.fullmatch(size):
+            raise APIError(f"malformed chunk size line {line[:40]!r}: the chunked body is malformed")
+        return int(size, 16)
 
     async def read_exactly(self, n: int) -> bytes:
         while len(self.buffer) < n:
@@ -87,12 +154,36 @@ class Connection:
         return data
 
     async def watch_disconnect(self) -> bool:
-        """True when the client closes its side. Bytes that arrive instead (a pipelined
-        request) stay in the buffer and end the watch (False): from then on a failed write tells."""
+        """True when the client has gone (its connection was reset). Bytes that arrive (a
+        pipelined request) stay in the buffer and end the watch (False), and so does an end of
+        stream: a client may shut its side for writing once its request is sent and still read
+        the answer. From then on a failed write tells whether it has gone."""
         try:
-            return not self.buffer and not await self.fill()
+            if not self.buffer:
+                await self.fill()
+            return False
         except ConnectionError:
             return True
+
+    async def linger(self) -> None:
+        """Close gracefully (RFC 9112 §9.6): shut this side for writing (after what is buffered),
+        then read and drop what the client still sends, until its end of stream, LINGER_S or
+        LINGER_MAX_BYTES. A close with unread bytes would send a reset, which may destroy the
+        response still on its way (an error about a body the server never read)."""
+        self.idle = True  # nothing to finish: a shutdown drops it at once
+        if not self.writer.can_write_eof():
+            return
+        self.writer.write_eof()
+        loop, dropped = asyncio.get_running_loop(), 0
+        deadline = loop.time() + LINGER_S
+        try:
+            while dropped <= LINGER_MAX_BYTES and loop.time() < deadline:
+                data = await asyncio.wait_for(self.reader.read(65536), deadline - loop.time())
+                if not data:
+                    return
+                dropped += len(data)
+        except asyncio.TimeoutError:
+            pass
 
 
 def parse_head(head: bytes) -> HTTPRequest:
@@ -112,10 +203,17 @@ def parse_head(head: bytes) -> HTTPRequest:
     return HTTPRequest(parts[0], urllib.parse.unquote(parts[1].split("?", 1)[0]), parts[2], headers, keep_alive)
 
 
-def body_length(request: HTTPRequest) -> int:
+def body_length(request: HTTPRequest) -> int | None:
+    """The body's length from Content-Length (0 without one), or None for a chunked body."""
     headers = request.headers
     if "transfer-encoding" in headers:
-        raise APIError("chunked request bodies are not supported: send Content-Length")
+        codings = [coding.strip().lower() for coding in headers["transfer-encoding"].split(",")]
+        if codings != ["chunked"]:
+            raise APIError(f"Transfer-Encoding {headers['transfer-encoding'][:40]!r} is not supported: send the "
+                           f"body chunked or with Content-Length", 501, "server_error")
+        if "content-length" in headers or request.version == "HTTP/1.0":  # RFC 9112 §6.1, §6.3: a smuggling risk
+            raise APIError("Transfer-Encoding: chunked goes with neither Content-Length nor HTTP/1.0")
+        return None
     length = headers.get("content-length", "0")
     if not (length.isascii() and length.isdigit() and len(length) <= 12):
         raise APIError(f"Content-Length must be a number of bytes, got {length!r}")
@@ -137,6 +235,8 @@ class Sink:
     def head(self, status: int, content_type: str, length: int | None = None) -> bytes:
         """`length=None`: a stream (chunked for HTTP/1.1, to the close for HTTP/1.0)."""
         self.started = True
+        if self.conn.half_closed:  # no next request can come
+            self.keep_alive = False
         if length is None and self.request.version == "HTTP/1.0":
             self.keep_alive = False
         self.chunked = length is None and self.request.version == "HTTP/1.1"
@@ -179,6 +279,7 @@ def error_response(error: APIError) -> bytes:
 
 
 SHUTTING_DOWN = APIError("the server is shutting down", 503, "server_error")
+INCOMPLETE = APIError("the connection's end of stream came within a request: it is incomplete")
 Route = Callable[[HTTPRequest, Connection, Sink], Awaitable[None]]
 
 
@@ -197,28 +298,44 @@ class Connections:
         conn = Connection(reader, writer)
         self.tasks[asyncio.current_task()] = conn
         try:
-            timeout = READ_TIMEOUT_S
-            while not self.stopping:
-                conn.idle = True
-                try:
-                    head = await asyncio.wait_for(conn.read_head(), timeout)
-                except APIError as exc:  # a head we cannot read: answer, then close (framing is lost)
-                    writer.write(error_response(exc))
-                    break
-                except asyncio.CancelledError:
-                    if conn.buffer.strip():  # a request had begun to arrive: it is owed an answer
-                        writer.write(error_response(SHUTTING_DOWN))
-                    raise
-                conn.idle, timeout = False, KEEP_ALIVE_TIMEOUT_S
-                if not await self._one_request(conn, head):
-                    break
+            await self._requests(conn)
+            if not (self.stopping or conn.half_closed):  # the server ends it: gracefully
+                await conn.linger()
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
-            pass  # the client went away, or said too little too slowly, or idled out
+            pass  # the client went away
         except asyncio.CancelledError:
             pass  # shutdown dropped an idle connection: asyncio would log a cancelled handler as an error
         finally:
             writer.close()
             self.tasks.pop(asyncio.current_task(), None)
+
+    async def _requests(self, conn: Connection) -> None:
+        """Read and answer requests until the connection must end; every end after a byte of a
+        request has its word (a response, or an error: 400, 408, 503)."""
+        timeout = READ_TIMEOUT_S
+        while not self.stopping:
+            conn.idle, conn.heard = True, bool(conn.buffer)
+            try:
+                head = await asyncio.wait_for(conn.read_head(), timeout)
+            except APIError as exc:  # a head we cannot read: answer, then close (framing is lost)
+                conn.writer.write(error_response(exc))
+                return
+            except asyncio.TimeoutError:
+                if conn.heard:  # a request (or blank lines) had begun to arrive: RFC 9110's 408
+                    conn.writer.write(error_response(APIError(f"no whole request head arrived within {timeout:g} s",
+                                                              408)))
+                return  # else an idle connection: closed without a word (see the module's docstring)
+            except asyncio.IncompleteReadError:
+                if conn.heard:
+                    conn.writer.write(error_response(INCOMPLETE))
+                return
+            except asyncio.CancelledError:
+                if conn.buffer.strip():  # a request had begun to arrive: it is owed an answer
+                    conn.writer.write(error_response(SHUTTING_DOWN))
+                raise
+            conn.idle, timeout = False, KEEP_ALIVE_TIMEOUT_S
+            if not await self._one_request(conn, head):
+                return
 
     async def _one_request(self, conn: Connection, head: bytes) -> bool:
         """Read, route and answer one request; whether the connection may carry another."""
@@ -230,18 +347,9 @@ class Connections:
         sink = Sink(conn, request)
         try:
             try:
-                length = body_length(request)
+                request.body = await self._read_body(conn, request)
             except APIError:
-                sink.keep_alive = False  # the body is unread: the next bytes are not a request
-                raise
-            if length and request.headers.get("expect", "").lower() == "100-continue":
-                conn.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for this before a large body
-            conn.idle = True  # until the body is in, there is nothing a shutdown should wait for
-            try:
-                request.body = await asyncio.wait_for(conn.read_exactly(length), READ_TIMEOUT_S)
-            except asyncio.CancelledError:  # the server shut down while the body was arriving
-                sink.keep_alive = False
-                conn.writer.write(error_response(SHUTTING_DOWN))
+                sink.keep_alive = False  # the body is unread or half read: the next bytes are not a request
                 raise
             conn.idle = False
             await self.route(request, conn, sink)
@@ -249,7 +357,7 @@ class Connections:
             if sink.started:  # too late for an error response: end the connection
                 return False
             sink.json(exc.status, exc.body())
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+        except (ConnectionError, asyncio.TimeoutError):
             raise
         except Exception as exc:  # noqa: BLE001 - a bug answers 500 for this request only
             if sink.started:
@@ -259,6 +367,24 @@ class Connections:
             sink.json(500, error.body())
         await conn.writer.drain()
         return sink.keep_alive and not self.stopping
+
+    @staticmethod
+    async def _read_body(conn: Connection, request: HTTPRequest) -> bytes:
+        """The request's body, sized or chunked, within READ_TIMEOUT_S (a 408 after it)."""
+        length = body_length(request)
+        if length != 0 and request.headers.get("expect", "").lower() == "100-continue":
+            conn.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for this before a large body
+        conn.idle = True  # until the body is in, there is nothing a shutdown should wait for
+        try:
+            body = conn.read_exactly(length) if length is not None else conn.read_chunked(MAX_BODY_BYTES)
+            return await asyncio.wait_for(body, READ_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise APIError(f"the request's body did not arrive within {READ_TIMEOUT_S:g} s", 408) from None
+        except asyncio.IncompleteReadError:
+            raise INCOMPLETE from None
+        except asyncio.CancelledError:  # the server shut down while the body was arriving
+            conn.writer.write(error_response(SHUTTING_DOWN))
+            raise
 
     def stop(self) -> None:
         """Take no new request, and drop the idle connections at once (nothing to finish there)."""

@@ -163,10 +163,18 @@ class LogprobFormatter:
             out["token_logprobs"].append(None if entry is None else chosen)
             # The chosen token first, then the k most likely (vLLM's order: up to k + 1 entries).
             top = [(token_id, chosen)] + [(t, lp) for t, lp in pairs[:k] if t != token_id]
-            spelled: dict[str, float] = {}  # tokens spelled alike ("\ufffd"): the chosen, then the likelier
-            for t, lp in top:
-                spelled.setdefault(self.token(t), lp)
-            out["top_logprobs"].append(None if entry is None else spelled)
+            out["top_logprobs"].append(None if entry is None else self.spelled(top))
+        return out
+
+    def spelled(self, top: list[tuple[int, float]]) -> dict[str, float]:
+        """`top_logprobs` keyed by text: of tokens that print alike (bytes of an unfinished
+        character all print as U+FFFD), the likeliest one's value. Then the largest value is the
+        position's most likely token's, and "the chosen token's logprob equals the largest value"
+        (lm_eval's is_greedy) holds exactly when the chosen token was the most likely."""
+        out: dict[str, float] = {}
+        for token_id, logprob in top:
+            text = self.token(token_id)
+            out[text] = max(logprob, out.get(text, logprob))
         return out
 
     def chat(self, token_ids: list[int], entries: list, k: int) -> dict:

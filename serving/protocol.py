@@ -34,7 +34,13 @@ from . import sampling
 MAX_STOP_STRINGS = 64  # vLLM sets no limit; this one keeps the per-token stop-string check cheap
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 1024  # each is a set member in the engine; the bound keeps a request's size sane
-MAX_CHOICES = 128  # prompts x n in one request (OpenAI's n is at most 128)
+# Prompts x n in one request. The engine needs no cap (a request's choices enter it --max-n at
+# a time); this one bounds the front end's work for one request, which every other client's
+# stream waits on (one process and one GIL, even when a large body is parsed on a worker
+# thread): 10-15 us and 1.1 KB a choice to parse and track, so 2048 choices cost ~25 ms and 2 MB,
+# where a 1 MiB body of 200,000 one-token prompts took 2-3 s and 214 MB (docs/serving.md,
+# "Batch clients"). lm_eval --batch_size 256 sends 256 prompts.
+MAX_CHOICES = 2048
 
 
 class APIError(Exception):
@@ -66,15 +72,15 @@ def model_not_found(name: object) -> APIError:
 class ServedModel:
     """What the front end knows of what it serves: the module (whose Request and checks the engine
     uses), the model's config, the tokenizer, the names clients may use (the first is the one
-    answered with), the largest `n` of one request, the extra_args fields the engine's processors
-    apply, and whether the prefix cache is on (then the samples of `n` share the prompt's blocks)."""
+    answered with), the largest `n` of one request, and whether the prefix cache is on (then the
+    samples of `n` share the prompt's blocks). The engine applies every field of
+    `sampling.EXTRA_ARGS`: the server installs the processors it lacks."""
 
     lab: ModuleType
     config: object
     tokenizer: object
     names: tuple[str, ...]
     max_n: int
-    extra_fields: frozenset[str] = frozenset(sampling.EXTRA_ARGS)
     prefix_caching: bool = False
 
     @property
@@ -338,8 +344,7 @@ def _stop_token_ids(fields: Fields) -> list[int]:
 def _extra_args(served: ServedModel, fields: Fields, max_tokens: int, logprobs: int | None,
                 prompt_logprobs: int | None, params: dict) -> dict | None:
     """The fields the engine's logits processors apply, in their JSON shapes, as the request's
-    `SamplingParams.extra_args`; their ranges are `sampling.EXTRA_ARGS`'s. A field the engine has no
-    processor for is refused unless it asks for nothing."""
+    `SamplingParams.extra_args`; their ranges are `sampling.EXTRA_ARGS`'s."""
     f = fields
     values = {name: f.number(name, None) for name in ("presence_penalty", "frequency_penalty",
                                                       "repetition_penalty", "min_p")}
@@ -354,11 +359,6 @@ def _extra_args(served: ServedModel, fields: Fields, max_tokens: int, logprobs: 
         args = sampling.extra_args(served.lab, values, served.config.vocab_size, max(max_tokens, 1))
     except ValueError as exc:
         raise field_error(str(exc), exc.argument, params.get(exc.argument, exc.argument)) from None
-    for name in args or ():
-        if name not in served.extra_fields:
-            param = params.get(name, name)
-            raise APIError(f"{param} is not supported by this server's engine (it was built without the "
-                           f"logits processor for it: serving.sampling.logits_processors)", param=param)
     return args
 
 

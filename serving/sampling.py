@@ -171,9 +171,19 @@ def logits_processors(eos_token_id: int | None = None) -> list:
     return [Logprobs(), MinTokens(eos_token_id), LogitBias(), Penalties(), MinP()]
 
 
-def supported_fields(engine) -> set[str]:
-    """The extra_args fields the engine's processors apply (prompt logprobs need none)."""
-    return {"prompt_logprobs"} | {f for p in engine.logits_processors for f in getattr(p, "fields", ())}
+def with_api_processors(processors, eos_token_id: int | None = None) -> list:
+    """An engine's `processors` completed with what the API needs: each of `logits_processors`
+    that is missing is added, in that list's order (Logprobs first, so that it keeps the raw row),
+    ahead of the engine's own others; a processor of those kinds that the engine already has is
+    kept. Nothing missing: the list unchanged. `start_server` installs this in the engine it is
+    handed, so that every engine serves the whole API."""
+    processors = list(processors)
+    kinds = {type(p) for p in logits_processors()}
+    have = {type(p): p for p in processors if type(p) in kinds}
+    if len(have) == len(kinds):
+        return processors
+    return [have.get(type(p), p) for p in logits_processors(eos_token_id)] + [p for p in processors
+                                                                               if type(p) not in kinds]
 
 
 def logprobs_of(engine) -> Logprobs | None:

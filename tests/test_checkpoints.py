@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,9 +24,11 @@ from tests.support import (
     CKPT_TINY,
     HAND_MERGES,
     HAND_VOCAB,
+    HTTP_TIMEOUT,
     complete,
     greedy_reference,
     http_call,
+    reraise_stub,
     write_tokenizer,
 )
 
@@ -329,6 +336,34 @@ def test_a_served_checkpoint_speaks_text_through_its_own_tokenizer(tmp_path):
     [choice] = body["choices"]
     assert choice["token_ids"] == greedy_reference(model, prompt, 6), "the served tokens are greedy decoding"
     assert choice["text"] == tokenizer.decode(choice["token_ids"]), "the text is the tokens decoded by the BPE"
+
+
+@pytest.mark.needs(5)
+def test_serve_model_dir_answers_to_the_directorys_name_and_to_the_model_string(tmp_path):
+    save_tiny_text_checkpoint(tmp_path / "tiny-gpt2")
+    given = f"{tmp_path / 'tiny-gpt2'}/"  # as typed, trailing slash and all: vLLM's name for the model
+    proc = subprocess.Popen([sys.executable, lab.__file__, "serve", "--model", given, "--port", "0",
+                             "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # "serving NAMES at URL ...", or nothing if it failed (bounded by --duration)
+        address = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        if address is None:
+            proc.kill()
+            reraise_stub(proc.stderr.read())
+            raise AssertionError(f"serve --model did not start: {line!r}")
+        srv = SimpleNamespace(port=int(address.group(1)))
+        statuses = {name: http_call(srv, "POST", "/v1/completions", json.dumps(
+            {"model": name, "prompt": "low", "max_tokens": 1, "temperature": 0}))[0] for name in ("tiny-gpt2", given)}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(HTTP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert statuses == {"tiny-gpt2": 200, given: 200}, (
+        f"serve --model DIR answers to the directory's name and to the --model string as given (vLLM names "
+        f"the model by it): {statuses}")
 
 
 @pytest.mark.needs(5)

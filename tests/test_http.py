@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import socket
+import subprocess
 import threading
 import time
 
@@ -251,3 +253,196 @@ def test_rule7_a_request_cut_off_by_shutdown_gets_a_503(engine_model):
     assert reply.startswith(b"HTTP/1.1 503"), (
         f"rule 7: a request whose body was still arriving when the server shut down is owed an answer (503), "
         f"not a silent close: {reply[:80]!r}")
+
+
+# --- chunked request bodies (RFC 9112 §7.1) ----------------------------------------------
+
+
+ECHO_BODY = b'{"prompt": [1, 2, 3], "max_tokens": 0, "echo": true}'  # answered without the engine
+
+
+@pytest.mark.provided
+def test_rule7_a_chunked_body_from_http_client_is_read(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    try:  # an iterable body and no Content-Length: http.client sends Transfer-Encoding: chunked
+        conn.request("POST", "/v1/completions", iter([ECHO_BODY[:10], ECHO_BODY[10:30], ECHO_BODY[30:]]),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    assert resp.status == 200 and json.loads(data)["usage"]["prompt_tokens"] == 3, (
+        f"rule 7: a chunked request body (RFC 9112: a recipient must parse it) is read whole: HTTP {resp.status} "
+        f"{data[:200]!r}")
+
+
+@pytest.mark.provided
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_rule7_curl_uploading_from_stdin_sends_a_chunked_body_that_is_read(server):
+    proc = subprocess.run(["curl", "-sS", "--max-time", str(HTTP_TIMEOUT), "-T", "-", "-X", "POST",
+                           "-H", "Content-Type: application/json", "-w", "\\n%{http_code}",
+                           f"http://127.0.0.1:{server.port}/v1/completions"],
+                          input=ECHO_BODY, capture_output=True, timeout=2 * HTTP_TIMEOUT)
+    body, _, code = proc.stdout.rpartition(b"\n")
+    assert code == b"200" and json.loads(body)["usage"]["prompt_tokens"] == 3, (
+        f"rule 7: curl -T - sends its body chunked (its size is unknown): it must be read; got {code!r} "
+        f"{proc.stdout[:200]!r} {proc.stderr[:200]!r}")
+
+
+@pytest.mark.provided
+def test_rule8_a_chunked_body_over_the_limit_is_a_400_that_the_client_receives(server):
+    piece = b" " * (http_server.MAX_BODY_BYTES // 2)  # JSON whitespace: three of them pass the limit
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    try:
+        conn.request("POST", "/v1/completions", iter([piece, piece, piece, ECHO_BODY]))
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    assert resp.status == 400 and b"limit" in data, (
+        f"rule 8: a chunked body past MAX_BODY_BYTES is refused as a Content-Length past it is, and the client, "
+        f"still sending, gets the 400 (no reset): HTTP {resp.status} {data[:200]!r}")
+
+
+CHUNKED_FRAMING_ERRORS = [  # (what follows the head, the status)
+    (b"zz\r\nab\r\n0\r\n\r\n", 400),  # a size that is not hex
+    (b"%x\r\n%s \r\n0\r\n\r\n" % (len(ECHO_BODY), ECHO_BODY), 400),  # data past its size: no CRLF after it
+    (b"%x\r\n" % (2 << 20), 400),  # one chunk over the limit, refused from its size line
+]
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("rest, status", CHUNKED_FRAMING_ERRORS, ids=["size-not-hex", "no-crlf", "over-limit"])
+def test_rule8_a_malformed_chunked_body_is_answered_at_once(server, rest, status):
+    start = time.monotonic()
+    reply = raw_exchange(server, b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + rest)
+    assert reply.startswith(b"HTTP/1.1 %d" % status) and time.monotonic() - start < HTTP_TIMEOUT / 2, (
+        f"rule 8: a chunked body that cannot be read ({rest[:20]!r}) is a {status} at once, then the close: "
+        f"{reply[:120]!r}")
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("headers, status", [(b"Transfer-Encoding: gzip, chunked\r\n", 501),
+                                             (b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", 400)],
+                         ids=["gzip", "with-content-length"])
+def test_rule8_a_transfer_coding_other_than_chunked_alone_is_refused(server, headers, status):
+    reply = raw_exchange(server, b"POST /v1/completions HTTP/1.1\r\n" + headers + b"\r\n5\r\nhello\r\n0\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 %d" % status), (
+        f"rule 8: only a chunked body alone is read (RFC 9112 §6: another coding is a 501; with Content-Length "
+        f"too, a 400, as a smuggling risk): {reply[:120]!r}")
+
+
+# --- no silent closes ------------------------------------------------------------------------
+
+
+def read_to_close(sock: socket.socket) -> bytes:
+    """Everything until the server's end of stream (bounded by the socket's timeout and a count)."""
+    reply = b""
+    for _ in range(1000):
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            return reply + b"<reset>"
+        if not data:
+            return reply
+        reply += data
+    raise AssertionError("the server did not close the connection")
+
+
+@pytest.mark.provided
+def test_rule7_a_connection_that_sends_only_blank_lines_gets_a_408_at_the_deadline(engine_model, monkeypatch):
+    monkeypatch.setattr(http_server, "READ_TIMEOUT_S", 0.5)  # before the front end starts (and forks)
+    with serving.start_server(api_engine(engine_model)) as srv, socket.create_connection(
+            ("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(b"\r\n\r\n\r\n")
+        start = time.monotonic()
+        reply = read_to_close(sock)
+    assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - start < HTTP_TIMEOUT / 2, (
+        f"rule 7: a connection that sent bytes (blank lines) and no whole request by the deadline gets a 408 "
+        f"(RFC 9110 §15.5.9), not a silent close: {reply[:120]!r}")
+
+
+@pytest.mark.provided
+def test_rule7_a_body_that_stops_arriving_gets_a_408_at_the_deadline(engine_model, monkeypatch):
+    monkeypatch.setattr(http_server, "READ_TIMEOUT_S", 0.5)
+    with serving.start_server(api_engine(engine_model)) as srv, socket.create_connection(
+            ("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n" + b'{"prompt": [1')
+        reply = read_to_close(sock)
+    assert reply.startswith(b"HTTP/1.1 408"), f"rule 7: a body cut short by silence gets a 408: {reply[:120]!r}"
+
+
+@pytest.mark.provided
+def test_rule8_megabytes_of_blank_lines_get_a_400_once_past_the_head_limit(engine_model, monkeypatch):
+    monkeypatch.setattr(http_server, "READ_TIMEOUT_S", 3.0)  # without the bound, the deadline ends it
+    with serving.start_server(api_engine(engine_model)) as srv, socket.create_connection(
+            ("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
+        try:
+            sock.sendall(b"\r\n" * (1 << 20))  # 2 MB
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server stopped reading: the reply (or its absence) tells
+        start = time.monotonic()
+        reply = read_to_close(sock)
+    assert reply.startswith(b"HTTP/1.1 400") and b"blank lines" in reply and time.monotonic() - start < 2.0, (
+        f"rule 8: blank lines count toward the head's limit: past it they get a 400 at once, and the client "
+        f"still sending receives it (no reset): {reply[:160]!r}")
+
+
+@pytest.mark.provided
+def test_rule7_a_head_cut_short_by_the_clients_end_of_stream_gets_a_400(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Le")
+        sock.shutdown(socket.SHUT_WR)
+        reply = read_to_close(sock)
+    assert reply.startswith(b"HTTP/1.1 400"), (
+        f"rule 7: a request cut short by the client's end of stream is answered (a 400), not dropped: {reply[:120]!r}")
+
+
+def slow_engine(model, delay: float = 0.02):
+    """An API engine whose every step takes `delay` more seconds (the client's moves come first)."""
+    engine = api_engine(model)
+    step = engine.step
+
+    def slow_step():
+        time.sleep(delay)
+        return step()
+
+    engine.step = slow_step
+    return engine
+
+
+@pytest.mark.needs(5)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_rule7_a_request_sent_whole_before_a_half_close_is_answered_in_full(engine_model, stream):
+    body = json.dumps({"prompt": [3, 4, 5], "max_tokens": 6, "temperature": 0, "stream": stream}).encode()
+    with serving.start_server(slow_engine(engine_model)) as srv, socket.create_connection(
+            ("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock.shutdown(socket.SHUT_WR)  # as some load tools do once the request is out
+        reply = read_to_close(sock)
+    reraise_stub(reply.decode(errors="replace"))
+    head, _, rest = reply.partition(b"\r\n\r\n")
+    done = rest.rstrip().endswith(b"0") and b"data: [DONE]" in rest if stream else rest.endswith(b"}")
+    assert head.startswith(b"HTTP/1.1 200") and done, (
+        f"rule 7: an end of stream after a whole request is a half-close, not a disconnect: the client still "
+        f"reads, and is owed the whole answer: {reply[:160]!r} ... {reply[-80:]!r}")
+
+
+@pytest.mark.provided
+def test_rule7_after_an_error_the_server_reads_what_the_client_still_sends_before_it_closes(server):
+    # RFC 9112 §9.6: a server that closes at once resets a client still sending, and the reset can
+    # destroy the response on its way. The server shuts its side for writing, then reads on.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (2 * http_server.MAX_BODY_BYTES))
+        reply = read_to_close(sock)  # the 400, refused from the Content-Length, then the server's end of stream
+        errors = []
+        for _ in range(3):  # the rest of the body the client was sending
+            try:
+                sock.sendall(b"x" * 65536)
+            except OSError as exc:
+                errors.append(exc)
+                break
+            time.sleep(0.05)
+    assert reply.startswith(b"HTTP/1.1 400") and not errors, (
+        f"rule 7: after its error the server half-closes and reads on (a graceful close), so a client still "
+        f"sending is not reset: {reply[:80]!r}, then {errors}")

@@ -69,19 +69,12 @@ ENGINE_VALUES = {"logit_bias": {3: 5.0}}  # as the engine gets it: token ids as 
 
 @pytest.mark.provided
 @pytest.mark.parametrize("field, value", ENGINE_FIELDS, ids=[f for f, _ in ENGINE_FIELDS])
-def test_rule1_a_sampling_field_reaches_the_engine_or_is_refused_naming_it(engine_model, field, value):
+def test_rule1_a_sampling_field_reaches_the_engine(engine_model, field, value):
     body = json.dumps({"prompt": [1, 2], "max_tokens": 4, field: value}).encode()
     gen = protocol.parse_completion_request(served_model(engine_model.config, ByteTokenizer(64)), body)
     sampling = gen.requests[0].sampling
     got = getattr(sampling, field) if field in ("top_p", "top_k") else (sampling.extra_args or {}).get(field)
     assert got == ENGINE_VALUES.get(field, value), f"rule 1: {field}={value!r} must reach the engine; got {got!r}"
-    if field in ("top_p", "top_k"):
-        return  # the chapter's own sampler applies these
-    without = served_model(engine_model.config, ByteTokenizer(64), extra_fields=frozenset())
-    with pytest.raises(protocol.APIError) as error:
-        protocol.parse_completion_request(without, body)
-    assert error.value.param == field and error.value.status == 400, (
-        f"rule 1: an engine built without the logits processor for {field} must refuse it, naming it")
 
 
 OUT_OF_RANGE = [("top_p", 0), ("top_p", 1.5), ("top_k", -2), ("min_p", 2), ("presence_penalty", 3),
@@ -549,3 +542,21 @@ def test_tokenizer_info_describes_the_tokenizer_under_hugging_faces_names(server
     info = json.loads(data)
     assert status == 200 and info["tokenizer_class"] == "ByteTokenizer" and info["model_max_length"] == 128
     assert info["eos_token"] is None and info["vocab_size"] == 64, info
+
+
+@pytest.mark.needs(5)
+def test_a_batch_of_256_prompts_is_served_as_lm_eval_sends_it(byte_server):
+    # lm_eval --batch_size 256, loglikelihood: 256 prompts in one request, echo, max_tokens 1, logprobs 1
+    prompts = [[65 + i % 26, 97 + i % 7, 32] for i in range(256)]
+    body = complete(byte_server, prompt=prompts, max_tokens=1, temperature=0, echo=True, logprobs=1)
+    choices = sorted(body["choices"], key=lambda c: c["index"])
+    assert [c["index"] for c in choices] == list(range(256)) and all(
+        len(c["logprobs"]["token_logprobs"]) == 4 for c in choices), (
+        "a request of 256 prompts (lm_eval --batch_size 256) gets one choice per prompt, each with its logprobs")
+
+
+@pytest.mark.provided
+def test_more_prompts_than_the_choice_cap_is_a_400_naming_prompt(server):
+    status, error = error_of(server, "/v1/completions", {"prompt": [[1]] * (protocol.MAX_CHOICES + 1)})
+    assert status == 400 and error["param"] == "prompt" and str(protocol.MAX_CHOICES) in error["message"], (
+        f"one request's choices are capped (the front end's work for it holds up every other client): {error}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -168,14 +169,30 @@ def test_chat_logprobs_without_top_logprobs_give_each_tokens_own(byte_server):
 
 
 @pytest.mark.needs(5)
-def test_top_logprobs_keep_the_chosen_tokens_value_when_tokens_are_spelled_alike(byte_server):
-    # In a byte vocabulary every byte >= 0x80 alone is spelled U+FFFD: keyed by spelling, a likelier
-    # or less likely token spelled alike must not overwrite the chosen one's logprob.
-    body = complete(byte_server, prompt="Hello", max_tokens=12, temperature=3.0, seed=5, logprobs=5)
-    logprobs = body["choices"][0]["logprobs"]
-    for token, value, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]):
-        assert top[token] == value, (
-            f"top_logprobs must hold the chosen token {token!r} with its own logprob {value}, got {top[token]}")
+def test_top_logprobs_keyed_by_text_keep_the_likeliest_of_tokens_spelled_alike(byte_server):
+    # lm_eval's loglikelihood request (echo, max_tokens 1, logprobs 1, temperature 0) on a prompt of
+    # bytes >= 0x80, which each print as U+FFFD; its is_greedy at a position is "the token's logprob
+    # equals the largest value in top_logprobs". The same request with return_tokens_as_token_ids keys
+    # each token by its id, which no two tokens share: the truth to compare with.
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0x80, 0x100, 24)]
+    fields = dict(prompt=prompt, max_tokens=1, temperature=0, echo=True, logprobs=1)
+    by_text = complete(byte_server, **fields)["choices"][0]["logprobs"]
+    by_id = complete(byte_server, **fields, return_tokens_as_token_ids=True)["choices"][0]["logprobs"]
+    tokenizer, alike_and_likelier = ByteTokenizer(256), 0
+    for i in range(1, len(prompt) + 1):  # the first prompt token has no logprobs
+        top = {int(key.removeprefix("token_id:")): value for key, value in by_id["top_logprobs"][i].items()}
+        spelled = {}
+        for token_id, value in top.items():
+            text = tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+            spelled[text] = max(value, spelled.get(text, value))
+        assert by_text["top_logprobs"][i] == spelled, (
+            f"position {i}: of tokens that print alike, top_logprobs keeps the likeliest one's value: "
+            f"{by_text['top_logprobs'][i]}, the tokens' own {top}")
+        greedy = by_id["token_logprobs"][i] == max(top.values())
+        assert (by_text["token_logprobs"][i] == max(by_text["top_logprobs"][i].values())) == greedy, (
+            f"position {i}: lm_eval's is_greedy read from top_logprobs must be {greedy}, as the token ids say")
+        alike_and_likelier += not greedy and len(spelled) < len(top)
+    assert alike_and_likelier, "the prompt must hold a token that prints like a likelier one (else nothing is tested)"
 
 
 @pytest.mark.provided

@@ -16,7 +16,7 @@ import pytest
 
 import serving
 from conftest import lab
-from serving import api_server, protocol
+from serving import api_server, protocol, sampling
 from tests.support import (
     HTTP_TIMEOUT,
     at_once,
@@ -403,3 +403,35 @@ def test_the_front_ends_commands_never_block_its_loop_and_arrive_in_order():
         loop.close()
         reader.close()
         writer.close()
+
+
+class Doubler:
+    """A logits processor of the caller's own: it must stay, after the API's."""
+
+    def __call__(self, seq, logits):
+        return logits * 2
+
+
+@pytest.mark.needs(5)
+@pytest.mark.parametrize("own", [[], [sampling.LogitBias()], [Doubler()]], ids=["none", "logit-bias-only", "own"])
+def test_an_engine_built_without_the_apis_processors_serves_the_whole_api(engine_model, own):
+    # Each field moves the greedy path or the answer; doubling the logits moves neither (at T = 0, and
+    # logprobs are the raw row's), so every engine must answer exactly as one built with all of them.
+    fields = dict(prompt=[3, 4], max_tokens=8, temperature=0, logprobs=2, min_tokens=6, presence_penalty=2,
+                  frequency_penalty=2, repetition_penalty=3, min_p=0.5, logit_bias={"7": 3}, return_token_ids=True)
+    answers = {}
+    for name, processors in (("reference", sampling.logits_processors()), ("engine", own)):
+        engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4, logits_processors=processors)
+        with serving.start_server(engine) as srv:
+            status, _, data = http_call(srv, "POST", "/v1/completions", json.dumps(fields))
+            assert status == 200, (
+                f"start_server serves the whole API whatever the engine was built with (it installs the logits "
+                f"processors the engine lacks); got HTTP {status} {data[:200]!r}")
+            if name == "reference":
+                plain = complete(srv, **{k: fields[k] for k in ("prompt", "max_tokens", "temperature",
+                                                                  "return_token_ids")})["choices"][0]
+        answers[name] = {k: json.loads(data)["choices"][0][k] for k in ("token_ids", "logprobs")}
+    assert answers["reference"]["token_ids"] != plain["token_ids"], "the fields must change the greedy path here"
+    assert answers["engine"] == answers["reference"], (
+        f"an engine handed over without the API's processors answers as one built with them: {answers}")
+    assert engine.logits_processors == own, "close() gives the engine its own processors back"
