@@ -424,11 +424,11 @@ def build_request(served: ServedModel, fields: Fields, kind: str, model: str, re
     # Every field is read by now: what no one read is in no table.
     ignored = sorted(set(f.payload) - f.read) + sorted(f"stream_options.{k}" for k in set(opts.payload) - opts.read)
     return GenerateRequest(
-        kind, model, response_id, prompts, list(texts), requests, n, stream, include_usage, continuous_usage,
-        obfuscation, stop, frozenset(engine_stops), eos, (args or {}).get("min_tokens", 0),
-        flags["include_stop_str_in_output"], flags["skip_special_tokens"], echo, logprobs, prompt_logprobs,
-        flags["return_token_ids"],
-        flags["return_tokens_as_token_ids"], params, tuple(ignored))
+        kind=kind, model=model, response_id=response_id, prompts=prompts, prompt_texts=list(texts),
+        requests=requests, n=n, stream=stream, include_usage=include_usage, continuous_usage=continuous_usage,
+        include_obfuscation=obfuscation, stop=stop, stop_token_ids=frozenset(engine_stops), eos_token_id=eos,
+        min_tokens=(args or {}).get("min_tokens", 0), echo=echo, logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs, params=params, ignored=tuple(ignored), **flags)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
