@@ -17,8 +17,6 @@ from types import ModuleType
 
 import numpy as np
 
-from serving.sampling import logits_processors
-
 from .model_loader import load_gpt2
 from .tokenizer import GPT2Tokenizer
 
@@ -30,14 +28,14 @@ DEFAULT_PROMPT = ("The city council met on Tuesday to discuss the new budget. Af
 def checkpoint_engine(lab: ModuleType, model_dir: str | os.PathLike, max_num_seqs: int = 4,
                       **engine_kwargs) -> tuple[object, GPT2Tokenizer]:
     """`(lab.LLMEngine, tokenizer)` for a checkpoint, its KV-cache sized for `max_num_seqs`
-    sequences of the model's full length (n_positions = the server's max_model_len), with the
-    API's logits processors (`sampling.logits_processors`: min_tokens holds `<|endoftext|>` back).
+    sequences of the model's full length (n_positions = the server's max_model_len). The server
+    installs the API's logits processors with the tokenizer's `<|endoftext|>` (min_tokens holds
+    it back) when it is handed the engine.
 
     GPT-2 124M holds 73.7 KB of float32 K/V per token (2 x 12 layers x 768), so the default 4 x
     1024 tokens take 302 MB; the engine's own default of 64 sequences would take 4.8 GB.
     """
     model, tokenizer = load_gpt2(lab, model_dir)
-    engine_kwargs.setdefault("logits_processors", logits_processors(tokenizer.eos_token_id))
     return lab.LLMEngine(model, max_num_seqs=max_num_seqs, **engine_kwargs), tokenizer
 
 

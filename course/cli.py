@@ -18,7 +18,6 @@ from checkpoints.commands import checkpoint_engine, generate_text, speculate_che
 from loadtest.benchmark_serving import loadtest, server_model_card
 from loadtest.datasets import LOAD_WORKLOADS
 from serving.api_server import serve
-from serving.sampling import logits_processors
 
 from .hints import LEVELS, HintsError, show_hint
 from .quiz import QuizError, run_quiz
@@ -276,7 +275,7 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
                 model = lab.ToyTransformer(lab.ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}),
                                            seed=args.seed)
                 engine = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs or 64,
-                                       logits_processors=logits_processors(), **options)
+                                       **options)
                 tokenizer, names = None, args.served_model_name
             # Garbled text is what random weights write: say so before a client sees it.
             note = None if args.model else (f"the model's weights are random (--seed {args.seed}), so its text is "

@@ -187,6 +187,9 @@ def test_imports_run_one_way_the_course_above_the_server_load_and_checkpoints():
                 f"{package}/{path.name} imports the course: the course stands above {package}/, never below it")
     for path in sorted((ROOT / "serving").glob("*.py")):
         assert "loadtest" not in imported_packages(path), f"serving/{path.name} imports the load generator"
+    for path in sorted((ROOT / "checkpoints").glob("*.py")):
+        assert not imported_packages(path) & {"serving", "loadtest"}, (
+            f"checkpoints/{path.name} imports the server or the load generator: a checkpoint stands below both")
 
 
 @pytest.mark.provided
