@@ -8,12 +8,12 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
 
    section                                     lines        what it holds
    0. Conventions                              41-95        checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          96-328       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   329-922      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      923-1567     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1568-1847    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1848-2151    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2152-2175    the list of exercises, and `__main__`
+   1. Paged KV-cache (PagedAttention)          96-342       blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   343-910      a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      911-1573     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1574-1853    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1854-2157    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2158-2181    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
@@ -127,8 +127,7 @@ def chained_block_hashes(token_ids: Sequence[int], block_size: int, cache_salt: 
     """The chained hashes of every FULL block of `token_ids`, in order."""
     hashes: list[int] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hashes[-1] if hashes else None
-        hashes.append(hash_block(parent, token_ids[start : start + block_size], cache_salt))
+        hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[start : start + block_size], cache_salt))
     return hashes
 
 
@@ -266,6 +265,18 @@ class BlockTable:
     def _is_shared(self, block_id: int) -> bool:
         return self.allocator.ref_count(block_id) > 1 or self.allocator.is_cached(block_id)
 
+    def _full_block_hashes(self, token_ids: Sequence[int], num_tokens: int, block_hashes) -> list[int]:
+        """The chained hashes of the full blocks among the first `num_tokens` of `token_ids`: the
+        caller's `block_hashes` (a sequence keeps its own, as vLLM's Request does), else computed."""
+        n, size = num_tokens // self.block_size, self.block_size
+        if not self.allocator.enable_prefix_caching:
+            return []  # nothing is looked up or registered
+        elif block_hashes is None:
+            return chained_block_hashes(token_ids[: n * size], size, self.cache_salt)
+        if len(block_hashes) < n:
+            raise ValueError(f"block_hashes has {len(block_hashes)} hashes, {num_tokens} tokens fill {n} blocks")
+        return list(block_hashes[:n])
+
     def append_tokens(self, token_ids: Sequence[int]) -> list[tuple[int, int]]:
         """Append tokens; a block is allocated only when the last one is full. Returns the
         copy-on-write pairs `(src, dst)` the caller must copy before writing (at most one). Registers
@@ -273,11 +284,11 @@ class BlockTable:
         token_ids = check_token_ids("token_ids", token_ids)
         raise NotImplementedError("Exercise 2: BlockTable.append_tokens")
 
-    def allocate_prompt(self, token_ids: Sequence[int]) -> int:
+    def allocate_prompt(self, token_ids: Sequence[int], block_hashes: Sequence[int] | None = None) -> int:
         """Fill an empty table with a prompt (or its first chunk), reusing the blocks of
-        `allocator.cached_prefix(hashes of its full blocks, len(token_ids))`; the rest get fresh blocks,
-        and nothing new is registered. Returns how many leading tokens already have K/V (the reused
-        blocks' tokens).
+        `allocator.cached_prefix(hashes, len(token_ids))`; the rest get fresh blocks, and nothing new is
+        registered. Returns how many leading tokens already have K/V (the reused blocks' tokens).
+        (`hashes`, of its full blocks, is provided: the caller's `block_hashes`, or computed.)
 
         Reused blocks are taken with `allocator.lookup`; when a full block follows the reused run, one
         more `lookup` asks for it (a miss), unless the run stopped short because it covered the whole
@@ -287,15 +298,18 @@ class BlockTable:
         if self.block_ids:
             raise ValueError("allocate_prompt needs an empty table; use append_tokens to extend one")
         token_ids = check_token_ids("token_ids", token_ids)
+        hashes = self._full_block_hashes(token_ids, len(token_ids), block_hashes)
         raise NotImplementedError("Exercise 3: BlockTable.allocate_prompt")
 
-    def cache_full_blocks(self, num_computed_tokens: int) -> None:
+    def cache_full_blocks(self, num_computed_tokens: int, block_hashes: Sequence[int] | None = None) -> None:
         """Make every full block among the first `num_computed_tokens` tokens that is not registered
-        yet findable, in order, under its chained hash (with the table's salt); their K/V is written
-        now. A no-op without prefix caching. (Checked before your code: an int in 0..num_tokens.)"""
+        yet findable, in order, under its chained hash `hashes[i]` (provided, as in `allocate_prompt`);
+        their K/V is written now. A no-op without prefix caching. (Checked before your code: an int in
+        0..num_tokens.)"""
         check_int("num_computed_tokens", num_computed_tokens, 0)
         if num_computed_tokens > self.num_tokens:
             raise ValueError(f"num_computed_tokens = {num_computed_tokens} but the table holds {self.num_tokens}")
+        hashes = self._full_block_hashes(self.token_ids, num_computed_tokens, block_hashes)
         raise NotImplementedError("Exercise 3: BlockTable.cache_full_blocks")
 
     def fork(self) -> BlockTable:
@@ -399,34 +413,17 @@ def init_gpt2_weights(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarra
 
 
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
-    # x.mean and x.var give the same float32 values, but through Python-level helpers that
-    # cost more than the arithmetic on a decode step's few rows (two calls a layer, one more a step).
-    # The last three steps reuse `out`: a prefill chunk's fresh (T, C) temporaries cost more
-    # than the arithmetic on them.
-    n = x.shape[-1]
-    centred = x - x.sum(axis=-1, keepdims=True) / n
-    var = np.square(centred).sum(axis=-1, keepdims=True) / n
-    out = np.divide(centred, np.sqrt(var + eps), out=centred)
-    out *= weight
-    out += bias
-    return out
+    """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * weight + bias, (T, C) -> (T, C)."""
+    # Mean and variance as sums: x.mean and x.var cost more than the arithmetic on a decode's few rows.
+    centred = x - x.sum(axis=-1, keepdims=True) / x.shape[-1]
+    var = np.square(centred).sum(axis=-1, keepdims=True) / x.shape[-1]
+    return centred / np.sqrt(var + eps) * weight + bias
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    # GPT-2's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), written
-    # as x / (1 + exp(-2u)), the same function: NumPy's float32 exp is faster than its tanh, and
-    # the form has no 1 + tanh(u) to cancel for negative x. One array, updated in place; exp
-    # overflows to inf for x below about -10, where x / inf = -0 is the right answer.
-    # Python-float constants keep float32 arrays float32.
-    t = np.multiply(x, 0.044715)
-    t *= x
-    t *= x
-    t += x
-    t *= -2 * 0.7978845608028654
-    with np.errstate(over="ignore"):
-        np.exp(t, out=t)
-    t += 1.0
-    return np.divide(x, t, out=t)
+    """GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    # x * x * x, not x**3: NumPy's float32 power is a pow() call per element, ~20x slower.
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
@@ -725,10 +722,7 @@ def _checked_gpt2_weights(config: ModelConfig, weights: dict[str, np.ndarray]) -
         value = np.asarray(value)
         if value.shape != expected[key]:
             raise ValueError(f"weight {name!r} has shape {value.shape}, expected {expected[key]}")
-        # wte in column-major order, so that the tied LM head's wte.T is a row-major (n_embd, vocab)
-        # matrix, the (in, out) layout of every other weight: OpenBLAS multiplies a few rows by
-        # it 1.6-1.8x faster than by the transpose of a row-major wte. It is the one copy of
-        # wte (no second one to go stale); the embedding's few rows per step read it strided.
+        # wte column-major: the tied head's wte.T is then (in, out) row-major, 1.6-1.8x faster in BLAS.
         found[key] = np.asarray(value, dtype=np.float32, order="F" if key == "wte.weight" else "C")
     missing = sorted(set(expected) - set(found))
     if missing:
@@ -774,30 +768,23 @@ class ToyTransformer:
         return _layer_norm(x, layer[f"{name}.weight"], layer[f"{name}.bias"], self.config.layer_norm_epsilon)
 
     def _qkv(self, x: np.ndarray, layer: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(T, C) -> q, k, v each (T, H, D)."""
-        qkv = self._ln(x, layer, "ln_1") @ layer["attn.c_attn.weight"]
-        qkv += layer["attn.c_attn.bias"]   # in place, as below: no second (T, 3C) array
+        """The block's first half, up to attention: q, k, v = split(LN_1(x) W_attn + b_attn)."""
         T, H, D = x.shape[0], self.config.n_head, self.config.head_dim
-        return tuple(qkv.reshape(T, 3, H, D).transpose(1, 0, 2, 3))
+        qkv = self._ln(x, layer, "ln_1") @ layer["attn.c_attn.weight"] + layer["attn.c_attn.bias"]  # (T, 3C)
+        return tuple(qkv.reshape(T, 3, H, D).transpose(1, 0, 2, 3))  # q, k, v: (T, H, D) each
 
     def _finish_layer(self, x: np.ndarray, attn: np.ndarray, layer: dict) -> np.ndarray:
-        """Residual adds around the attention output projection and the MLP."""
-        # Each sum lands in the product's own fresh array (x + y == y + x exactly in floats).
-        y = attn.reshape(x.shape) @ layer["attn.c_proj.weight"]
-        y += x
-        y += layer["attn.c_proj.bias"]
-        x = y
-        h = self._ln(x, layer, "ln_2") @ layer["mlp.c_fc.weight"]
-        h += layer["mlp.c_fc.bias"]
-        y = _gelu(h) @ layer["mlp.c_proj.weight"]
-        y += x
-        y += layer["mlp.c_proj.bias"]
-        return y
+        """The block's second half, given attention's output (T, H, D): two residual adds."""
+        x = x + attn.reshape(x.shape) @ layer["attn.c_proj.weight"] + layer["attn.c_proj.bias"]  # (T, C)
+        h = _gelu(self._ln(x, layer, "ln_2") @ layer["mlp.c_fc.weight"] + layer["mlp.c_fc.bias"])  # (T, 4C)
+        return x + h @ layer["mlp.c_proj.weight"] + layer["mlp.c_proj.bias"]  # (T, C)
 
     def _embed(self, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """x_0 = wte[token] + wpe[position]: (T,) ids -> (T, C)."""
         return self.weights["wte.weight"][token_ids] + self.weights["wpe.weight"][positions]
 
     def _logits(self, x: np.ndarray) -> np.ndarray:
+        """LN_f(x) wte^T, the LM head tied to the embedding: (T, C) -> (T, V)."""
         w = self.weights
         return _layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], self.config.layer_norm_epsilon) @ w["wte.weight"].T
 
@@ -814,11 +801,11 @@ class ToyTransformer:
         causal = np.tril(np.ones((T, T), dtype=bool))
         scale = np.float32(1.0 / math.sqrt(self.config.head_dim))
         for layer in self.layers:
-            q, k, v = self._qkv(x, layer)
-            scores = np.einsum("qhd,khd->hqk", q, k) * scale
-            probs = _softmax(np.where(causal, scores, -np.inf))
-            x = self._finish_layer(x, np.einsum("hqk,khd->qhd", probs, v), layer)
-        return self._logits(x)
+            q, k, v = self._qkv(x, layer)  # (T, H, D) each
+            scores = np.einsum("qhd,khd->hqk", q, k) * scale  # (H, T, T): q . k / sqrt(D)
+            probs = _softmax(np.where(causal, scores, -np.inf))  # query i attends to keys 0..i
+            x = self._finish_layer(x, np.einsum("hqk,khd->qhd", probs, v), layer)  # (T, C)
+        return self._logits(x)  # (T, V)
 
     # --- the serving path ------------------------------------------------------------
 
@@ -897,7 +884,8 @@ class _PagedBatch:
             if stop > table.num_tokens:
                 raise ValueError(f"cannot process positions {start}..{stop - 1} "
                                  f"of a sequence of {table.num_tokens} tokens")
-            tokens.append(table.token_ids[start:stop])
+            # A prompt from its start is read in place, not copied; later runs of tokens are short.
+            tokens.append(table.token_ids[start:stop] if start else itertools.islice(table.token_ids, stop))
             positions.append(np.arange(start, stop))
             if n == 1:  # a decode reads its past through the block table, in paged_attention
                 slots.append(table.slots(start, stop))
@@ -908,7 +896,7 @@ class _PagedBatch:
                 mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None]
                 self.prefills.append((slice(row, row + n), context_slots, mask))
             row += n
-        self.token_ids = np.concatenate(tokens).astype(np.int64)
+        self.token_ids = np.fromiter(itertools.chain.from_iterable(tokens), np.int64, count=row)
         _check_tokens(config, self.token_ids, max(p[-1] for p in positions) + 1)
         self.positions = np.concatenate(positions)
         self.slots = np.concatenate(slots)
@@ -1041,9 +1029,11 @@ class SequenceState:
 
     def __init__(self, request: Request, allocator: BlockAllocator):
         self.request = request
-        self.prompt_token_ids = [int(t) for t in request.prompt_token_ids]
+        prompt = request.prompt_token_ids  # the engine's boundary (check_request) copied it once
+        self.prompt_token_ids = prompt if type(prompt) is list else [int(t) for t in prompt]
         self.output_token_ids: list[int] = []
         self.block_table = BlockTable(allocator, request.cache_salt)
+        self._block_hashes: list[int] = []  # of its full blocks, each hashed once (`block_hashes`)
         self.num_computed_tokens = 0
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
@@ -1077,9 +1067,22 @@ class SequenceState:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     def token_ids_slice(self, start: int, stop: int) -> list[int]:
-        """all_token_ids[start:stop] without building the whole list (a step is O(new tokens))."""
+        """(prompt + outputs)[start:stop], without building that whole list (a step is O(new tokens))."""
         n = len(self.prompt_token_ids)
-        return self.prompt_token_ids[start:stop] + self.output_token_ids[max(start - n, 0) : max(stop - n, 0)]
+        if stop <= n:
+            return self.prompt_token_ids[start:stop]
+        return self.prompt_token_ids[start:stop] + self.output_token_ids[max(start - n, 0) : stop - n]
+
+    def block_hashes(self) -> list[int]:
+        """The chained hashes of its full blocks (prompt, then outputs), each block hashed once and
+        kept, as vLLM keeps them on the Request: admission and caching read these. None when the
+        pool has no prefix cache."""
+        table, hashes, size = self.block_table, self._block_hashes, self.block_table.block_size
+        while table.allocator.enable_prefix_caching and (len(hashes) + 1) * size <= self.num_tokens:
+            start = len(hashes) * size
+            hashes.append(hash_block(hashes[-1] if hashes else None, self.token_ids_slice(start, start + size),
+                                     table.cache_salt))
+        return hashes
 
     def check_stop(self) -> str | None:
         """The finish reason its latest output token gives: "stop" for a token of
@@ -1183,16 +1186,17 @@ class Scheduler:
     def _try_admit(self, seq: SequenceState, token_budget: int) -> int:
         """Give a waiting sequence its first blocks (cache hits included); the tokens it runs now,
         0 if the budget, the seats or the free blocks say wait."""
-        tokens = seq.all_token_ids  # prompt + output: a preempted sequence recomputes both
-        hashes = chained_block_hashes(tokens, self.allocator.block_size, seq.request.cache_salt)
-        num_cached = len(self.allocator.cached_prefix(hashes, len(tokens))) * self.allocator.block_size  # a peek
-        num_new = len(tokens) - num_cached
+        hashes = seq.block_hashes()  # prompt + output: a preempted sequence recomputes both
+        num_cached = len(self.allocator.cached_prefix(hashes, seq.num_tokens)) * self.allocator.block_size  # a peek
+        num_new = seq.num_tokens - num_cached
         if self.enable_chunked_prefill:
             num_new = min(num_new, token_budget)
         if not 0 < num_new <= token_budget or len(self.running) >= self.max_num_seqs:
             return 0
         try:
-            seq.num_computed_tokens = seq.block_table.allocate_prompt(tokens[: num_cached + num_new])
+            stop = num_cached + num_new  # the whole prompt goes as it is: allocate_prompt copies it for the table
+            tokens = seq.prompt_token_ids if stop == len(seq.prompt_token_ids) else seq.token_ids_slice(0, stop)
+            seq.num_computed_tokens = seq.block_table.allocate_prompt(tokens, hashes)
         except OutOfBlocksError:
             return 0
         return num_new
@@ -1331,10 +1335,11 @@ def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Ge
     return int(rng.choice(p.size, p=p))
 
 
-def check_request(request: Request, config: ModelConfig) -> None:
+def check_request(request: Request, config: ModelConfig) -> list[int]:
     """Every field of a request, checked before it is queued: an ArgumentError (a ValueError)
     whose `.argument` is the field at fault and whose message names the request; nothing else
-    is touched, so that nothing can fail later inside a step."""
+    is touched, so that nothing can fail later inside a step. Returns the prompt as a new list of
+    ints: the one copy the engine makes at its boundary, passed on from there."""
     rid, s = request.request_id, request.sampling
 
     def require(ok: bool, field: str, why: str) -> None:
@@ -1387,6 +1392,7 @@ def check_request(request: Request, config: ModelConfig) -> None:
             f"must be None or a dict, got {type(s.extra_args).__name__}")
     require(request.cache_salt is None or isinstance(request.cache_salt, str), "cache_salt",
             f"must be None or a str, got {type(request.cache_salt).__name__}")
+    return prompt
 
 
 # --- the engine: the scheduler driving the model --------------------------------------------
@@ -1454,7 +1460,7 @@ class LLMEngine:
                     next_id += 1
                 request = Request(str(next_id), prompt, SamplingParams() if params is None else params)
                 next_id += 1
-            check_request(request, self.model.config)
+            request = dataclasses.replace(request, prompt_token_ids=check_request(request, self.model.config))
             if request.request_id in taken:
                 raise ArgumentError("request_id", f"request id {request.request_id!r} is already in flight; "
                                                   "ids must be unique")
