@@ -1638,7 +1638,7 @@ def test_each_step_schedules_the_next_tokens_and_the_table_holds_exactly_the_com
         plan = scheduler.schedule()
         for seq in plan.scheduled:
             stop = seq.num_computed_tokens + plan.num_scheduled_tokens[seq.request_id]
-            assert seq.block_table.token_ids == seq.all_token_ids[:stop], rule(
+            assert seq.block_table.token_ids == seq.token_ids_slice(0, stop), rule(
                 5, f"request {seq.request_id}: after schedule its block table holds its first num_computed_tokens + "
                    f"scheduled = {stop} tokens (the next tokens, in order), it holds {seq.block_table.num_tokens}")
         scheduler.update(plan, {s.request_id: 1 for s in plan.scheduled if plan.completes(s)})

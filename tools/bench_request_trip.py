@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                                 check=True, capture_output=True, text=True).stdout
         path = Path(tempfile.mkdtemp()) / "solution_before.py"
         path.write_text(source)
-        modules = {f"{args.against}": load_module(path, "solution_before"), **modules}
-    print(f"one request of 150 tokens, blocks of 16: unpickled -> engine.add_request -> first step (its forward)")
+        modules = {args.against: load_module(path, "solution_before"), **modules}
+    print("one request of 150 tokens, blocks of 16: unpickled -> engine.add_request -> first step (its forward)")
     print(f"{'module':<22}{'prefix caching':>16}{'list/tuple copies':>19}{'hash_block calls':>18}")
     for name, module in modules.items():
         for caching in (False, True):
