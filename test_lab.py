@@ -2133,6 +2133,55 @@ def test_engine_asks_the_model_for_one_logits_row_per_sequence(tiny_model):
            "sampled, not on every token")
 
 
+def forked_run(engine_model, n=3, seed=7):
+    """A prompt of 10 tokens (two full blocks of 4 and half of a third) sampled n times by fork:
+    the engine, each step's copy-on-write pairs, and the block tables after the first step."""
+    engine = lab.LLMEngine(engine_model, block_size=4)
+    copies, schedule = [], engine.scheduler.schedule
+
+    def recording_schedule():
+        plan = schedule()
+        copies.append(list(plan.blocks_to_copy))
+        return plan
+
+    engine.scheduler.schedule = recording_schedule
+    prompt = random_prompts(1, seed=41, low=10, high=11)[0]
+    rid = engine.add_request(prompt, lab.SamplingParams(temperature=1.0, max_tokens=6, seed=seed), n=n)
+    wholes = {}
+    fold(wholes, engine.step())
+    tables = {s.request_id: list(s.block_table.block_ids) for s in engine.scheduler.running}
+    return engine, prompt, rid, drain(engine, wholes), copies, tables
+
+
+@pytest.mark.exercise5
+def test_parallel_sampling_by_fork_runs_the_prompt_once_and_shares_its_blocks(engine_model):
+    engine, _, rid, _, _, tables = forked_run(engine_model)
+    assert sorted(tables) == sorted([rid, f"{rid}.1", f"{rid}.2"]) and len({tuple(t) for t in tables.values()}) == 1, (
+        rule(5, f"after the prompt's step the block tables are {tables}: its 3 samples fork one table "
+                "(BlockTable.fork), all holding the same 3 blocks"))
+
+
+@pytest.mark.exercise5
+def test_parallel_samples_copy_the_shared_partial_block_on_their_first_write(engine_model):
+    engine, _, rid, _, copies, tables = forked_run(engine_model)
+    partial = tables[rid][2]
+    assert copies[0] == [] and [src for src, _ in copies[1]] == [partial, partial], rule(
+        2, f"copy-on-write pairs per step {copies[:3]}: the samples' first tokens go into the shared, half-full "
+           f"block {partial}; two of the three holders get a private copy first, the last writes in place")
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, rule(2, "the samples left blocks taken")
+
+
+@pytest.mark.exercise5
+def test_each_forked_sample_gets_the_tokens_of_its_own_request_with_its_seed(engine_model):
+    _, prompt, rid, wholes, _, _ = forked_run(engine_model, seed=7)
+    forked = [wholes[i].output_token_ids for i in (rid, f"{rid}.1", f"{rid}.2")]
+    alone = [out.output_token_ids for out in lab.LLMEngine(engine_model, block_size=4).generate(
+        [prompt] * 3, [lab.SamplingParams(temperature=1.0, max_tokens=6, seed=7 + i) for i in range(3)])]
+    assert forked == alone, rule(
+        2, f"the samples drew {forked}, separate requests with seeds 7, 8, 9 draw {alone}: a fork shares the "
+           "prompt's K/V, so a copy-on-write that left a copy unwritten (KVCache.copy_blocks) reads garbage")
+
+
 @pytest.mark.exercise5
 def test_a_step_reports_only_the_requests_that_got_a_token_or_finished(engine_model):
     engine = lab.LLMEngine(engine_model, block_size=4, max_num_batched_tokens=4)
