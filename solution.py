@@ -15,7 +15,7 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
-hands this module to `serving.main`. The benchmarks live in tools/bench.py. `lab.py` is generated
+hands this module to `serving.main`. The benchmarks live in tools/ (bench.py). `lab.py` is generated
 from this file by `tools/make_lab.py`: every region between `# BEGIN SOLUTION: Exercise N` and
 `# END SOLUTION` becomes a stub for the student to write.
 """

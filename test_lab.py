@@ -788,6 +788,10 @@ def test_truncate_forgets_the_hashes_of_blocks_it_cuts():
     assert computed == 8, rule(
         2, f"{computed} cached tokens, expected 8: block 2 was registered under a hash chained on the OLD content of "
            "block 1; a block no longer full after truncate is no longer registered in the table")
+    computed = cached_tokens(alloc, list(range(6)) + [42, 43, 100, 101, 102, 103, 9])
+    assert computed == 12, rule(
+        2, f"{computed} cached tokens of the new content, expected 12: block 1, refilled after truncate, was not "
+           "registered again; truncate forgets the hashes of the blocks it cuts, so cache_full_blocks registers them")
 
 
 @pytest.mark.exercise3
@@ -1977,6 +1981,15 @@ def test_generate_ids_never_collide_with_a_callers_ids_and_earlier_outputs_are_k
     assert early in finished and finished[early].finished, rule(
         5, "a request added before generate() was lost: generate keeps other requests' outputs for the next step()")
     assert finished[early].output_token_ids == greedy_reference(engine_model, [5, 6, 7], 12), rule(5, SAME)
+
+
+@pytest.mark.exercise5
+def test_generate_reports_its_requests_once_and_leaves_nothing_for_step(engine_model):
+    engine = lab.LLMEngine(engine_model, block_size=4)
+    engine.generate(random_prompts(2, seed=29), lab.SamplingParams(max_tokens=3))
+    left = engine.step()
+    assert not engine.has_unfinished() and left == [], rule(
+        5, f"after generate() returned, step() reported {left}: generate's outputs are its return value, once")
 
 
 @pytest.mark.exercise5
