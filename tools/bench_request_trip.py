@@ -11,7 +11,8 @@ of the prompt's LAST token is above its floor, the lists and tuples that hold it
 alive, so that no id is reused): each one is a copy of the whole prompt or of a tail slice of
 it. The last token sits in the partial last block, so the hash chain's per-block slices are
 not among them: `hash_block` calls count those. The int64 array the model reads is not a
-Python container and is not counted, in either version. Run with prefix caching on and off.
+Python container and is not counted, in either version. Run with prefix caching on and off. Then a whole run of two
+requests in which the second waits at the head of the queue, counting the hash chain's calls.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -102,6 +105,32 @@ def count_trip(lab, prefix_caching: bool, prompt_len: int = 150, block_size: int
     return {"copies": len(counter.held), "hash_block calls": hash_calls[0], "sites": counter.sites}
 
 
+def count_waiting(lab, prefix_caching: bool, prompt_len: int = 150, block_size: int = 16) -> tuple[int, int]:
+    """hash_block calls over a whole run of two requests of `prompt_len` tokens in a pool that holds
+    one at a time: the second waits at the head of the queue while the first runs. Returns (calls,
+    steps)."""
+    config = lab.ModelConfig(vocab_size=1024, n_positions=256, n_embd=32, n_layer=1, n_head=2)
+    num_blocks = -(-(prompt_len + 20) // block_size)
+    engine = lab.LLMEngine(lab.ToyTransformer(config), num_blocks=num_blocks, block_size=block_size,
+                           max_num_seqs=4, enable_prefix_caching=prefix_caching)
+    calls, real_hash = [0], lab.hash_block
+
+    def counted_hash(*args, **kwargs):
+        calls[0] += 1
+        return real_hash(*args, **kwargs)
+
+    lab.hash_block = counted_hash
+    try:
+        for seed in (1, 2):
+            prompt = np.random.default_rng(seed).integers(0, 1024, prompt_len).tolist()
+            engine.add_request(prompt, lab.SamplingParams(max_tokens=20))
+        while engine.has_unfinished():
+            engine.step()
+    finally:
+        lab.hash_block = real_hash
+    return calls[0], engine.num_steps
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module", default="solution", help="the module to count (default solution)")
@@ -123,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<22}{'on' if caching else 'off':>16}{got['copies']:>19}{got['hash_block calls']:>18}")
             if args.sites:
                 print("    " + ", ".join(got["sites"]))
+    print("\ntwo such requests, 20 output tokens each, in a pool that holds one: the second waits at the head")
+    print(f"{'module':<22}{'prefix caching':>16}{'steps':>7}{'hash_block calls over the run':>31}")
+    for name, module in modules.items():
+        for caching in (False, True):
+            calls, steps = count_waiting(module, caching)
+            print(f"{name:<22}{'on' if caching else 'off':>16}{steps:>7}{calls:>31}")
     return 0
 
 
