@@ -7,17 +7,17 @@ Reading map (this file's own line numbers): the chapter, read top to bottom, eac
 the ideas it needs; the exercises' own code is an afternoon, the whole file a day.
 
    section                                     lines        what it holds
-   0. Conventions                              41-95        checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          96-328       blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   329-922      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      923-1567     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1568-1847    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1848-2151    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2152-2175    the list of exercises, and `__main__`
+   0. Conventions                              41-154       checked arguments: what the exercises start from
+   1. Paged KV-cache (PagedAttention)          155-393      blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   394-949      a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      950-1573     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1574-1853    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1854-2157    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2158-2181    the list of exercises, and `__main__`
 
 What runs the chapter for a user (the server, the load generator, the simulator, the design
 reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
-hands this module to `serving.main`. The benchmarks live in tools/bench.py. `lab.py` is generated
+hands this module to `serving.main`. The benchmarks live in tools/ (bench.py). `lab.py` is generated
 from this file by `tools/make_lab.py`: every region between `# BEGIN SOLUTION: Exercise N` and
 `# END SOLUTION` becomes a stub for the student to write.
 """
@@ -93,6 +93,65 @@ def check_token_ids(name: str, token_ids: object) -> list[int]:
     return [check_int(f"{name}[{i}]", t, minimum=0) for i, t in enumerate(ids)]
 
 
+def check_request(request: Request, config: ModelConfig) -> list[int]:
+    """Every field of a request, checked before it is queued: an ArgumentError (a ValueError) whose
+    `.argument` is the field at fault, its message naming the request; so nothing fails later in a
+    step. Returns the prompt as a new list of ints: the engine's one copy, passed on from there."""
+    rid, s = request.request_id, request.sampling
+
+    def require(ok: bool, field: str, why: str) -> None:
+        if not ok:
+            raise ArgumentError(field, f"request {rid!r}: {field} {why}")
+
+    def token_ids(field: str, ids: object) -> list[int]:
+        try:
+            ids = check_token_ids(field, ids)
+        except NotAnIntError as exc:
+            raise NotAnIntError(field, f"request {rid!r}: {exc}") from None
+        except ArgumentError:  # a negative id: outside the vocabulary, which the next line says
+            ids = [-1]
+        require(all(0 <= t < config.vocab_size for t in ids), field,
+                f"has a token id outside the vocabulary 0..{config.vocab_size - 1}")
+        return ids
+
+    def real(field: str, ok: Callable[[float], bool], limits: str) -> None:
+        value = getattr(s, field)
+        require(is_number(value) and math.isfinite(value) and ok(value), field,
+                f"must be a finite number {limits}, got {value!r}")
+
+    def integer(field: str, low: int, optional: bool = False) -> None:
+        value = getattr(s, field)
+        require((optional and value is None) or (is_int(value) and value >= low), field,
+                f"must be {'None or ' if optional else ''}an int >= {low}, got {value!r}")
+
+    require(isinstance(rid, str), "request_id", f"must be a str, got {type(rid).__name__}")
+    require(isinstance(s, SamplingParams), "sampling", f"must be a SamplingParams, got {type(s).__name__}")
+    prompt = request.prompt_token_ids
+    # Its length first: a prompt far too long is refused without looking at each of its ids.
+    if isinstance(prompt, (Sequence, np.ndarray)) and not isinstance(prompt, (str, bytes)):
+        require(len(prompt) > 0, "prompt_token_ids", "is empty; expected at least one token id")
+        require(len(prompt) < config.n_positions, "prompt_token_ids",
+                f"has {len(prompt)} tokens; the model's n_positions = {config.n_positions} leaves no room for an "
+                "output token")
+    prompt = token_ids("prompt_token_ids", prompt)
+    integer("max_tokens", 1)
+    require(len(prompt) + s.max_tokens <= config.n_positions, "max_tokens",
+            f"({s.max_tokens}) + the prompt ({len(prompt)} tokens) exceeds the model's n_positions = "
+            f"{config.n_positions}")
+    real("temperature", lambda t: t >= 0, ">= 0")
+    integer("seed", 0, optional=True)
+    require(isinstance(s.stop_token_ids, (tuple, list)), "stop_token_ids",
+            f"must be a tuple or list of token ids, got {type(s.stop_token_ids).__name__}")
+    token_ids("stop_token_ids", s.stop_token_ids)
+    integer("top_k", 0)
+    real("top_p", lambda p: 0 < p <= 1, "in (0, 1]")
+    require(s.extra_args is None or isinstance(s.extra_args, dict), "extra_args",
+            f"must be None or a dict, got {type(s.extra_args).__name__}")
+    require(request.cache_salt is None or isinstance(request.cache_salt, str), "cache_salt",
+            f"must be None or a str, got {type(request.cache_salt).__name__}")
+    return prompt
+
+
 # =====================================================================================
 # 1. Paged KV-cache: blocks, the allocator, block tables, prefix caching
 # =====================================================================================
@@ -127,8 +186,7 @@ def chained_block_hashes(token_ids: Sequence[int], block_size: int, cache_salt: 
     """The chained hashes of every FULL block of `token_ids`, in order."""
     hashes: list[int] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hashes[-1] if hashes else None
-        hashes.append(hash_block(parent, token_ids[start : start + block_size], cache_salt))
+        hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[start : start + block_size], cache_salt))
     return hashes
 
 
@@ -273,11 +331,11 @@ class BlockTable:
         token_ids = check_token_ids("token_ids", token_ids)
         raise NotImplementedError("Exercise 2: BlockTable.append_tokens")
 
-    def allocate_prompt(self, token_ids: Sequence[int]) -> int:
+    def allocate_prompt(self, token_ids: Sequence[int], block_hashes: Sequence[int] | None = None) -> int:
         """Fill an empty table with a prompt (or its first chunk), reusing the blocks of
-        `allocator.cached_prefix(hashes of its full blocks, len(token_ids))`; the rest get fresh blocks,
-        and nothing new is registered. Returns how many leading tokens already have K/V (the reused
-        blocks' tokens).
+        `allocator.cached_prefix(hashes, len(token_ids))`; the rest get fresh blocks, and nothing new is
+        registered. Returns how many leading tokens already have K/V (the reused blocks' tokens).
+        (`hashes`, of its full blocks, is provided: the caller's `block_hashes`, else computed here.)
 
         Reused blocks are taken with `allocator.lookup`; when a full block follows the reused run, one
         more `lookup` asks for it (a miss), unless the run stopped short because it covered the whole
@@ -287,15 +345,22 @@ class BlockTable:
         if self.block_ids:
             raise ValueError("allocate_prompt needs an empty table; use append_tokens to extend one")
         token_ids = check_token_ids("token_ids", token_ids)
+        hashes = (chained_block_hashes(token_ids, self.block_size, self.cache_salt) if block_hashes is None
+                  else block_hashes[: len(token_ids) // self.block_size])
         raise NotImplementedError("Exercise 3: BlockTable.allocate_prompt")
 
-    def cache_full_blocks(self, num_computed_tokens: int) -> None:
+    def cache_full_blocks(self, num_computed_tokens: int, block_hashes: Sequence[int] | None = None) -> None:
         """Make every full block among the first `num_computed_tokens` tokens that is not registered
-        yet findable, in order, under its chained hash (with the table's salt); their K/V is written
-        now. A no-op without prefix caching. (Checked before your code: an int in 0..num_tokens.)"""
+        yet findable, in order, under its chained hash `hashes[i]` (provided, as in `allocate_prompt`);
+        their K/V is written now. A no-op without prefix caching. (Checked before your code: an int in
+        0..num_tokens.)"""
         check_int("num_computed_tokens", num_computed_tokens, 0)
         if num_computed_tokens > self.num_tokens:
             raise ValueError(f"num_computed_tokens = {num_computed_tokens} but the table holds {self.num_tokens}")
+        if not self.allocator.enable_prefix_caching:
+            return
+        hashes = (chained_block_hashes(self.token_ids[:num_computed_tokens], self.block_size, self.cache_salt)
+                  if block_hashes is None else block_hashes)
         raise NotImplementedError("Exercise 3: BlockTable.cache_full_blocks")
 
     def fork(self) -> BlockTable:
@@ -399,34 +464,17 @@ def init_gpt2_weights(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarra
 
 
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
-    # x.mean and x.var give the same float32 values, but through Python-level helpers that
-    # cost more than the arithmetic on a decode step's few rows (two calls a layer, one more a step).
-    # The last three steps reuse `out`: a prefill chunk's fresh (T, C) temporaries cost more
-    # than the arithmetic on them.
-    n = x.shape[-1]
-    centred = x - x.sum(axis=-1, keepdims=True) / n
-    var = np.square(centred).sum(axis=-1, keepdims=True) / n
-    out = np.divide(centred, np.sqrt(var + eps), out=centred)
-    out *= weight
-    out += bias
-    return out
+    """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * weight + bias, (T, C) -> (T, C)."""
+    # Mean and variance as sums: x.mean and x.var cost more than the arithmetic on a decode's few rows.
+    centred = x - x.sum(axis=-1, keepdims=True) / x.shape[-1]
+    var = np.square(centred).sum(axis=-1, keepdims=True) / x.shape[-1]
+    return centred / np.sqrt(var + eps) * weight + bias
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    # GPT-2's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), written
-    # as x / (1 + exp(-2u)), the same function: NumPy's float32 exp is faster than its tanh, and
-    # the form has no 1 + tanh(u) to cancel for negative x. One array, updated in place; exp
-    # overflows to inf for x below about -10, where x / inf = -0 is the right answer.
-    # Python-float constants keep float32 arrays float32.
-    t = np.multiply(x, 0.044715)
-    t *= x
-    t *= x
-    t += x
-    t *= -2 * 0.7978845608028654
-    with np.errstate(over="ignore"):
-        np.exp(t, out=t)
-    t += 1.0
-    return np.divide(x, t, out=t)
+    """GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    # x * x * x, not x**3: NumPy's float32 power is a pow() call per element, ~20x slower.
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
@@ -437,10 +485,9 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
 
 # --- the KV-cache, in float32 or int8 -----------------------------------------------------
 #
-# Decode reads every cached K/V byte once per step, so the element size sets both how many
-# tokens fit and how long a step takes. An int8 cache stores each token's K (and V) vector per
-# head as 127 levels of a float32 scale, ~3.8x smaller than float32 at head_dim 64 (vLLM's fp8
-# cache is the same lever); per-token scales, since a token's K/V is quantised as it is written.
+# Decode reads every cached K/V byte once per step: the element size sets how many tokens fit and
+# how long a step takes. int8 stores each token's K (and V) per head as 127 levels of a float32
+# scale, ~3.8x smaller than float32 (vLLM's fp8 cache is the same lever).
 
 
 KV_CACHE_DTYPES = ("float32", "int8")
@@ -544,9 +591,7 @@ class KVCache:
 # --- paged attention: the kernel that reads K/V through block tables ----------------------
 
 
-# Bytes of K (and as many of V) one step of the kernel gathers, as whole block columns: NumPy's
-# per-call overhead is paid rarely, and the gathered K/V are still in the CPU's caches when the
-# matmuls read them (a batch-8 decode step took 0.85-0.87x as long as with 3 MiB: docs/performance.md).
+# Bytes of K (and as many of V) one step of the kernel gathers, as whole block columns (docs/performance.md).
 PAGED_ATTENTION_CHUNK_BYTES = 2**20
 
 
@@ -577,8 +622,7 @@ def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens,
                                  f"head of the int8 cache), got {getattr(scale, 'dtype', '?')} {np.shape(scale)}")
     block_tables = np.asarray(block_tables)
     context_lens = np.asarray(context_lens)
-    # dtype.kind "i"/"u" is np.issubdtype(dtype, np.integer) (bool is "b"), at a fraction of its
-    # cost: the engine calls the kernel once per layer per step, on a handful of rows.
+    # dtype.kind "i"/"u" is np.issubdtype(dtype, np.integer) (bool is "b"), at a fraction of its cost.
     if not (block_tables.ndim == 2 and block_tables.shape[0] == batch and block_tables.dtype.kind in "iu"):
         raise ValueError(f"block_tables must be an integer array ({batch}, max_blocks), got "
                          f"{block_tables.dtype} {block_tables.shape}")
@@ -603,8 +647,7 @@ def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens,
 # --- reading blocks for paged_attention: a column at a time, dequantised on the way ---------
 
 
-# Gather buffers kept between kernel calls, one set per thread: a fresh multi-MiB array per call
-# costs page faults on every page of it, as much as the gather itself on a short context.
+# Gather buffers kept between kernel calls, one set per thread: a fresh one costs page faults (docs/performance.md).
 _GATHER_BUFFERS = threading.local()
 
 
@@ -645,10 +688,7 @@ class BlockGather:
         shape = (batch, max_blocks, block_size, n_head, head_dim)
         self.values = [_reused_buffer((kv, "values"), shape, np.float32) for kv in "kv"]
         self.quantized = k_scale is not None
-        if self.quantized:
-            # The int8 bytes land in a staging buffer (a quarter of the float32 one), then one
-            # cast writes them into `values`: a cast runs at copy speed, a broadcast multiply
-            # of every element by its scale would not.
+        if self.quantized:  # int8 into a staging buffer, then one cast (at copy speed) into `values`
             self.staging = [_reused_buffer((kv, "staging"), shape, np.int8) for kv in "kv"]
             self.scale_buffers = [_reused_buffer((kv, "scales"), shape[:-1], np.float32) for kv in "kv"]
 
@@ -660,9 +700,7 @@ class BlockGather:
         values, scales = [], [None, None]
         for i, cache in enumerate(self.caches):
             shape = (n, c, *cache.shape[1:])
-            # A contiguous front part of the buffer, whatever n and c: np.take then writes
-            # straight into it. mode="clip" only because the default "raise" copies `out` once
-            # more; the caller's ids are valid block ids already.
+            # np.take writes straight into the buffer's front; "clip" as "raise" copies `out` again.
             out = _front(self.values[i], shape)
             if not self.quantized:
                 np.take(cache, ids, axis=0, out=out, mode="clip")
@@ -725,10 +763,7 @@ def _checked_gpt2_weights(config: ModelConfig, weights: dict[str, np.ndarray]) -
         value = np.asarray(value)
         if value.shape != expected[key]:
             raise ValueError(f"weight {name!r} has shape {value.shape}, expected {expected[key]}")
-        # wte in column-major order, so that the tied LM head's wte.T is a row-major (n_embd, vocab)
-        # matrix, the (in, out) layout of every other weight: OpenBLAS multiplies a few rows by
-        # it 1.6-1.8x faster than by the transpose of a row-major wte. It is the one copy of
-        # wte (no second one to go stale); the embedding's few rows per step read it strided.
+        # wte column-major: the tied head's wte.T is then (in, out) row-major, 1.6-1.8x faster in BLAS.
         found[key] = np.asarray(value, dtype=np.float32, order="F" if key == "wte.weight" else "C")
     missing = sorted(set(expected) - set(found))
     if missing:
@@ -774,30 +809,23 @@ class ToyTransformer:
         return _layer_norm(x, layer[f"{name}.weight"], layer[f"{name}.bias"], self.config.layer_norm_epsilon)
 
     def _qkv(self, x: np.ndarray, layer: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(T, C) -> q, k, v each (T, H, D)."""
-        qkv = self._ln(x, layer, "ln_1") @ layer["attn.c_attn.weight"]
-        qkv += layer["attn.c_attn.bias"]   # in place, as below: no second (T, 3C) array
+        """The block's first half, up to attention: q, k, v = split(LN_1(x) W_attn + b_attn)."""
         T, H, D = x.shape[0], self.config.n_head, self.config.head_dim
-        return tuple(qkv.reshape(T, 3, H, D).transpose(1, 0, 2, 3))
+        qkv = self._ln(x, layer, "ln_1") @ layer["attn.c_attn.weight"] + layer["attn.c_attn.bias"]  # (T, 3C)
+        return tuple(qkv.reshape(T, 3, H, D).transpose(1, 0, 2, 3))  # q, k, v: (T, H, D) each
 
     def _finish_layer(self, x: np.ndarray, attn: np.ndarray, layer: dict) -> np.ndarray:
-        """Residual adds around the attention output projection and the MLP."""
-        # Each sum lands in the product's own fresh array (x + y == y + x exactly in floats).
-        y = attn.reshape(x.shape) @ layer["attn.c_proj.weight"]
-        y += x
-        y += layer["attn.c_proj.bias"]
-        x = y
-        h = self._ln(x, layer, "ln_2") @ layer["mlp.c_fc.weight"]
-        h += layer["mlp.c_fc.bias"]
-        y = _gelu(h) @ layer["mlp.c_proj.weight"]
-        y += x
-        y += layer["mlp.c_proj.bias"]
-        return y
+        """The block's second half, given attention's output (T, H, D): two residual adds."""
+        x = x + attn.reshape(x.shape) @ layer["attn.c_proj.weight"] + layer["attn.c_proj.bias"]  # (T, C)
+        h = _gelu(self._ln(x, layer, "ln_2") @ layer["mlp.c_fc.weight"] + layer["mlp.c_fc.bias"])  # (T, 4C)
+        return x + h @ layer["mlp.c_proj.weight"] + layer["mlp.c_proj.bias"]  # (T, C)
 
     def _embed(self, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """x_0 = wte[token] + wpe[position]: (T,) ids -> (T, C)."""
         return self.weights["wte.weight"][token_ids] + self.weights["wpe.weight"][positions]
 
     def _logits(self, x: np.ndarray) -> np.ndarray:
+        """LN_f(x) wte^T, the LM head tied to the embedding: (T, C) -> (T, V)."""
         w = self.weights
         return _layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], self.config.layer_norm_epsilon) @ w["wte.weight"].T
 
@@ -814,11 +842,11 @@ class ToyTransformer:
         causal = np.tril(np.ones((T, T), dtype=bool))
         scale = np.float32(1.0 / math.sqrt(self.config.head_dim))
         for layer in self.layers:
-            q, k, v = self._qkv(x, layer)
-            scores = np.einsum("qhd,khd->hqk", q, k) * scale
-            probs = _softmax(np.where(causal, scores, -np.inf))
-            x = self._finish_layer(x, np.einsum("hqk,khd->qhd", probs, v), layer)
-        return self._logits(x)
+            q, k, v = self._qkv(x, layer)  # (T, H, D) each
+            scores = np.einsum("qhd,khd->hqk", q, k) * scale  # (H, T, T): q . k / sqrt(D)
+            probs = _softmax(np.where(causal, scores, -np.inf))  # query i attends to keys 0..i
+            x = self._finish_layer(x, np.einsum("hqk,khd->qhd", probs, v), layer)  # (T, C)
+        return self._logits(x)  # (T, V)
 
     # --- the serving path ------------------------------------------------------------
 
@@ -843,8 +871,8 @@ class ToyTransformer:
         x = self._embed(batch.token_ids, batch.positions)
         scale = np.float32(1.0 / math.sqrt(self.config.head_dim))
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(x, layer)
-            kv_cache.write(i, batch.slots, k, v)
+            q, k, v = self._qkv(x, layer)  # (T, H, D) each, T = the step's new tokens
+            kv_cache.write(i, batch.slots, k, v)  # into their slots first: attention then reads them
             caches, scales = kv_cache.attention_args(i)
             if not batch.prefills:  # decodes only (most steps): every row is a decode, in order, so no scatter
                 attn = paged_attention(q, *caches, batch.decode_tables, batch.decode_lens, **scales)
@@ -857,10 +885,10 @@ class ToyTransformer:
                     k_ctx, v_ctx = kv_cache.read(i, context_slots)
                     # Per head (q, D) @ (D, k), then (q, k) @ (k, D): BLAS, ~10x einsum's own loops.
                     scores = np.matmul(q[prefill_rows].transpose(1, 0, 2), k_ctx.transpose(1, 2, 0)) * scale
-                    probs = _softmax(np.where(mask, scores, -np.inf))
+                    probs = _softmax(np.where(mask, scores, -np.inf))  # (H, n, context)
                     attn[prefill_rows] = np.matmul(probs, v_ctx.transpose(1, 0, 2)).transpose(1, 0, 2)
-            x = self._finish_layer(x, attn, layer)
-        return self._logits(x if rows is None else x[rows])
+            x = self._finish_layer(x, attn, layer)  # (T, C)
+        return self._logits(x if rows is None else x[rows])  # (len(rows) or T, V)
 
     def _check_cache(self, kv_cache: KVCache, block_tables: Sequence[BlockTable]) -> None:
         """A cache of another model or block size would be read at the wrong slots: refuse it."""
@@ -889,15 +917,14 @@ class _PagedBatch:
         if not (len(block_tables) == len(start_positions) == len(num_tokens)) or not block_tables:
             raise ValueError("forward needs one start position and one token count per block table")
         tokens, positions, slots, decode = [], [], [], []
-        self.prefills = []
-        row = 0
+        self.prefills, row = [], 0
         for table, start, n in zip(block_tables, start_positions, num_tokens):
             start, n = check_int("start position", start, 0), check_int("num_tokens", n, 1)
             stop = start + n
             if stop > table.num_tokens:
-                raise ValueError(f"cannot process positions {start}..{stop - 1} "
-                                 f"of a sequence of {table.num_tokens} tokens")
-            tokens.append(table.token_ids[start:stop])
+                raise ValueError(f"cannot process positions {start}..{stop - 1} of {table.num_tokens} tokens")
+            # A prompt from its start is read in place, not copied; later runs of tokens are short.
+            tokens.append(table.token_ids[start:stop] if start else itertools.islice(table.token_ids, stop))
             positions.append(np.arange(start, stop))
             if n == 1:  # a decode reads its past through the block table, in paged_attention
                 slots.append(table.slots(start, stop))
@@ -908,7 +935,7 @@ class _PagedBatch:
                 mask = np.arange(stop)[None, :] <= np.arange(start, stop)[:, None]
                 self.prefills.append((slice(row, row + n), context_slots, mask))
             row += n
-        self.token_ids = np.concatenate(tokens).astype(np.int64)
+        self.token_ids = np.fromiter(itertools.chain.from_iterable(tokens), np.int64, count=row)
         _check_tokens(config, self.token_ids, max(p[-1] for p in positions) + 1)
         self.positions = np.concatenate(positions)
         self.slots = np.concatenate(slots)
@@ -1011,8 +1038,8 @@ class RequestOutput:
 
 @dataclasses.dataclass
 class EngineCoreOutput:
-    """What one step did for one request (vLLM's name): only what is new. `new_token_ids` holds
-    the token the step sampled for it (none for an abort); `finish_reason` is set in the last."""
+    """What is new for one request since its last output (vLLM's name): `new_token_ids` holds the
+    tokens sampled since (one per `step()`; none for an abort); `finish_reason` is set in the last."""
 
     request_id: str
     new_token_ids: list[int]
@@ -1041,9 +1068,11 @@ class SequenceState:
 
     def __init__(self, request: Request, allocator: BlockAllocator):
         self.request = request
-        self.prompt_token_ids = [int(t) for t in request.prompt_token_ids]
+        prompt = request.prompt_token_ids  # the engine's boundary (check_request) copied it once
+        self.prompt_token_ids = prompt if type(prompt) is list else [int(t) for t in prompt]
         self.output_token_ids: list[int] = []
         self.block_table = BlockTable(allocator, request.cache_salt)
+        self._block_hashes: list[int] = []  # of its full blocks, each hashed once (`block_hashes`)
         self.num_computed_tokens = 0
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
@@ -1055,10 +1084,7 @@ class SequenceState:
         self.token_times: list[float] = []
         self.finish_time = math.nan
         self.rng: np.random.Generator | None = None
-
-    def __repr__(self) -> str:
-        return (f"SequenceState({self.request_id!r}, {self.status.value}, {self.num_computed_tokens} of "
-                f"{self.num_tokens} tokens computed, {len(self.output_token_ids)} generated)")
+        self.num_reported = 0  # output tokens the engine's caller has been given
 
     @property
     def request_id(self) -> str:
@@ -1069,17 +1095,32 @@ class SequenceState:
         return self.request.sampling
 
     @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
-    @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     def token_ids_slice(self, start: int, stop: int) -> list[int]:
-        """all_token_ids[start:stop] without building the whole list (a step is O(new tokens))."""
+        """(prompt + outputs)[start:stop], without building that whole list (a step is O(new tokens));
+        the whole prompt is the prompt's own list, not a copy (no reader changes it)."""
         n = len(self.prompt_token_ids)
+        if (start, stop) == (0, n):
+            return self.prompt_token_ids
         return self.prompt_token_ids[start:stop] + self.output_token_ids[max(start - n, 0) : max(stop - n, 0)]
+
+    def block_hashes(self) -> list[int]:
+        """The chained hashes of its full blocks (prompt, then outputs), each hashed once and kept, as
+        vLLM keeps them on the Request, for admission and caching; none without a prefix cache."""
+        table, hashes, size = self.block_table, self._block_hashes, self.block_table.block_size
+        while table.allocator.enable_prefix_caching and (len(hashes) + 1) * size <= self.num_tokens:
+            block = self.token_ids_slice(len(hashes) * size, (len(hashes) + 1) * size)
+            hashes.append(hash_block(hashes[-1] if hashes else None, block, table.cache_salt))
+        return hashes
+
+    def fork(self, request: Request) -> SequenceState:
+        """A sample of `request` (same prompt) sharing this one's blocks, hashes and progress."""
+        child = SequenceState(request, self.block_table.allocator)
+        child.block_table, child._block_hashes = self.block_table.fork(), list(self._block_hashes)
+        child.num_computed_tokens, child.status = self.num_computed_tokens, self.status
+        return child
 
     def check_stop(self) -> str | None:
         """The finish reason its latest output token gives: "stop" for a token of
@@ -1183,16 +1224,16 @@ class Scheduler:
     def _try_admit(self, seq: SequenceState, token_budget: int) -> int:
         """Give a waiting sequence its first blocks (cache hits included); the tokens it runs now,
         0 if the budget, the seats or the free blocks say wait."""
-        tokens = seq.all_token_ids  # prompt + output: a preempted sequence recomputes both
-        hashes = chained_block_hashes(tokens, self.allocator.block_size, seq.request.cache_salt)
-        num_cached = len(self.allocator.cached_prefix(hashes, len(tokens))) * self.allocator.block_size  # a peek
-        num_new = len(tokens) - num_cached
+        hashes = seq.block_hashes()  # prompt + output: a preempted sequence recomputes both
+        num_cached = len(self.allocator.cached_prefix(hashes, seq.num_tokens)) * self.allocator.block_size  # a peek
+        num_new = seq.num_tokens - num_cached
         if self.enable_chunked_prefill:
             num_new = min(num_new, token_budget)
         if not 0 < num_new <= token_budget or len(self.running) >= self.max_num_seqs:
             return 0
         try:
-            seq.num_computed_tokens = seq.block_table.allocate_prompt(tokens[: num_cached + num_new])
+            tokens = seq.token_ids_slice(0, num_cached + num_new)  # a whole prompt is passed on, not copied
+            seq.num_computed_tokens = seq.block_table.allocate_prompt(tokens, hashes)
         except OutOfBlocksError:
             return 0
         return num_new
@@ -1331,64 +1372,6 @@ def sample_token(logits: np.ndarray, sampling: SamplingParams, rng: np.random.Ge
     return int(rng.choice(p.size, p=p))
 
 
-def check_request(request: Request, config: ModelConfig) -> None:
-    """Every field of a request, checked before it is queued: an ArgumentError (a ValueError)
-    whose `.argument` is the field at fault and whose message names the request; nothing else
-    is touched, so that nothing can fail later inside a step."""
-    rid, s = request.request_id, request.sampling
-
-    def require(ok: bool, field: str, why: str) -> None:
-        if not ok:
-            raise ArgumentError(field, f"request {rid!r}: {field} {why}")
-
-    def token_ids(field: str, ids: object) -> list[int]:
-        try:
-            ids = check_token_ids(field, ids)
-        except NotAnIntError as exc:
-            raise NotAnIntError(field, f"request {rid!r}: {exc}") from None
-        except ArgumentError:  # a negative id: outside the vocabulary, which the next line says
-            ids = [-1]
-        require(all(0 <= t < config.vocab_size for t in ids), field,
-                f"has a token id outside the vocabulary 0..{config.vocab_size - 1}")
-        return ids
-
-    def real(field: str, ok: Callable[[float], bool], limits: str) -> None:
-        value = getattr(s, field)
-        require(is_number(value) and math.isfinite(value) and ok(value), field,
-                f"must be a finite number {limits}, got {value!r}")
-
-    def integer(field: str, low: int, optional: bool = False) -> None:
-        value = getattr(s, field)
-        require((optional and value is None) or (is_int(value) and value >= low), field,
-                f"must be {'None or ' if optional else ''}an int >= {low}, got {value!r}")
-
-    require(isinstance(rid, str), "request_id", f"must be a str, got {type(rid).__name__}")
-    require(isinstance(s, SamplingParams), "sampling", f"must be a SamplingParams, got {type(s).__name__}")
-    prompt = request.prompt_token_ids
-    # Its length first: a prompt far too long is refused without looking at each of its ids.
-    if isinstance(prompt, (Sequence, np.ndarray)) and not isinstance(prompt, (str, bytes)):
-        require(len(prompt) > 0, "prompt_token_ids", "is empty; expected at least one token id")
-        require(len(prompt) < config.n_positions, "prompt_token_ids",
-                f"has {len(prompt)} tokens; the model's n_positions = {config.n_positions} leaves no room for an "
-                "output token")
-    prompt = token_ids("prompt_token_ids", prompt)
-    integer("max_tokens", 1)
-    require(len(prompt) + s.max_tokens <= config.n_positions, "max_tokens",
-            f"({s.max_tokens}) + the prompt ({len(prompt)} tokens) exceeds the model's n_positions = "
-            f"{config.n_positions}")
-    real("temperature", lambda t: t >= 0, ">= 0")
-    integer("seed", 0, optional=True)
-    require(isinstance(s.stop_token_ids, (tuple, list)), "stop_token_ids",
-            f"must be a tuple or list of token ids, got {type(s.stop_token_ids).__name__}")
-    token_ids("stop_token_ids", s.stop_token_ids)
-    integer("top_k", 0)
-    real("top_p", lambda p: 0 < p <= 1, "in (0, 1]")
-    require(s.extra_args is None or isinstance(s.extra_args, dict), "extra_args",
-            f"must be None or a dict, got {type(s.extra_args).__name__}")
-    require(request.cache_salt is None or isinstance(request.cache_salt, str), "cache_salt",
-            f"must be None or a str, got {type(request.cache_salt).__name__}")
-
-
 # --- the engine: the scheduler driving the model --------------------------------------------
 
 
@@ -1398,12 +1381,10 @@ LogitsProcessor = Callable[[SequenceState, np.ndarray], np.ndarray]
 class LLMEngine:
     """Serves generation requests on a ToyTransformer with a paged KV-cache.
 
-    `num_blocks=None` sizes the cache so that `max_num_seqs` sequences of the model's full
-    length fit at once (then nothing is ever preempted); pass fewer to study memory pressure.
-    `scheduling` is "continuous" (Scheduler) or "static" (StaticBatchScheduler with
-    batch_size = max_num_seqs). Metrics are wall-clock seconds from `time.perf_counter`.
-    `kv_cache_dtype="int8"` keeps K/V as int8 with per-token scales (`KVCache`), `num_blocks`
-    blocks of 3.2-3.8x fewer bytes than float32.
+    `num_blocks=None` fits `max_num_seqs` sequences of the model's full length (nothing is ever
+    preempted); pass fewer to study memory pressure. `scheduling`: "continuous" (Scheduler) or
+    "static" (StaticBatchScheduler, batch_size = max_num_seqs). Metrics: `time.perf_counter` seconds.
+    `kv_cache_dtype="int8"`: K/V as int8 with per-token scales (`KVCache`), 3.2-3.8x fewer bytes.
 
     `logits_processors` (vLLM's hook): each is called in order as `processor(seq, logits)` with
     a sequence about to sample and its raw logits row (or the previous one's result), and
@@ -1429,8 +1410,7 @@ class LLMEngine:
         self.num_steps = 0
         self._next_id = 0
         self.requests: dict[str, SequenceState] = {}  # added, and not yet reported finished
-        self._just_finished: list[SequenceState] = []  # finished outside a step, reported by the next one
-        self._held: list[EngineCoreOutput] = []  # other callers' outputs that generate() stepped past
+        self._forks: dict[str, list[Request]] = {}  # request id -> the samples it forks once its prompt ran
 
     @property
     def num_preemptions(self) -> int:
@@ -1440,12 +1420,14 @@ class LLMEngine:
     def prefix_cache_hit_rate(self) -> float:
         return self.allocator.stats.hit_rate
 
+    def _in_flight(self) -> set[str]:  # ids taken: requests not yet reported, and samples to fork
+        return set(self.requests) | {r.request_id for forks in self._forks.values() for r in forks}
+
     def _checked_requests(self, prompts: Sequence[Request | Sequence[int]],
                           sampling: Sequence[SamplingParams | None]) -> list[Request]:
         """Requests for these prompts, every field checked, ids fresh and unique: a ValueError
         for any bad one, and then nothing is queued (a batch is all or nothing)."""
-        taken = set(self.requests) | {out.request_id for out in self._held}
-        requests, next_id = [], self._next_id
+        taken, requests, next_id = self._in_flight(), [], self._next_id
         for prompt, params in zip(prompts, sampling):
             if isinstance(prompt, Request):
                 request = prompt
@@ -1454,7 +1436,7 @@ class LLMEngine:
                     next_id += 1
                 request = Request(str(next_id), prompt, SamplingParams() if params is None else params)
                 next_id += 1
-            check_request(request, self.model.config)
+            request = dataclasses.replace(request, prompt_token_ids=check_request(request, self.model.config))
             if request.request_id in taken:
                 raise ArgumentError("request_id", f"request id {request.request_id!r} is already in flight; "
                                                   "ids must be unique")
@@ -1463,68 +1445,76 @@ class LLMEngine:
         self._next_id = next_id  # only once the whole batch is accepted
         return requests
 
-    def add_request(self, prompt: Request | Sequence[int], sampling: SamplingParams | None = None) -> str:
-        """Queue a Request (or a prompt with its SamplingParams); returns its request id.
-        Its arrival is now on the engine's clock. A bad field or an id already in flight is a
-        ValueError (an ArgumentError naming the field), and nothing is queued."""
-        return self._add(self._checked_requests([prompt], [sampling])[0]).request_id
+    def add_request(self, prompt: Request | Sequence[int], sampling: SamplingParams | None = None, n: int = 1) -> str:
+        """Queue a Request (or a prompt with its SamplingParams); returns its request id. Its arrival is
+        now on the engine's clock. A bad field or an id in flight is an ArgumentError, nothing queued.
+        `n > 1` is parallel sampling by fork (the PagedAttention paper's; continuous scheduling): the
+        prompt runs once, then samples "ID.1" .. "ID.{n-1}" (seed + i) fork its block table and draw
+        their first tokens from its logits; a shared partial last block is copied at each one's first write."""
+        n = check_int("n", n, 1)
+        request = self._checked_requests([prompt], [sampling])[0]
+        seed = request.sampling.seed
+        forks = [dataclasses.replace(request, request_id=f"{request.request_id}.{i}", sampling=dataclasses.replace(
+            request.sampling, seed=None if seed is None else seed + i)) for i in range(1, n)]
+        if {f.request_id for f in forks} & self._in_flight():
+            raise ArgumentError("request_id", f"the ids of the {n} samples of {request.request_id!r} are in flight")
+        seq = self._add(request)
+        if forks and not seq.finish_reason:  # a rejected request forks nothing
+            self._forks[request.request_id] = forks
+        return seq.request_id
 
     def _add(self, request: Request) -> SequenceState:
         seq = self.scheduler.add_request(request)
         seq.arrival_time, seq.rng = time.perf_counter(), np.random.default_rng(request.sampling.seed)
         self.requests[request.request_id] = seq
-        if seq.finish_reason:
-            seq.finish_time = seq.arrival_time
-            self._just_finished.append(seq)
+        seq.finish_time = seq.arrival_time if seq.finish_reason else seq.finish_time  # rejected now
         return seq
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests) or bool(self._held)
+        return bool(self.requests)
 
     def abort_request(self, request_id: str) -> bool:
-        """Drop a waiting or running request now and free its blocks (its client went away).
-        Its last output, with `finish_reason="abort"`, comes from the next `step()`. False for
-        an id that is unknown or already finished."""
+        """Drop a waiting or running request now and free its blocks (its client went away). Its last
+        output, `finish_reason="abort"`, comes from the next `step()`. False for an unknown or finished id."""
         seq = self.scheduler.abort(request_id)
         if seq is not None:
             seq.finish_time = time.perf_counter()
-            self._just_finished.append(seq)
+            self._forks.pop(request_id, None)
         return seq is not None
 
     def step(self) -> list[EngineCoreOutput]:
-        """Run one scheduler step on the model. Returns what is new for every request that got
-        a token or finished (and the outputs `generate` held); a request is forgotten once its
-        finished output is returned. If the model or the sampler raises, every sequence of the
-        step is finished as "error" (its blocks freed) and the error propagates; what this step
-        owed its callers comes from the next one, never lost."""
+        """Schedule, run, update, emit: what is new for every request since its last output (a finished
+        one is reported once, then forgotten). If the model or the sampler raises, the step's sequences
+        finish as "error" (blocks freed), the error propagates, and the next step reports them."""
         plan = self.scheduler.plan_step()
-        done, self._just_finished = self._just_finished, []
-        sampled: dict[str, int] = {}
-        if plan.scheduled:
-            try:
-                sampled = self._run_model(plan)
-            except Exception as exc:
-                for seq in plan.scheduled:
-                    self.scheduler.abort(seq.request_id)
-                    seq.finish_reason, seq.finish_time = "error", time.perf_counter()
-                    seq.finish_detail = f"{type(exc).__name__}: {exc}"
-                self._just_finished = done + plan.scheduled
-                raise
-            self.scheduler.finish_step(plan, sampled, time.perf_counter())
-            self.num_steps += 1
-        held, self._held = self._held, []
-        progressed = [seq for seq in plan.scheduled if seq.request_id in sampled]
-        return held + [self._output(seq, sampled.get(seq.request_id)) for seq in done + progressed]
+        self.scheduler.finish_step(plan, self._execute(plan), time.perf_counter())
+        return self._emit()
 
-    def _output(self, seq: SequenceState, token: int | None) -> EngineCoreOutput:
-        if seq.finish_reason:
-            del self.requests[seq.request_id]
-        return EngineCoreOutput(seq.request_id, [] if token is None else [token], seq.finish_reason,
-                                seq.finish_detail)
+    def _execute(self, plan: SchedulerOutput) -> dict[str, int]:
+        """The forward pass and the sampler; on an error the step's sequences finish as "error"."""
+        try:
+            sampled = self._run_model(plan) if plan.scheduled else {}
+        except Exception as exc:
+            for seq in plan.scheduled:
+                self.abort_request(seq.request_id)
+                seq.finish_reason, seq.finish_detail = "error", f"{type(exc).__name__}: {exc}"
+            raise
+        self.num_steps += bool(plan.scheduled)
+        return sampled
+
+    def _emit(self) -> list[EngineCoreOutput]:
+        outputs = []
+        for seq in list(self.requests.values()):
+            new = seq.output_token_ids[seq.num_reported :]
+            if new or seq.finish_reason:
+                seq.num_reported += len(new)
+                outputs.append(EngineCoreOutput(seq.request_id, new, seq.finish_reason, seq.finish_detail))
+            if seq.finish_reason:
+                del self.requests[seq.request_id]
+        return outputs
 
     def _run_model(self, plan: SchedulerOutput) -> dict[str, int]:
-        """The step's forward pass and sampling: request id -> sampled token, for every
-        sequence whose last pending token this step processes. Logits only for those rows."""
+        """Forward and sample: request id -> token, for each sequence whose last pending token runs."""
         self.kv_cache.copy_blocks(plan.blocks_to_copy)  # before the forward writes into the copies
         seqs = plan.scheduled
         num_new = [plan.num_scheduled_tokens[s.request_id] for s in seqs]
@@ -1532,7 +1522,22 @@ class LLMEngine:
         samplers = [(s, row) for s, row in zip(seqs, last_rows) if plan.completes(s)]
         logits = self.model.forward(self.kv_cache, [s.block_table for s in seqs], [s.num_computed_tokens for s in seqs],
                                     num_new, logits_indices=np.array([row for _, row in samplers], dtype=np.int64))
-        return {s.request_id: self._sample(s, row) for (s, _), row in zip(samplers, logits)}
+        sampled = {}
+        for (seq, _), row in zip(samplers, logits):
+            for child in self._fork(seq, plan):  # its samples from this row, before it changes it
+                sampled[child.request_id] = self._sample(child, row.copy())
+            sampled[seq.request_id] = self._sample(seq, row)
+        return sampled
+
+    def _fork(self, seq: SequenceState, plan: SchedulerOutput) -> list[SequenceState]:
+        """The samples of `seq` (`add_request`), its prompt's K/V written: they run on as it does."""
+        children = [seq.fork(request) for request in self._forks.pop(seq.request_id, ())]
+        for child in children:
+            child.arrival_time, child.rng = seq.arrival_time, np.random.default_rng(child.sampling.seed)
+            self.requests[child.request_id] = child
+            self.scheduler.running.append(child)
+            plan.add(child, plan.num_scheduled_tokens[seq.request_id])
+        return children
 
     def _sample(self, seq: SequenceState, logits: np.ndarray) -> int:
         for process in self.logits_processors:
@@ -1541,28 +1546,29 @@ class LLMEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; one RequestOutput per prompt, in order. `sampling`:
-        one for all, or one per prompt. Every prompt is checked before any work starts (a
-        ValueError, and nothing runs). Requests added with `add_request` run alongside, their
-        outputs kept for the next `step()`; if a step raises, this batch is aborted."""
-        if sampling is None or isinstance(sampling, SamplingParams):
-            sampling = [sampling or SamplingParams()] * len(prompts)
-        if len(sampling) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(sampling)} SamplingParams")
-        seqs = [self._add(request) for request in self._checked_requests(prompts, sampling)]
-        unreported = {seq.request_id for seq in seqs}
-        try:
-            while unreported:
-                for out in self.step():
-                    if out.request_id not in unreported:
-                        self._held.append(out)
-                    elif out.finished:
-                        unreported.remove(out.request_id)
-        except BaseException:
-            for request_id in unreported:
-                self.abort_request(request_id)
-            raise
-        return [seq.to_output() for seq in seqs]
+        """Offline: every prompt run to completion, one RequestOutput per prompt, in order (`generate_offline`)."""
+        return generate_offline(self, prompts, sampling)
+
+
+def generate_offline(engine: LLMEngine, prompts: Sequence[Sequence[int]],
+                     sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+    """`LLMEngine.generate`, apart from online stepping (vLLM's offline `LLM`): steps, nothing emitted.
+    `sampling`: one for all or one per prompt, all checked first (a ValueError, nothing runs). Requests
+    added with `add_request` run alongside, reported by the next `step()`, as is this batch if a step raises."""
+    if sampling is None or isinstance(sampling, SamplingParams):
+        sampling = [sampling or SamplingParams()] * len(prompts)
+    if len(sampling) != len(prompts):
+        raise ValueError(f"got {len(prompts)} prompts but {len(sampling)} SamplingParams")
+    seqs = [engine._add(request) for request in engine._checked_requests(prompts, sampling)]
+    try:
+        while not all(seq.finish_reason for seq in seqs):
+            plan = engine.scheduler.plan_step()
+            engine.scheduler.finish_step(plan, engine._execute(plan), time.perf_counter())
+    except BaseException:
+        for seq in seqs:
+            engine.abort_request(seq.request_id)
+        raise
+    return [engine.requests.pop(seq.request_id).to_output() for seq in seqs]  # reported here, not by step()
 
 
 # =====================================================================================

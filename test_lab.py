@@ -27,9 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant
 
 from conftest import lab
-from serving import (
-    metrics,
-)
+from serving import metrics
 
 # =====================================================================================
 # Shared references and helpers: the models the tests run, and the plain references
@@ -809,6 +807,10 @@ def test_truncate_forgets_the_hashes_of_blocks_it_cuts():
     assert computed == 8, rule(
         2, f"{computed} cached tokens, expected 8: block 2 was registered under a hash chained on the OLD content of "
            "block 1; a block no longer full after truncate is no longer registered in the table")
+    computed = cached_tokens(alloc, list(range(6)) + [42, 43, 100, 101, 102, 103, 9])
+    assert computed == 12, rule(
+        2, f"{computed} cached tokens of the new content, expected 12: block 1, refilled after truncate, was not "
+           "registered again; truncate forgets the hashes of the blocks it cuts, so cache_full_blocks registers them")
 
 
 @pytest.mark.exercise3
@@ -1714,7 +1716,7 @@ def test_each_step_schedules_the_next_tokens_and_the_table_holds_exactly_the_com
         plan = scheduler.schedule()
         for seq in plan.scheduled:
             stop = seq.num_computed_tokens + plan.num_scheduled_tokens[seq.request_id]
-            assert seq.block_table.token_ids == seq.all_token_ids[:stop], rule(
+            assert seq.block_table.token_ids == seq.token_ids_slice(0, stop), rule(
                 5, f"request {seq.request_id}: after schedule its block table holds its first num_computed_tokens + "
                    f"scheduled = {stop} tokens (the next tokens, in order), it holds {seq.block_table.num_tokens}")
         scheduler.update(plan, {s.request_id: 1 for s in plan.scheduled if plan.completes(s)})
@@ -2056,6 +2058,15 @@ def test_generate_ids_never_collide_with_a_callers_ids_and_earlier_outputs_are_k
 
 
 @pytest.mark.exercise5
+def test_generate_reports_its_requests_once_and_leaves_nothing_for_step(engine_model):
+    engine = lab.LLMEngine(engine_model, block_size=4)
+    engine.generate(random_prompts(2, seed=29), lab.SamplingParams(max_tokens=3))
+    left = engine.step()
+    assert not engine.has_unfinished() and left == [], rule(
+        5, f"after generate() returned, step() reported {left}: generate's outputs are its return value, once")
+
+
+@pytest.mark.exercise5
 def test_a_step_that_raises_leaves_no_request_behind_and_the_engine_keeps_serving(engine_model, monkeypatch):
     engine = lab.LLMEngine(engine_model, block_size=4)
     rids = [engine.add_request(p, lab.SamplingParams(max_tokens=4)) for p in random_prompts(3, seed=24)]
@@ -2207,6 +2218,55 @@ def test_engine_asks_the_model_for_one_logits_row_per_sequence(tiny_model):
     assert all(rows == seqs for seqs, _, rows in shapes), rule(
         5, f"(sequences, tokens, logits rows) per step: {shapes}: the LM head runs on the one row per sequence that is "
            "sampled, not on every token")
+
+
+def forked_run(engine_model, n=3, seed=7):
+    """A prompt of 10 tokens (two full blocks of 4 and half of a third) sampled n times by fork:
+    the engine, each step's copy-on-write pairs, and the block tables after the first step."""
+    engine = lab.LLMEngine(engine_model, block_size=4)
+    copies, schedule = [], engine.scheduler.schedule
+
+    def recording_schedule():
+        plan = schedule()
+        copies.append(list(plan.blocks_to_copy))
+        return plan
+
+    engine.scheduler.schedule = recording_schedule
+    prompt = random_prompts(1, seed=41, low=10, high=11)[0]
+    rid = engine.add_request(prompt, lab.SamplingParams(temperature=1.0, max_tokens=6, seed=seed), n=n)
+    wholes = {}
+    fold(wholes, engine.step())
+    tables = {s.request_id: list(s.block_table.block_ids) for s in engine.scheduler.running}
+    return engine, prompt, rid, drain(engine, wholes), copies, tables
+
+
+@pytest.mark.exercise5
+def test_parallel_sampling_by_fork_runs_the_prompt_once_and_shares_its_blocks(engine_model):
+    engine, _, rid, _, _, tables = forked_run(engine_model)
+    assert sorted(tables) == sorted([rid, f"{rid}.1", f"{rid}.2"]) and len({tuple(t) for t in tables.values()}) == 1, (
+        rule(5, f"after the prompt's step the block tables are {tables}: its 3 samples fork one table "
+                "(BlockTable.fork), all holding the same 3 blocks"))
+
+
+@pytest.mark.exercise5
+def test_parallel_samples_copy_the_shared_partial_block_on_their_first_write(engine_model):
+    engine, _, rid, _, copies, tables = forked_run(engine_model)
+    partial = tables[rid][2]
+    assert copies[0] == [] and [src for src, _ in copies[1]] == [partial, partial], rule(
+        2, f"copy-on-write pairs per step {copies[:3]}: the samples' first tokens go into the shared, half-full "
+           f"block {partial}; two of the three holders get a private copy first, the last writes in place")
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, rule(2, "the samples left blocks taken")
+
+
+@pytest.mark.exercise5
+def test_each_forked_sample_gets_the_tokens_of_its_own_request_with_its_seed(engine_model):
+    _, prompt, rid, wholes, _, _ = forked_run(engine_model, seed=7)
+    forked = [wholes[i].output_token_ids for i in (rid, f"{rid}.1", f"{rid}.2")]
+    alone = [out.output_token_ids for out in lab.LLMEngine(engine_model, block_size=4).generate(
+        [prompt] * 3, [lab.SamplingParams(temperature=1.0, max_tokens=6, seed=7 + i) for i in range(3)])]
+    assert forked == alone, rule(
+        2, f"the samples drew {forked}, separate requests with seeds 7, 8, 9 draw {alone}: a fork shares the "
+           "prompt's K/V, so a copy-on-write that left a copy unwritten (KVCache.copy_blocks) reads garbage")
 
 
 @pytest.mark.exercise5

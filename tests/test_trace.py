@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import html.parser
 import importlib.util
@@ -176,8 +177,16 @@ def test_pool_invariants_hold_at_every_step(name):
 
 
 def generated(workload):
-    """What generate() returns for the same requests, all at once, on a fresh engine."""
-    outputs = trace.build_engine(lab, workload).generate([a.request(lab) for a in workload.arrivals])
+    """What generate() returns for the same requests, all at once, on a fresh engine; a request of
+    n forked samples as n requests of seeds seed, seed + 1, ... (a fork changes no token)."""
+    requests = []
+    for a in workload.arrivals:
+        request = a.request(lab)
+        for i, rid in enumerate(a.request_ids):
+            seed = None if a.seed is None else a.seed + i
+            requests.append(dataclasses.replace(request, request_id=rid,
+                                                sampling=dataclasses.replace(request.sampling, seed=seed)))
+    outputs = trace.build_engine(lab, workload).generate(requests)
     return {o.request_id: o.output_token_ids for o in outputs}
 
 

@@ -1,0 +1,44 @@
+"""Shared by the benchmarks of tools/: the module under test, the clock, side-by-side timing.
+
+Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+
+lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
+clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
+
+
+def _best_side_by_side(fns: dict, repeats: int = 5) -> dict:
+    """Best wall times of several functions measured in turns, so drift hits them all alike."""
+    for fn in fns.values():
+        fn()
+    best = {name: math.inf for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = clock()
+            fn()
+            best[name] = min(best[name], clock() - start)
+    return best
+
+
+def _timeit(fn, repeats: int = 5) -> float:
+    """Best wall time of `fn()` over `repeats` runs, after a warm-up run."""
+    return _best_side_by_side({"fn": fn}, repeats)["fn"]
+
+
+def _blas_env(blas_threads: int | None) -> dict[str, str]:
+    """This process's environment, with OPENBLAS_NUM_THREADS set for a child (None: as it is).
+    OpenBLAS reads it once, when NumPy is imported: it must be set before the child starts."""
+    env = dict(os.environ)
+    if blas_threads is not None:
+        env["OPENBLAS_NUM_THREADS"] = str(blas_threads)
+    return env
