@@ -20,6 +20,8 @@ is handed the module (or an engine of it), so `python lab.py serve` serves the s
     simulator.py            model-free step simulator for design reviews    (none: vLLM benchmarks the engine)
     scenarios.py            the design reviews `python solution.py` prints  (none)
     sizing.py               the capacity plan printout, KV waste            (none)
+    costmodel.py            the simulator's step cost: roofline, or a fit   (none: Vidur profiles operators)
+    fleet.py                `fleet`: cheapest deployment meeting p99 SLOs   (none: Vidur-Search)
     stacks.py               vLLM vs TensorRT-LLM vs SGLang, as data         (none)
     model_loader.py         a GPT-2 checkpoint from disk (safetensors)      vllm/model_executor/model_loader/
     tokenizer.py            GPT-2's BPE, ByteTokenizer, detokenizing        vllm/transformers_utils/tokenizer.py
