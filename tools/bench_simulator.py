@@ -67,9 +67,13 @@ def build_engine(lab, config: dict):
                          block_size=BLOCK_SIZE, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS)
 
 
-def measure_steps(lab, engine, requests, arrivals_every: int = 4, max_seconds: float = 60.0):
+BURSTS = (1, 2, 4, 8, 16, 32)  # requests added at once, in turn: the batch sweeps its sizes
+
+
+def measure_steps(lab, engine, requests, arrivals_every: int = 6, max_seconds: float = 60.0):
     """(scheduled tokens, context tokens, seconds) of each step of `engine` over `requests`,
-    added `arrivals_every` steps apart (so the batch grows and shrinks through its sizes)."""
+    added in bursts of BURSTS in turn, `arrivals_every` steps apart (so the batch grows and
+    shrinks through its sizes, as under load)."""
     plans = []
     original = engine.scheduler.plan_step
 
@@ -84,8 +88,9 @@ def measure_steps(lab, engine, requests, arrivals_every: int = 4, max_seconds: f
     try:
         while (pending or engine.has_unfinished()) and time.perf_counter() < deadline:
             if pending and step % arrivals_every == 0:
-                r = pending.pop(0)
-                engine.add_request(r.prompt_token_ids, lab.SamplingParams(max_tokens=r.max_tokens))
+                for r in pending[:BURSTS[step // arrivals_every % len(BURSTS)]]:
+                    engine.add_request(r.prompt_token_ids, lab.SamplingParams(max_tokens=r.max_tokens))
+                del pending[:BURSTS[step // arrivals_every % len(BURSTS)]]
             if not engine.has_unfinished():
                 step += 1
                 continue
