@@ -20,6 +20,7 @@ from .benchmark_serving import loadtest, server_model_card
 from .checkpoint_commands import checkpoint_engine, generate_text, speculate_checkpoints
 from .datasets import LOAD_WORKLOADS
 from .fleet import SLO, FleetQuestion, NoCandidateMeets, run_fleet
+from .fleet_page import fleet_page
 from .hints import LEVELS, HintsError, show_hint
 from .quiz import QuizError, run_quiz
 from .report import load_report_html, write_report
@@ -173,6 +174,8 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     fleet.add_argument("--jobs", type=_positive(int), default=min(2, os.cpu_count() or 1),
                        help="searches at once, in forked processes (default: 2, or 1 on one core)")
     fleet.add_argument("--seed", type=_positive(int, allow_zero=True), default=0)
+    fleet.add_argument("--html", metavar="FILE", help="also draw goodput against offered rate for the pick and the "
+                                                      "runner-up (more simulated runs: about a minute more)")
     batching = commands.add_parser("batching", help="static vs continuous batching: a skewed workload, then a stream")
     batching.add_argument("--slots", type=_positive(int), default=16)
     batching.add_argument("--long", type=_positive(int), default=2000, help="tokens of the long answer")
@@ -316,10 +319,15 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
                                      args.max_model_len, args.num_requests, args.seed,
                                      args.kv_link_gb_per_s * 1e9, not args.no_disaggregation)
             try:
-                print(run_fleet(lab, question, args.jobs, log=lambda line: print(line, flush=True)).text)
+                answer = run_fleet(lab, question, args.jobs, log=lambda line: print(line, flush=True))
             except NoCandidateMeets as exc:
                 print(exc.table)
                 parser.exit(2, f"{prog} fleet: error: {exc}\n")
+            print(answer.text)
+            if args.html:
+                with open(args.html, "w", encoding="utf-8") as fh:
+                    fh.write(fleet_page(lab, question, answer))
+                print(f"wrote {os.path.abspath(args.html)}")
         elif args.command == "batching":
             print(scenario_batching(lab, args.slots, args.long, args.short, args.num_short))
         elif args.command == "speculate" and (args.target or args.draft):

@@ -82,6 +82,7 @@ class LoadRun:
     bound_time: dict = dataclasses.field(default_factory=dict)  # step seconds by what bound the step
     mean_step: float = 0.0
     mean_decode_step: float = 0.0  # steps that ran no prefill
+    attainment: float = math.nan   # the share of counted requests inside both targets (a finished run)
 
 
 def nearest_rank(values: Sequence[float], q: float = SLO_QUANTILE) -> float:
@@ -204,6 +205,8 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
         run.p99_ttft = nearest_rank(ttfts + [math.inf] * (n - first - len(ttfts)))
         run.p99_tpot = nearest_rank(tpots + [math.inf] * (n - first - len(tpots)))
     run.meets = misses <= budget and run.finished
+    if run.finished:
+        run.attainment = 1 - misses / max(n - first, 1)
     return run
 
 
@@ -449,7 +452,8 @@ def binding_constraint(search: Search, slo: SLO) -> str:
     missed there, and why (the step's slowest term, or what the waiting requests waited for)."""
     c, miss = search.candidate, search.miss
     if miss is None:
-        return f"meets the targets at every rate tried, up to {search.max_rate:.3g} req/s"
+        return (f"meets the targets at every rate tried, up to {search.max_rate:.3g} req/s: the simulated requests "
+                f"never queue (raise --num-requests)")
     if search.max_rate == 0:
         return f"misses even at {miss.rate:.2g} req/s: one request alone is too slow for the targets"
     ttft_missed = not miss.p99_ttft <= slo.ttft_s

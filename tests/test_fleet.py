@@ -1,6 +1,6 @@
 """test_fleet.py: `python solution.py fleet` (serving/fleet.py) and the step cost it charges
-(serving/costmodel.py). The search drives the module's own Scheduler (Exercise 5) on KV blocks its
-plan_deployment sizes (Exercise 8): those tests need exercises 1..8."""
+(serving/costmodel.py, provided). The search drives the module's own Scheduler (Exercise 5) on KV
+blocks its plan_deployment sizes (Exercise 8): those tests need exercises 1..8."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests.support import run_cli
 # --- the roofline cost model, by hand ------------------------------------------------------
 
 
-@pytest.mark.needs(8)
+@pytest.mark.provided
 def test_roofline_step_of_13b_on_two_a100s_matches_the_hand_calculation():
     cost = costmodel.roofline_step_cost(lab, "llama-2-13b", "a100-80gb", 2)
     bandwidth, flops, nvlink = 2_039e9, 312e12, 300e9
@@ -34,6 +34,7 @@ def test_roofline_step_of_13b_on_two_a100s_matches_the_hand_calculation():
     assert single.parts(64, 0).allreduce == 0.0, "one GPU has nothing to all-reduce"
 
 
+@pytest.mark.provided
 @given(st.floats(1e-4, 1e-2), st.floats(0, 1e-4), st.floats(0, 1e-6), st.integers(0, 10_000))
 def test_fit_step_cost_recovers_the_coefficients_of_exact_steps(fixed, per_token, per_context, seed):
     rng = np.random.default_rng(seed)
@@ -130,3 +131,15 @@ def test_cli_fleet_with_a_target_no_candidate_meets_names_the_nearest_miss():
     assert "nearest miss: h100-80gb tp8" in proc.stderr and "p99 TPOT" in proc.stderr, (
         f"no candidate meets a 1 ms TPOT (the fastest, tp8, steps in ~1.5 ms): the error must name it; "
         f"got {proc.stderr!r}")
+
+
+@pytest.mark.needs(8)
+def test_fleet_page_draws_goodput_against_offered_rate_with_the_knee_of_the_pick():
+    from serving.fleet_page import fleet_page
+    question = fleet.FleetQuestion("llama-2-7b", ("h100-80gb",), qps=70.0, slo=SLO, workload="alpaca",
+                                   max_model_len=512, num_requests=40)
+    candidates = [fleet.Candidate("h100-80gb", 1, 16, 256), fleet.Candidate("h100-80gb", 2, 16, 256)]
+    answer = fleet.run_fleet(lab, question, jobs=1, log=lambda line: None, candidates=candidates)
+    html = fleet_page(lab, question, answer)
+    assert html.count("<svg") == 1 and f"SLO knee: {answer.pick.max_rate:.1f} req/s" in html, (
+        "the page draws one figure, the pick's knee marked at the largest rate the search found")
