@@ -169,7 +169,7 @@ MUTANTS: list[tuple[str, ...]] = [
     ('fleet: replicas rounded down', 'provided',
      'replicas = math.ceil(qps / rate_per_replica * (1 - 1e-12))', 'replicas = math.floor(qps / rate_per_replica)',
      'serving/fleet.py'),
-    ('fleet: a ring all-reduce charged half its traffic', 'exercise8',
+    ('fleet: a ring all-reduce charged half its traffic', 'provided',
      'ring_bytes_per_token = 2 * (tp - 1) / tp * hidden', 'ring_bytes_per_token = (tp - 1) / tp * hidden',
      'serving/costmodel.py'),
     ('fleet: p99 by interpolation, not nearest rank', 'provided',
