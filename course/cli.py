@@ -19,6 +19,8 @@ from loadtest.benchmark_serving import loadtest, server_model_card
 from loadtest.datasets import LOAD_WORKLOADS
 from serving.api_server import serve
 
+from .fleet import SLO, FleetQuestion, NoCandidateMeets, run_fleet
+from .fleet_page import fleet_page
 from .hints import LEVELS, HintsError, show_hint
 from .quiz import QuizError, run_quiz
 from .report import load_report_html, write_report
@@ -91,6 +93,23 @@ def _rates(text: str) -> list[float]:
     return rates
 
 
+def _names(presets: dict, what: str):
+    """An argparse type: one preset name or several, comma-separated; an unknown one lists the known."""
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(n.strip() for n in text.split(","))
+        for name in names:
+            if name not in presets:
+                raise argparse.ArgumentTypeError(f"unknown {what} {name!r}; known: {', '.join(presets)}")
+        return names
+    parse.__name__ = what
+    return parse
+
+
+def _prices(text: str) -> tuple[float, ...]:
+    """`--usd-per-gpu-hour 2` or `2,4`: finite prices > 0."""
+    return tuple(_positive(float)(p) for p in text.split(","))
+
+
 def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="The design-review scenarios of the inference-serving lab. "
                                             "With no command: all four scenarios in order.")
@@ -110,6 +129,32 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     size.add_argument("--kv-cache-dtype", choices=list(lab.PLAN_KV_CACHE_DTYPES), default="auto",
                       help="KV-cache element type: auto (the model's), fp8 or int8 (1 byte)")
     size.add_argument("--usd-per-gpu-hour", type=_positive(float), help="GPU price: prints the cost per 1M tokens")
+    fleet = commands.add_parser("fleet", help="the cheapest deployment meeting p99 TTFT and TPOT targets at a rate",
+                                description="Search GPU presets, tensor parallelism, max_num_seqs, the token "
+                                            "budget and prefill/decode disaggregation in the simulator, with this "
+                                            "module's Scheduler: the largest rate per replica meeting both p99 "
+                                            "targets, then replicas, GPUs and $ per 1M output tokens.")
+    fleet.add_argument("--model", default=SEED_SIZING["model"], choices=list(lab.MODELS))
+    fleet.add_argument("--gpu", type=_names(lab.GPUS, "GPU"), default=(SEED_SIZING["gpu"],),
+                       help="a GPU preset, or several: a100-80gb,h100-80gb")
+    fleet.add_argument("--qps", type=_positive(float), default=100.0, help="requests per second to serve")
+    fleet.add_argument("--p99-ttft-ms", type=_positive(float), default=200.0)
+    fleet.add_argument("--p99-tpot-ms", type=_positive(float), default=50.0)
+    fleet.add_argument("--workload", choices=[w for w in LOAD_WORKLOADS if w != "tiny"], default="sharegpt")
+    fleet.add_argument("--usd-per-gpu-hour", type=_prices, default=(2.0,),
+                       help="one price, or one per --gpu (2,4); an example price, not a quote")
+    fleet.add_argument("--max-model-len", type=_positive(int), default=2048,
+                       help="requests longer are cut, as vLLM's benchmark filters ShareGPT (default 2048)")
+    fleet.add_argument("--num-requests", type=_positive(int), default=FleetQuestion.num_requests,
+                       help="simulated requests per rate tried: more is slower and finds rarer queues")
+    fleet.add_argument("--kv-link-gb-per-s", type=_positive(float), default=25.0,
+                       help="prefill -> decode K/V link per GPU, GB/s (default: 200 Gb/s InfiniBand)")
+    fleet.add_argument("--no-disaggregation", action="store_true", help="leave out the prefill/decode pools")
+    fleet.add_argument("--jobs", type=_positive(int), default=min(2, os.cpu_count() or 1),
+                       help="searches at once, in forked processes (default: 2, or 1 on one core)")
+    fleet.add_argument("--seed", type=_positive(int, allow_zero=True), default=0)
+    fleet.add_argument("--html", metavar="FILE", help="also draw goodput against offered rate for the pick and the "
+                                                      "runner-up (more simulated runs: about a minute more)")
     batching = commands.add_parser("batching", help="static vs continuous batching: a skewed workload, then a stream")
     batching.add_argument("--slots", type=_positive(int), default=16)
     batching.add_argument("--long", type=_positive(int), default=2000, help="tokens of the long answer")
@@ -247,6 +292,21 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
             print(scenario_size(lab, args.model, args.gpu, args.max_model_len, args.block_size,
                                 args.gpu_memory_utilization, args.activation_gb, args.tp, args.prompt_len,
                                 args.output_len, args.kv_cache_dtype, args.usd_per_gpu_hour))
+        elif args.command == "fleet":
+            slo = SLO(args.p99_ttft_ms / 1e3, args.p99_tpot_ms / 1e3)
+            question = FleetQuestion(args.model, args.gpu, args.qps, slo, args.workload, args.usd_per_gpu_hour,
+                                     args.max_model_len, args.num_requests, args.seed,
+                                     args.kv_link_gb_per_s * 1e9, not args.no_disaggregation)
+            try:
+                answer = run_fleet(lab, question, args.jobs, log=lambda line: print(line, flush=True))
+            except NoCandidateMeets as exc:
+                print(exc.table)
+                parser.exit(2, f"{prog} fleet: error: {exc}\n")
+            print(answer.text)
+            if args.html:
+                with open(args.html, "w", encoding="utf-8") as fh:
+                    fh.write(fleet_page(lab, question, answer))
+                print(f"wrote {os.path.abspath(args.html)}")
         elif args.command == "batching":
             print(scenario_batching(lab, args.slots, args.long, args.short, args.num_short))
         elif args.command == "speculate" and (args.target or args.draft):

@@ -30,6 +30,8 @@ from types import ModuleType
 
 import numpy as np
 
+from loadtest.costmodel import roofline_step_cost
+
 
 class QuizError(Exception):
     """The module's code failed (not a stub) while the quiz computed its answers."""
@@ -566,7 +568,50 @@ def quiz_capacity(lab: ModuleType, rng: np.random.Generator) -> list[Question]:
         f"W = {plan.mean_output_len:g} x {step * 1e3:.3f} ms + {seats} x {prefill * 1e3:.3f} ms = "
         f"{held * 1e3:.1f} ms; QPS = L / W = {seats} / {held:.4f} s = {_fmt(seats / held)}. TPOT is the decode "
         f"step; TTFT waits for a prefill.", tolerance=0.02, relative=True)
-    return [q1, q2, q3, q4]
+    return [q1, q2, q3, q4, _quiz_tp_cost(lab, plan), _quiz_token_budget(lab, rng, plan)]
+
+
+def _quiz_tp_cost(lab: ModuleType, plan) -> Question:
+    """Why tensor parallelism shortens the decode step but does not make a token cheaper."""
+    batch, context = plan.max_concurrent_seqs, plan.mean_context_len
+    one = roofline_step_cost(lab, plan.model, plan.gpu, 1).step_time(batch, int(batch * context))
+    two = roofline_step_cost(lab, plan.model, plan.gpu, 2).parts(batch, int(batch * context))
+    per_token_1, per_token_2 = one / batch, 2 * two.total / batch
+    return _question(
+        f"Your plan's {batch} sequences, {context:.0f} tokens of context each, take a {one * 1e3:.3f} ms decode step "
+        f"on one {plan.gpu.name}. On 2 GPUs (tensor parallelism) each reads half the weights and half the K/V, and "
+        f"the layers' all-reduces add {two.allreduce * 1e3:.3f} ms: the step is {two.total * 1e3:.3f} ms. How many "
+        f"GPU-milliseconds does one output token cost at tp 2 (GPUs x step / tokens per step)?",
+        2 * two.total * 1e3 / batch, per_token_2 * 1e3,
+        f"2 x {two.total * 1e3:.3f} ms / {batch} = {per_token_2 * 1e3:.4f} GPU-ms, against "
+        f"{per_token_1 * 1e3:.4f} at tp 1: the step halves (TPOT falls) but the GPUs double, so the same batch "
+        f"costs the same per token plus the all-reduces. What tp can buy is room: half the weights per GPU leaves "
+        f"more memory for K/V, so more sequences fit; when the KV blocks bound the batch, that lowers the cost "
+        f"(`python {os.path.basename(lab.__file__)} fleet` shows when).", tolerance=0.02, relative=True)
+
+
+def _quiz_token_budget(lab: ModuleType, rng: np.random.Generator, plan) -> Question:
+    """Why the knee moves with max_num_batched_tokens: prefill gets what the decodes leave of it."""
+    decoders, prompt, budget = int(rng.choice([4, 8])), int(rng.choice([300, 400, 500])), int(rng.choice([64, 128]))
+    bigger = 4 * budget
+    requests = [(1, 40)] * decoders + [(prompt, 2)]
+    run = _run_steps(lab, requests, "continuous", decoders + 1, bigger)
+    steps_small, steps_big = _ceil_div(prompt, budget - decoders), _ceil_div(prompt, bigger - decoders)
+    step = roofline_step_cost(lab, plan.model, plan.gpu, 1)
+    small_s, big_s = (step.step_time(m, int(decoders * plan.mean_context_len + prompt)) for m in (budget, bigger))
+    return _question(
+        f"{decoders} sequences are decoding (one token each per step) when a {prompt}-token prompt arrives. With "
+        f"chunked prefill and max_num_batched_tokens = {budget}, the prompt gets {budget} - {decoders} tokens a step "
+        f"and its first token comes at step {steps_small}. At which step does it come with "
+        f"max_num_batched_tokens = {bigger}? (Your scheduler runs it.)",
+        run.first_token_step[str(decoders)], steps_big,
+        f"ceil({prompt} / ({bigger} - {decoders})) = {steps_big}. Prefill gets what the decodes leave of the budget "
+        f"each step, so the prompt tokens per second a replica can take, and the request rate where TTFT starts to "
+        f"queue (the knee), grow with the budget: on {plan.model.name} / {plan.gpu.name} a step of {budget} tokens "
+        f"takes {small_s * 1e3:.1f} ms and one of {bigger} {big_s * 1e3:.1f} ms (roofline), so prefill runs at "
+        f"{(budget - decoders) / small_s:,.0f} vs {(bigger - decoders) / big_s:,.0f} tokens/s. The price: a longer "
+        f"step is every decoding sequence's TPOT, so past the point where the step turns compute-bound a bigger "
+        f"budget moves the knee against the TPOT target instead.")
 
 
 QUIZZES: dict[int, Callable[[ModuleType, np.random.Generator], list[Question]]] = {

@@ -5,6 +5,7 @@ workloads, and the model-free step simulator that predicts such runs from the mo
     benchmark_serving.py  Poisson arrivals, vLLM's latency definitions    vllm/benchmarks/serve.py
     datasets.py           synthetic traffic and load-test workloads       vllm/benchmarks/datasets.py
     simulator.py          each scheduled step costed by a model           (none: vLLM benchmarks the engine)
+    costmodel.py          a step's cost: roofline (model, GPU, tp) or fit (none: Vidur profiles operators)
 """
 
 from .simulator import simulate_serving

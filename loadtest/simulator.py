@@ -96,7 +96,8 @@ def simulate_serving(lab: ModuleType, workload: Sequence[tuple[float, int, int]]
                      cost: StepCostModel = StepCostModel(), record_timeline: bool = True) -> ServingSimulation:
     """Run a workload through the real Scheduler (or StaticBatchScheduler with batch_size =
     max_num_seqs) on a real BlockAllocator, with no model: each step costs
-    `cost.step_time(scheduled tokens, context tokens read)` seconds of simulated time, where a
+    `cost.step_time(scheduled tokens, context tokens read)` seconds of simulated time (a cost with
+    `charges_sampled_tokens` true gets the step's sampled tokens too, a third argument), where a
     scheduled sequence's context read is its computed tokens plus this step's new ones (attention
     reads the new tokens' K/V too).
 
@@ -130,7 +131,11 @@ def simulate_serving(lab: ModuleType, workload: Sequence[tuple[float, int, int]]
             continue  # every arrival so far was rejected
         plan = scheduler.plan_step()
         context = sum(s.num_computed_tokens + plan.num_scheduled_tokens[s.request_id] for s in plan.scheduled)
-        clock += cost.step_time(plan.total_num_scheduled_tokens, context)
+        if getattr(cost, "charges_sampled_tokens", False):  # a served engine streams each sampled token out
+            num_sampled = sum(1 for s in plan.scheduled if plan.completes(s))
+            clock += cost.step_time(plan.total_num_scheduled_tokens, context, num_sampled)
+        else:
+            clock += cost.step_time(plan.total_num_scheduled_tokens, context)
         row = _occupy_slots(slot_of, scheduler.running, max_num_seqs, waiting=len(scheduler.waiting))
         num_steps += 1
         if record_timeline:
