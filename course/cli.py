@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from types import ModuleType
+from typing import NamedTuple
 
 from checkpoints.commands import checkpoint_engine, generate_text, speculate_checkpoints
 from loadtest.benchmark_serving import loadtest, server_model_card
@@ -271,6 +272,170 @@ def _serve_with_one_blas_thread(argv: list[str]) -> None:
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
+class Run(NamedTuple):
+    """What every command is handed besides the module and its arguments."""
+
+    prog: str  # lab.py or solution.py, as the user typed it
+    parser: argparse.ArgumentParser  # its exit() prints one line and sets the status
+
+
+def _scenarios(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """No command: the four design reviews (the main job), naming the first stub they need."""
+    text, stubs = run_all_scenarios(lab)
+    print(text)
+    if stubs:  # name the first exercise to write, not the first scenario that needed one
+        raise NotImplementedError(min(stubs, key=lambda stub: int(re.search(r"\d+", stub).group())))
+
+
+def _size(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`size`: one deployment sized by the module's plan_deployment."""
+    print(scenario_size(lab, args.model, args.gpu, args.max_model_len, args.block_size,
+                        args.gpu_memory_utilization, args.activation_gb, args.tp, args.prompt_len,
+                        args.output_len, args.kv_cache_dtype, args.usd_per_gpu_hour))
+
+
+def _fleet(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`fleet`: the cheapest deployment meeting both p99 targets."""
+    slo = SLO(args.p99_ttft_ms / 1e3, args.p99_tpot_ms / 1e3)
+    question = FleetQuestion(args.model, args.gpu, args.qps, slo, args.workload, args.usd_per_gpu_hour,
+                             args.max_model_len, args.num_requests, args.seed,
+                             args.kv_link_gb_per_s * 1e9, not args.no_disaggregation)
+    try:
+        answer = run_fleet(lab, question, args.jobs, log=lambda line: print(line, flush=True))
+    except NoCandidateMeets as exc:
+        print(exc.table)
+        run.parser.exit(2, f"{run.prog} fleet: error: {exc}\n")
+    print(answer.text)
+    if args.html:
+        with open(args.html, "w", encoding="utf-8") as fh:
+            fh.write(fleet_page(lab, question, answer))
+        print(f"wrote {os.path.abspath(args.html)}")
+
+
+def _batching(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`batching`: continuous against static batching, simulated."""
+    print(scenario_batching(lab, args.slots, args.long, args.short, args.num_short))
+
+
+def _speculate(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`speculate`: the speedup algebra on the module; with --target and --draft, measured on checkpoints."""
+    if args.target or args.draft:
+        if not (args.target and args.draft):
+            run.parser.exit(2, f"{run.prog} speculate: error: --target and --draft go together\n")
+        extra = {"prompt": args.prompt} if args.prompt else {}
+        print(speculate_checkpoints(lab, args.target, args.draft, k=args.k or 4, max_tokens=args.max_tokens,
+                                    temperature=args.temperature, **extra))
+        return 0
+    print(scenario_speculate(lab, args.alpha, args.k, args.c))
+
+
+def _generate(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`generate`: text from a checkpoint."""
+    print(generate_text(lab, args.model, args.prompt, args.max_tokens, args.temperature, args.seed))
+
+
+def _stack(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`stack`: vLLM, TensorRT-LLM or SGLang for a workload."""
+    print(scenario_stack(lab, args.hardware, args.priority, args.prefix_sharing, args.structured_output))
+
+
+def _serve(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`serve`: the OpenAI server on a port."""
+    options = dict(num_blocks=args.num_blocks, block_size=args.block_size,
+                   max_num_batched_tokens=args.max_num_batched_tokens,
+                   enable_prefix_caching=args.enable_prefix_caching,
+                   enable_chunked_prefill=not args.no_chunked_prefill)
+    if args.model:  # max_model_len is the checkpoint's n_positions; the KV-cache fits max_num_seqs of them
+        engine, tokenizer = checkpoint_engine(lab, args.model, args.max_num_seqs or 4, **options)
+        # The directory's name, and the --model string as given (vLLM's name for it)
+        names = args.served_model_name or list(dict.fromkeys([os.path.basename(os.path.normpath(args.model)),
+                                                              args.model]))
+    else:
+        model = lab.ToyTransformer(lab.ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}),
+                                   seed=args.seed)
+        engine = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs or 64,
+                               **options)
+        tokenizer, names = None, args.served_model_name
+    # Garbled text is what random weights write: say so before a client sees it.
+    note = None if args.model else (f"the model's weights are random (--seed {args.seed}), so its text is "
+                                    "noise; --model DIR serves a GPT-2 checkpoint (docs/checkpoints.md)")
+    if not serve(engine, args.host, args.port, args.duration, note=note, tokenizer=tokenizer,
+                 model_name=names, stream_interval=args.stream_interval, max_n=args.max_n):
+        run.parser.exit(1, f"{run.prog} serve: error: the server's HTTP front end stopped, so the server did\n")
+
+
+def _loadtest(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`loadtest`: an open-loop load test of any OpenAI server."""
+    summaries = loadtest(lab, args.url, args.qps, args.num_prompts, args.workload, args.seed,
+                         args.prompt_format, args.model, args.max_model_len, args.slo_ttft_ms,
+                         args.slo_tpot_ms, args.save_workload, args.timeout)
+    if args.html:
+        model = args.model or server_model_card(args.url)["id"]
+        with open(args.html, "w", encoding="utf-8") as fh:
+            fh.write(load_report_html(sorted(args.qps), summaries, args.url, model, args.num_prompts,
+                                      args.workload))
+        print(f"wrote {os.path.abspath(args.html)}")
+
+
+def _report(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`report`: one HTML page of figures; stubs keep figures out, named."""
+    # Exit 0 with the file written even when stubs keep figures out, naming them (as the main
+    # job names the first exercise to write): the other figures are worth looking at.
+    report = write_report(lab, args.out)
+    print(os.path.abspath(args.out))
+    if report.stubs:
+        print(f"some figures are not drawn yet, still stubs: {', '.join(report.stubs)} "
+              f"(see `python {run.prog} status`)")
+    if report.errors:  # not a stub: the module's code failed, and that is an error
+        run.parser.exit(1, f"{run.prog} report: figures failed: {'; '.join(report.errors)}\n")
+
+
+def _hint(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`hint N`: the next hint."""
+    print(show_hint(lab, args.exercise, args.level), end="")
+
+
+def _quiz(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`quiz N`: questions the module's own code answers."""
+    seed = random.randrange(10_000) if args.seed is None else args.seed
+    return run_quiz(lab, args.exercise, seed, run.prog)
+
+
+def _trace(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`trace`: one recorded engine run as a page."""
+    trace = write_trace(lab, args.workload, args.out)
+    print(f"{os.path.abspath(args.out)}: {len(trace.frames) - 1} steps of {trace.workload.title}, "
+          f"{os.path.getsize(args.out) / 1024:.0f} KB; open it in a browser")
+    print(f"what to look for: {trace.workload.look_for}")
+    if trace.error or trace.truncated:  # the page shows the steps up to there: worth a look
+        why = trace.error or f"the run had not finished after {len(trace.frames) - 1} steps"
+        run.parser.exit(1, f"{run.prog} trace: {why} (the page shows the steps before)\n")
+
+
+def _status(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`status`: what is still a stub."""
+    print(status_report(lab))
+
+
+# Each command's function, by the name the user types (None: no command, the main job).
+COMMANDS = {
+    None: _scenarios,
+    "size": _size,
+    "fleet": _fleet,
+    "batching": _batching,
+    "speculate": _speculate,
+    "generate": _generate,
+    "stack": _stack,
+    "serve": _serve,
+    "loadtest": _loadtest,
+    "report": _report,
+    "hint": _hint,
+    "quiz": _quiz,
+    "trace": _trace,
+    "status": _status,
+}
+
+
 def main(lab: ModuleType, argv: list[str] | None = None) -> int:
     """The command line for the module `lab`; returns the exit status. Called as a script
     (`argv` None), `serve` first re-executes itself with OPENBLAS_NUM_THREADS=1 unless it is set."""
@@ -283,101 +448,7 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
     parser = build_parser(lab, prog)
     args = parser.parse_args(argv)
     try:
-        if args.command is None:
-            text, stubs = run_all_scenarios(lab)
-            print(text)
-            if stubs:  # name the first exercise to write, not the first scenario that needed one
-                raise NotImplementedError(min(stubs, key=lambda stub: int(re.search(r"\d+", stub).group())))
-        elif args.command == "size":
-            print(scenario_size(lab, args.model, args.gpu, args.max_model_len, args.block_size,
-                                args.gpu_memory_utilization, args.activation_gb, args.tp, args.prompt_len,
-                                args.output_len, args.kv_cache_dtype, args.usd_per_gpu_hour))
-        elif args.command == "fleet":
-            slo = SLO(args.p99_ttft_ms / 1e3, args.p99_tpot_ms / 1e3)
-            question = FleetQuestion(args.model, args.gpu, args.qps, slo, args.workload, args.usd_per_gpu_hour,
-                                     args.max_model_len, args.num_requests, args.seed,
-                                     args.kv_link_gb_per_s * 1e9, not args.no_disaggregation)
-            try:
-                answer = run_fleet(lab, question, args.jobs, log=lambda line: print(line, flush=True))
-            except NoCandidateMeets as exc:
-                print(exc.table)
-                parser.exit(2, f"{prog} fleet: error: {exc}\n")
-            print(answer.text)
-            if args.html:
-                with open(args.html, "w", encoding="utf-8") as fh:
-                    fh.write(fleet_page(lab, question, answer))
-                print(f"wrote {os.path.abspath(args.html)}")
-        elif args.command == "batching":
-            print(scenario_batching(lab, args.slots, args.long, args.short, args.num_short))
-        elif args.command == "speculate" and (args.target or args.draft):
-            if not (args.target and args.draft):
-                parser.exit(2, f"{prog} speculate: error: --target and --draft go together\n")
-            extra = {"prompt": args.prompt} if args.prompt else {}
-            print(speculate_checkpoints(lab, args.target, args.draft, k=args.k or 4, max_tokens=args.max_tokens,
-                                        temperature=args.temperature, **extra))
-        elif args.command == "speculate":
-            print(scenario_speculate(lab, args.alpha, args.k, args.c))
-        elif args.command == "generate":
-            print(generate_text(lab, args.model, args.prompt, args.max_tokens, args.temperature, args.seed))
-        elif args.command == "stack":
-            print(scenario_stack(lab, args.hardware, args.priority, args.prefix_sharing, args.structured_output))
-        elif args.command == "serve":
-            options = dict(num_blocks=args.num_blocks, block_size=args.block_size,
-                           max_num_batched_tokens=args.max_num_batched_tokens,
-                           enable_prefix_caching=args.enable_prefix_caching,
-                           enable_chunked_prefill=not args.no_chunked_prefill)
-            if args.model:  # max_model_len is the checkpoint's n_positions; the KV-cache fits max_num_seqs of them
-                engine, tokenizer = checkpoint_engine(lab, args.model, args.max_num_seqs or 4, **options)
-                # The directory's name, and the --model string as given (vLLM's name for it)
-                names = args.served_model_name or list(dict.fromkeys([os.path.basename(os.path.normpath(args.model)),
-                                                                      args.model]))
-            else:
-                model = lab.ToyTransformer(lab.ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}),
-                                           seed=args.seed)
-                engine = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs or 64,
-                                       **options)
-                tokenizer, names = None, args.served_model_name
-            # Garbled text is what random weights write: say so before a client sees it.
-            note = None if args.model else (f"the model's weights are random (--seed {args.seed}), so its text is "
-                                            "noise; --model DIR serves a GPT-2 checkpoint (docs/checkpoints.md)")
-            if not serve(engine, args.host, args.port, args.duration, note=note, tokenizer=tokenizer,
-                         model_name=names, stream_interval=args.stream_interval, max_n=args.max_n):
-                parser.exit(1, f"{prog} serve: error: the server's HTTP front end stopped, so the server did\n")
-        elif args.command == "loadtest":
-            summaries = loadtest(lab, args.url, args.qps, args.num_prompts, args.workload, args.seed,
-                                 args.prompt_format, args.model, args.max_model_len, args.slo_ttft_ms,
-                                 args.slo_tpot_ms, args.save_workload, args.timeout)
-            if args.html:
-                model = args.model or server_model_card(args.url)["id"]
-                with open(args.html, "w", encoding="utf-8") as fh:
-                    fh.write(load_report_html(sorted(args.qps), summaries, args.url, model, args.num_prompts,
-                                              args.workload))
-                print(f"wrote {os.path.abspath(args.html)}")
-        elif args.command == "report":
-            # Exit 0 with the file written even when stubs keep figures out, naming them (as the main
-            # job names the first exercise to write): the other figures are worth looking at.
-            report = write_report(lab, args.out)
-            print(os.path.abspath(args.out))
-            if report.stubs:
-                print(f"some figures are not drawn yet, still stubs: {', '.join(report.stubs)} "
-                      f"(see `python {prog} status`)")
-            if report.errors:  # not a stub: the module's code failed, and that is an error
-                parser.exit(1, f"{prog} report: figures failed: {'; '.join(report.errors)}\n")
-        elif args.command == "hint":
-            print(show_hint(lab, args.exercise, args.level), end="")
-        elif args.command == "quiz":
-            seed = random.randrange(10_000) if args.seed is None else args.seed
-            return run_quiz(lab, args.exercise, seed, prog)
-        elif args.command == "trace":
-            trace = write_trace(lab, args.workload, args.out)
-            print(f"{os.path.abspath(args.out)}: {len(trace.frames) - 1} steps of {trace.workload.title}, "
-                  f"{os.path.getsize(args.out) / 1024:.0f} KB; open it in a browser")
-            print(f"what to look for: {trace.workload.look_for}")
-            if trace.error or trace.truncated:  # the page shows the steps up to there: worth a look
-                why = trace.error or f"the run had not finished after {len(trace.frames) - 1} steps"
-                parser.exit(1, f"{prog} trace: {why} (the page shows the steps before)\n")
-        else:
-            print(status_report(lab))
+        return COMMANDS[args.command](lab, args, Run(prog, parser)) or 0
     except (HintsError, QuizError) as exc:
         parser.exit(1, f"{prog} {args.command}: error: {exc}\n")
     except ValueError as exc:
@@ -389,5 +460,9 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
         if args.command == "quiz":  # the quiz's answers come from the module: the stub must be written first
             parser.exit(1, f"{prog} quiz {args.exercise}: {exc} is still a stub: write it first, the quiz's answers "
                            f"come from it (see `python {prog} status`)\n")
+        if args.command == "trace":  # the student's copy ships the same pages recorded on a correct engine
+            recorded = args.workload if args.workload in WORKLOADS else "skewed"
+            parser.exit(1, f"{prog}: {exc} is still a stub: write it (see `python {prog} status`); meanwhile "
+                           f"docs/reference-traces/{recorded}.html in the student's copy is that run on a "
+                           "correct engine\n")
         parser.exit(1, f"{prog}: {exc} is still a stub: write it (see `python {prog} status`)\n")
-    return 0
