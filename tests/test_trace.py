@@ -496,7 +496,7 @@ def test_cli_trace_on_a_half_written_lab_names_the_missing_stub(tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "lab_half.py: Exercise 5: Scheduler.schedule is still a stub" in proc.stderr, proc.stderr
-    assert "docs/reference-traces/skewed.html" in proc.stderr, "a stuck student is pointed to the recorded reference run"
+    assert "docs/reference-traces/skewed.html" in proc.stderr, "a stuck student is pointed to the reference run"
     assert not (tmp_path / "t.html").exists(), "no page for a run that could not start"
 
 
