@@ -13,6 +13,7 @@ Each entry point is handed the chapter module (`solution` or `lab`), never impor
     quiz.py        `quiz N`: numeric questions the module's own code answers
     trace.py       `trace`: one recorded engine run as a page, step by step
     report.py      `report`: one HTML page of figures drawn from real runs
+    svg.py         the pages' drawing: SVG elements, axes, legends, one self-contained page
 """
 
 __all__ = ["main"]

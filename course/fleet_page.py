@@ -16,7 +16,7 @@ import numpy as np
 from loadtest.costmodel import roofline_step_cost
 
 from .fleet import FleetAnswer, FleetQuestion, FleetRow, fleet_workload, simulate_rate
-from .report import BLUE, INK, VERMILLION, _nice_ticks, _now, _xscale, figure, legend, line, page, polyline, svg, text
+from .svg import BLUE, INK, VERMILLION, figure, legend, line, nice_ticks, now, page, polyline, svg, text, xscale
 
 NUM_RATES = 9
 
@@ -47,8 +47,8 @@ def goodput_figure(curves: Sequence[tuple[str, list[float], list[float], float]]
         x0 = 70 + i * (width + 60)
         x1 = x0 + width
         top = max(rates) * 1.05
-        sx, ticks = _xscale(0, top, x0, x1), _nice_ticks(top, 4)
-        sy = _xscale(0, ticks[-1], py1, py0)
+        sx, ticks = xscale(0, top, x0, x1), nice_ticks(top, 4)
+        sy = xscale(0, ticks[-1], py1, py0)
         body.append(text(x0, 24, label[:70], size=13, weight="bold"))
         for t in ticks:
             body.append(line(x0, sy(t), x1, sy(t), stroke="#e0e0e0"))
@@ -82,4 +82,4 @@ def fleet_page(lab: ModuleType, question: FleetQuestion, answer: FleetAnswer) ->
     fig = figure("fleet-goodput", f"{question.model} at {question.qps:g} req/s: the pick and the runner-up",
                  goodput_figure(curves, slo), caption)
     printout = f"<pre>{answer.text.replace('&', '&amp;').replace('<', '&lt;')}</pre>"
-    return page(f"Fleet for {question.model}", [fig, printout], f"python solution.py fleet, {_now()}")
+    return page(f"Fleet for {question.model}", [fig, printout], f"python solution.py fleet, {now()}")

@@ -18,7 +18,6 @@ labels carry the meaning too, so the report also reads in grey on paper.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import html
 import math
 import os
@@ -32,113 +31,33 @@ from loadtest.benchmark_serving import find_knee
 from loadtest.simulator import recurring_workload, simulate_serving, skewed_workload
 
 from .scenarios import make_early_exit_target
-
-# Okabe & Ito (2008), "Color Universal Design": eight colours distinguishable under every
-# common colour-vision deficiency.
-BLUE, ORANGE, GREEN, VERMILLION = "#0072B2", "#E69F00", "#009E73", "#D55E00"
-SKY, PURPLE, YELLOW, BLACK = "#56B4E9", "#CC79A7", "#F0E442", "#000000"
-GREY, LIGHT, INK = "#9a9a9a", "#eeeeee", "#222222"
-WIDTH = 1240  # every figure's SVG width: the page is read at 1280 px
-
-
-# =====================================================================================
-# The SVG helper layer: a few element builders, every attribute escaped
-# =====================================================================================
-
-
-def _attrs(attrs: dict) -> str:
-    """`key="value"` pairs; a trailing underscore is dropped (class_) and _ becomes - (data_label)."""
-    parts = []
-    for key, value in attrs.items():
-        if value is None:
-            continue
-        name = key.rstrip("_").replace("_", "-")
-        parts.append(f'{name}="{html.escape(str(value), quote=True)}"')
-    return " ".join(parts)
-
-
-def el(tag: str, text: str | None = None, **attrs) -> str:
-    """One element; `text` is escaped. No text: a self-closing element."""
-    if text is None:
-        return f"<{tag} {_attrs(attrs)}/>"
-    return f"<{tag} {_attrs(attrs)}>{html.escape(str(text))}</{tag}>"
-
-
-def rect(x: float, y: float, w: float, h: float, fill: str, **attrs) -> str:
-    return el("rect", x=f"{x:.1f}", y=f"{y:.1f}", width=f"{max(w, 0):.1f}", height=f"{max(h, 0):.1f}",
-              fill=fill, **attrs)
-
-
-def text(x: float, y: float, s: object, size: int = 13, anchor: str = "start", weight: str | None = None,
-         fill: str = INK, label: str | None = None, **attrs) -> str:
-    """A text at (x, y) (the baseline). `label` names a number the tests read back (data-label)."""
-    return el("text", str(s), x=f"{x:.1f}", y=f"{y:.1f}", font_size=size, text_anchor=anchor,
-              font_weight=weight, fill=fill, data_label=label, **attrs)
-
-
-def line(x1: float, y1: float, x2: float, y2: float, stroke: str = INK, width: float = 1, **attrs) -> str:
-    return el("line", x1=f"{x1:.1f}", y1=f"{y1:.1f}", x2=f"{x2:.1f}", y2=f"{y2:.1f}", stroke=stroke,
-              stroke_width=width, **attrs)
-
-
-def polyline(points: Sequence[tuple[float, float]], stroke: str, width: float = 2, **attrs) -> str:
-    return el("polyline", points=" ".join(f"{x:.1f},{y:.1f}" for x, y in points), fill="none",
-              stroke=stroke, stroke_width=width, **attrs)
-
-
-def hatch(pattern_id: str, color: str = GREY, background: str = "#ffffff") -> str:
-    """A diagonal-stripe fill (`fill="url(#id)"`): shading that survives greyscale printing."""
-    return (f'<pattern id="{pattern_id}" width="6" height="6" patternUnits="userSpaceOnUse" '
-            f'patternTransform="rotate(45)">{rect(0, 0, 6, 6, background)}'
-            f'{line(0, 0, 0, 6, stroke=color, width=2.2)}</pattern>')
-
-
-def svg(height: float, body: Sequence[str], title: str, desc: str, defs: Sequence[str] = ()) -> str:
-    """An inline SVG image, WIDTH wide, that scales with the page; `title` and `desc` are its
-    text alternative (role="img": a screen reader reads them instead of the drawing)."""
-    ident = "svg-" + "".join(c if c.isalnum() else "-" for c in title.lower())[:40]
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height:.0f}" role="img" '
-            f'aria-labelledby="{ident}-t {ident}-d" font-family="inherit">'
-            f'<title id="{ident}-t">{html.escape(title)}</title><desc id="{ident}-d">{html.escape(desc)}</desc>'
-            + (f"<defs>{''.join(defs)}</defs>" if defs else "") + "".join(body) + "</svg>")
-
-
-def legend(x: float, y: float, items: Sequence[tuple[str, str]], gap: int = 26) -> tuple[list[str], float]:
-    """Swatches and names in one row from (x, y); returns the elements and the x after them."""
-    out = []
-    for fill, name in items:
-        out.append(rect(x, y - 11, 14, 14, fill, stroke=INK, stroke_width=0.6))
-        out.append(text(x + 19, y, name, size=12))
-        x += 19 + 7 * len(name) + gap
-    return out, x
-
-
-def figure(fig_id: str, title: str, body: str, caption: str) -> str:
-    return (f'<figure id="{fig_id}"><h2>{html.escape(title)}</h2>{body}'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-
-
-def pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
-def _xscale(lo: float, hi: float, x0: float, x1: float) -> Callable[[float], float]:
-    return lambda v: x0 + (v - lo) / (hi - lo) * (x1 - x0) if hi > lo else x0
-
-
-def _nice_ticks(top: float, n: int = 5) -> list[float]:
-    """0 and round steps up to at least `top` (1, 2 or 5 times a power of ten)."""
-    if not top > 0:
-        return [0.0, 1.0]
-    raw = top / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    return [i * step for i in range(int(math.ceil(top / step)) + 1)]
-
-
-# =====================================================================================
-# 1. The paged KV pool during a real engine run: prefix caching, a fork, copy-on-write
-# =====================================================================================
+from .svg import (
+    BLACK,
+    BLUE,
+    GREEN,
+    GREY,
+    INK,
+    LIGHT,
+    ORANGE,
+    PURPLE,
+    SKY,
+    VERMILLION,
+    WIDTH,
+    el,
+    figure,
+    hatch,
+    legend,
+    line,
+    nice_ticks,
+    now,
+    page,
+    pct,
+    polyline,
+    rect,
+    svg,
+    text,
+    xscale,
+)
 
 KV_MODEL = dict(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=4)
 KV_BLOCKS, KV_BLOCK_SIZE = 16, 4
@@ -452,7 +371,7 @@ def figure_batching(lab: ModuleType) -> tuple[str, dict]:
     p = run["params"]
     slots, x0, x1 = p["slots"], 150, 910
     max_steps = max(run[s]["num_steps"] for s in ("static", "continuous"))
-    sx = _xscale(0, max_steps, x0, x1)
+    sx = xscale(0, max_steps, x0, x1)
     slot_h, panel_h = 17, p["slots"] * 17 + 58
     body, _ = legend(0, 16, [(VERMILLION, f"the long request ({p['long_len']} tokens)"),
                              (BLUE, f"short requests ({p['short_len']} tokens each)"),
@@ -476,7 +395,7 @@ def figure_batching(lab: ModuleType) -> tuple[str, dict]:
                     body.append(rect(xa, y, xb - xa, slot_h - 3, "url(#bat-idle)" if value == -1 else LIGHT))
         ya = y0 + 4 + slots * slot_h + 2
         body.append(line(x0, ya, sx(sim["num_steps"]), ya))
-        for t in _nice_ticks(max_steps, 8):
+        for t in nice_ticks(max_steps, 8):
             if t <= sim["num_steps"]:
                 body.append(line(sx(t), ya, sx(t), ya + 4))
                 body.append(text(sx(t), ya + 16, f"{t:g}", size=11, anchor="middle"))
@@ -614,10 +533,10 @@ def figure_speculative(lab: ModuleType) -> tuple[str, dict]:
     px0, px1, py0, py1 = 560, 1200, y0 + 10, y0 + 300
     ks, speedups = run["ks"], run["speedups"]
     top = max([*speedups, run["measured_speedup"], 1.0]) * 1.15
-    sx, sy = _xscale(ks[0] - 0.5, ks[-1] + 0.5, px0, px1), _xscale(0, top, py1, py0)
+    sx, sy = xscale(ks[0] - 0.5, ks[-1] + 0.5, px0, px1), xscale(0, top, py1, py0)
     body.append(text(px0, y0 - 6, f"expected speedup against k (alpha = {run['alpha']:.3f}, c = {run['c']:.2f})",
                      size=13, weight="bold"))
-    for t in _nice_ticks(top, 5):
+    for t in nice_ticks(top, 5):
         if t <= top:
             body.append(line(px0, sy(t), px1, sy(t), stroke="#e0e0e0"))
             body.append(text(px0 - 6, sy(t) + 4, f"{t:g}\u00d7", size=11, anchor="end"))
@@ -699,20 +618,20 @@ def latency_figure(rates: Sequence[float], summaries: Sequence[dict], source: st
     for name, key, x0, x1, log in panels:
         values = [s[f"{p}_{key}"] * 1e3 for s in summaries for p in ("p50", "p99")
                   if s[f"{p}_{key}"] == s[f"{p}_{key}"]]
-        sx = _xscale(0, max(plot_rates) * 1.05, x0, x1)
+        sx = xscale(0, max(plot_rates) * 1.05, x0, x1)
         body.append(text(x0, 24, f"{name} (ms){', log scale' if log else ''}", size=14, weight="bold"))
         if log:  # decades from the one below the smallest value to the one above the largest
             positive = [v for v in values if v > 0] or [1.0]
             e_lo = math.floor(math.log10(max(min(positive), 1e-3)))
             e_hi = max(math.ceil(math.log10(max(positive))), e_lo + 1)
-            to_y = _xscale(e_lo, e_hi, py1, py0)
+            to_y = xscale(e_lo, e_hi, py1, py0)
 
             def sy(v: float, to_y=to_y) -> float:
                 return to_y(math.log10(v))
             ticks = [10.0 ** e for e in range(e_lo, e_hi + 1)]
         else:
-            ticks = _nice_ticks(max(values, default=1.0), 4)
-            sy = _xscale(0, ticks[-1], py1, py0)
+            ticks = nice_ticks(max(values, default=1.0), 4)
+            sy = xscale(0, ticks[-1], py1, py0)
         for t in ticks:
             body.append(line(x0, sy(t), x1, sy(t), stroke="#e0e0e0"))
             body.append(text(x0 - 6, sy(t) + 4, f"{t:g}", size=11, anchor="end"))
@@ -783,7 +702,7 @@ def load_report_html(rates: Sequence[float], summaries: Sequence[dict], url: str
                                    f"A real load test of {url} (model {model}): {num_prompts} {workload} requests per "
                                    "rate, open loop (Poisson arrivals), latencies from the streamed chunks.")
     fig = figure("latency-load", f"Latency against offered load: {model} at {url}", body, numbers["caption"])
-    return page(f"Load test of {url}", [fig], f"benchmark_serving.loadtest, {_now()}")
+    return page(f"Load test of {url}", [fig], f"benchmark_serving.loadtest, {now()}")
 
 
 # =====================================================================================
@@ -821,7 +740,7 @@ def figure_capacity(lab: ModuleType) -> tuple[str, dict]:
     body, _ = legend(0, 16, [(BLUE, "weights"), *reserve, (GREEN, "KV blocks"), ("#ffffff", "left over (< 1 block)"),
                              ("url(#cap-reserve)", "not given to the engine (1 - gpu_memory_utilization)")])
     total = run["plans"]["auto"]["memory_gb"]
-    sx = _xscale(0, total, x0, x1)
+    sx = xscale(0, total, x0, x1)
     for i, dtype in enumerate(("auto", "int8")):
         plan = run["plans"][dtype]
         y = 44 + i * 74
@@ -858,8 +777,8 @@ def figure_capacity(lab: ModuleType) -> tuple[str, dict]:
     cy0, cy1 = 230, 470
     lens = p["context_lens"]
     top = max(max(v) for v in run["seqs"].values())
-    ticks = _nice_ticks(top, 5)
-    sy = _xscale(0, ticks[-1], cy1, cy0)
+    ticks = nice_ticks(top, 5)
+    sy = xscale(0, ticks[-1], cy1, cy0)
     body.append(text(0, cy0 - 22, f"Sequences that can all reach the context length at once ({p['model']} on "
                                   f"{p['gpu']})", size=14, weight="bold"))
     for t in ticks:
@@ -911,43 +830,6 @@ FIGURES: list[tuple[str, str, Callable[[ModuleType], tuple[str, dict]], tuple[in
     ("capacity", "6. The capacity plan", figure_capacity, (1, 8)),
 ]
 
-CSS = """
-:root { color-scheme: light; }
-body { background: #ffffff; color: #222222; margin: 0 auto; padding: 16px 20px 40px; max-width: 1240px;
-       font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; }
-h1 { font-size: 26px; margin: 8px 0 4px; }
-header p { margin: 4px 0; color: #444444; }
-figure { margin: 28px 0 0; padding: 14px 0 0; border-top: 2px solid #dddddd; break-inside: avoid; }
-figure h2 { font-size: 19px; margin: 0 0 10px; }
-figure svg { width: 100%; height: auto; display: block; }
-figcaption { margin-top: 10px; max-width: 1100px; color: #333333; }
-table.numbers { border-collapse: collapse; margin-top: 10px; font-size: 13px; }
-table.numbers th, table.numbers td { border: 1px solid #cccccc; padding: 3px 10px; text-align: right; }
-table.numbers th { background: #f3f3f3; }
-table.numbers tr.knee td { font-weight: bold; background: #fff3d6; }
-.stub-box { border: 2px dashed #D55E00; background: #fff8f3; padding: 18px 22px; font-size: 16px; }
-code { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size: 0.95em; }
-@page { size: A4 landscape; margin: 10mm; }
-@media print {
-  body { max-width: none; padding: 0; font-size: 11pt; }
-  figure { break-inside: avoid; page-break-inside: avoid; margin-top: 12px; }
-  figure svg { max-height: 115mm; }  /* the viewBox keeps the proportions: a tall figure shrinks */
-}
-"""
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def page(title: str, fragments: Sequence[str], subtitle: str) -> str:
-    """One self-contained HTML page: inline CSS, no script, nothing fetched."""
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{html.escape(title)}"
-            f"</title><style>{CSS}</style></head><body><header><h1>{html.escape(title)}</h1>"
-            f"<p>{html.escape(subtitle)}</p></header>" + "\n".join(fragments) + "</body></html>\n")
-
-
 def error_figure(fig_id: str, title: str, exc: Exception) -> str:
     """The box that stands in for a figure whose run raised: the module's code has a bug there."""
     message = f"{type(exc).__name__}: {exc}"
@@ -995,7 +877,7 @@ def build_report(lab: ModuleType) -> Report:
             fragment = error_figure(fig_id, title, exc)
         fragments.append(fragment)
     stubs = sorted(set(stubs), key=_exercise_number)
-    subtitle = (f"Figures drawn from runs of {prog} ({os.path.abspath(lab.__file__)}) on {_now()}. "
+    subtitle = (f"Figures drawn from runs of {prog} ({os.path.abspath(lab.__file__)}) on {now()}. "
                 + (f"Not drawn yet, still stubs: {', '.join(stubs)}. " if stubs else "")
                 + (f"Failed: {'; '.join(errors)}." if errors else "")
                 + ("Every figure is drawn." if not stubs and not errors else ""))
