@@ -480,7 +480,7 @@ MUTANTS: list[tuple[str, ...]] = [
     ('issue 36: at most 128 prompts a request again', 'provided',
      'MAX_CHOICES = 2048', 'MAX_CHOICES = 128', 'serving/protocol.py'),
     ('issue 36: serve --model DIR answers only to the directory name', 'provided',
-     '                                                                      args.model]))\n', '                                                                      ][:1]))\n', 'course/cli.py'),
+     '                                                              args.model]))\n', '                                                              ][:1]))\n', 'course/cli.py'),
 ]
 
 
