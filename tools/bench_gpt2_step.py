@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,7 +27,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_request_trip import load_module  # noqa: E402
+from bench_request_trip import solution_at  # noqa: E402
 
 GPT2_124M = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 
@@ -84,11 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     modules = {"solution": importlib.import_module("solution")}
     if args.against:
-        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.against}:solution.py"],
-                                check=True, capture_output=True, text=True).stdout
-        path = Path(tempfile.mkdtemp()) / "solution_before.py"
-        path.write_text(source)
-        modules = {args.against: load_module(path, "solution_before"), **modules}
+        modules = {args.against: solution_at(args.against), **modules}
     weights = modules["solution"].init_gpt2_weights(modules["solution"].ModelConfig(**GPT2_124M), seed=0)
     total = args.rounds * args.steps + 2
     steps = {name: engine_step(lab, weights, args.context, total) for name, lab in modules.items()}

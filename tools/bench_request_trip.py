@@ -41,6 +41,15 @@ def load_module(path: Path, name: str):
     return module
 
 
+def solution_at(rev: str):
+    """solution.py as it was at git revision `rev`, imported as `solution_before`."""
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:solution.py"],
+                            check=True, capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "solution_before.py"
+    path.write_text(source)
+    return load_module(path, "solution_before")
+
+
 class CopyCounter:
     """Traces every opcode; records each new list or tuple that holds `token` (see the module doc)."""
 
@@ -139,11 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     modules = {args.module: importlib.import_module(args.module)}
     if args.against:
-        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.against}:solution.py"],
-                                check=True, capture_output=True, text=True).stdout
-        path = Path(tempfile.mkdtemp()) / "solution_before.py"
-        path.write_text(source)
-        modules = {args.against: load_module(path, "solution_before"), **modules}
+        modules = {args.against: solution_at(args.against), **modules}
     print("one request of 150 tokens, blocks of 16: unpickled -> engine.add_request -> first step (its forward)")
     print(f"{'module':<22}{'prefix caching':>16}{'list/tuple copies':>19}{'hash_block calls':>18}")
     for name, module in modules.items():
