@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from course import cli  # noqa: E402
+from course import cli, report, svg  # noqa: E402
 from loadtest import benchmark_serving, costmodel, datasets  # noqa: E402
 from loadtest.simulator import simulate_serving  # noqa: E402
 from serving.sampling import logits_processors  # noqa: E402
@@ -200,7 +200,9 @@ def error_table(rates, measured, predicted: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def bench_model(lab, name: str, rates=None, num_prompts=None, seed: int = 0) -> str:
+def bench_model(lab, name: str, rates=None, num_prompts=None, seed: int = 0) -> tuple[str, list[str]]:
+    """The error table's text, and two figures: the latencies measured and those predicted with
+    every term, against the offered rate (the same axes as `loadtest --html`)."""
     config = MODELS[name]
     workload_name, default_rates, default_prompts = PLANS[name]
     rates, num_prompts = sorted(rates or default_rates), num_prompts or default_prompts
@@ -251,7 +253,12 @@ def bench_model(lab, name: str, rates=None, num_prompts=None, seed: int = 0) -> 
     knees += [(n, knee(rates, [p["p99_ttft"] for p in ps])) for n, ps in predicted.items()]
     out.append("knee (highest rate before p99 TTFT triples): " + ", ".join(f"{n} {k if k is not None else '-'}"
                                                                           for n, k in knees))
-    return "\n".join(out)
+    figures = []
+    for label, summaries in (("measured by the load generator", measured),
+                             ("predicted by the simulator, every term", predicted["+ wake-ups"])):
+        body, numbers = report.latency_figure(rates, summaries, f"{name}, {label}.")
+        figures.append(svg.figure(f"{name}-{label.split()[0]}", f"{name}: {label}", body, numbers["caption"]))
+    return "\n".join(out), figures
 
 
 def main(argv=None) -> int:
@@ -260,13 +267,21 @@ def main(argv=None) -> int:
     parser.add_argument("--qps", type=lambda text: [float(r) for r in text.split(",")], help="rates, req/s")
     parser.add_argument("--num-prompts", type=int)
     parser.add_argument("--module", default="solution")
+    parser.add_argument("--html", metavar="FILE", help="also draw predicted against measured latencies as a page")
     args = parser.parse_args(argv)
     lab = importlib.import_module(args.module)
     names = list(MODELS) if args.model == "both" else [args.model]
     print(f"bench_simulator: {args.module}, OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (other processes share them)", flush=True)
+    figures = []
     for name in names:
-        print(bench_model(lab, name, args.qps, args.num_prompts), flush=True)
+        text, drawn = bench_model(lab, name, args.qps, args.num_prompts)
+        print(text, flush=True)
+        figures += drawn
+    if args.html:
+        Path(args.html).write_text(svg.page("The simulator against the served engine", figures,
+                                            "latency against offered rate: measured, then predicted"))
+        print(f"wrote {Path(args.html).resolve()}")
     return 0
 
 
