@@ -13,9 +13,9 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    5. Capacity planning                        2132-2476    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
    6. The exercises                            2477-2500    the list of exercises, and `__main__`
 
-What runs the chapter for a user (the server, the load generator, the simulator, the design
-reviews, the command line) is the `serving/` package beside this file: `python solution.py ARGS`
-hands this module to `serving.main`. The benchmarks live in tools/ (bench.py). `lab.py` is generated
+What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
+server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
+design reviews): `python solution.py ARGS` hands this module to `serving.main`. The benchmarks live in tools/ (bench.py). `lab.py` is generated
 from this file by `tools/make_lab.py`: every region between `# BEGIN SOLUTION: Exercise N` and
 `# END SOLUTION` becomes a stub for the student to write.
 """
