@@ -507,6 +507,8 @@ def test_cli_trace_on_a_half_written_lab_names_the_missing_stub(tmp_path):
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 BROWSER_TIMEOUT = 60
+needs_browser = pytest.mark.skipif(BROWSER is None, reason="needs Chromium to render the page: apt-get install "
+                                   "chromium (or any chromium / chromium-browser on PATH)")
 
 
 def dump_dom(path: Path, fragment: str) -> str:
@@ -605,13 +607,18 @@ def busiest_step(data, request):
     return max(candidates, key=lambda k: (bool(data["frames"][k]["preempted"]), len(data["frames"][k]["ran"]), -k))
 
 
-@pytest.mark.needs(5)
-@pytest.mark.skipif(BROWSER is None, reason="needs Chromium to render the page: apt-get install chromium "
-                                            "(or any chromium / chromium-browser on PATH)")
-def test_the_page_rendered_in_chromium_shows_the_recorded_step(tmp_path):
-    rec, data, _ = recorded("memory-pressure")
-    path = tmp_path / "trace.html"
+def page_of(workload: str, where: Path):
+    """(trace, its recording, the page's file) of a workload recorded on the module's engine."""
+    rec, data, _ = recorded(workload)
+    path = where / "trace.html"
     path.write_text(trace.render_page(rec))
+    return rec, data, path
+
+
+@pytest.mark.needs(5)
+@needs_browser
+def test_the_page_rendered_in_chromium_shows_the_recorded_step(tmp_path):
+    rec, data, path = page_of("memory-pressure", tmp_path)
     step = busiest_step(data, "r3")
     check_rendered(RenderedPage(dump_dom(path, f"step={step}&request=r3")), data, step, "r3")
     # The check itself catches a page that draws the step before: the same script, one step late.
@@ -636,10 +643,7 @@ def test_the_page_opens_on_the_first_step_where_a_mechanism_shows():
 
 
 @pytest.mark.needs(5)
-@pytest.mark.skipif(BROWSER is None, reason="needs Chromium to render the page: apt-get install chromium "
-                                            "(or any chromium / chromium-browser on PATH)")
+@needs_browser
 def test_the_page_without_a_step_in_its_address_opens_on_the_opening_step(tmp_path):
-    rec, data, _ = recorded("memory-pressure")
-    path = tmp_path / "trace.html"
-    path.write_text(trace.render_page(rec))
+    _, data, path = page_of("memory-pressure", tmp_path)
     assert RenderedPage(dump_dom(path, "")).step == data["open"] > 0, "the page opens on the recording's opening step"
