@@ -1,1 +1,2 @@
-"""The tests of serving/ and the command line: one file per concept, beside the spec (test_lab.py)."""
+"""The tests of the packages beside the chapter (serving/, checkpoints/, loadtest/, course/) and
+the command line: one file per concept, beside the spec (test_lab.py)."""
