@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings, stateful
+from hypothesis import assume, example, given, settings, stateful
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant
 
@@ -464,6 +464,19 @@ def test_a_private_last_block_is_written_in_place():
 
 
 @pytest.mark.exercise2
+def test_appending_no_tokens_to_a_forked_table_copies_nothing_and_takes_no_block():
+    alloc, parent = table_with(range(6))  # the last block holds 2 of 4 tokens, shared after the fork
+    child = parent.fork()
+    blocks, refs = list(child.block_ids), [alloc.ref_count(b) for b in child.block_ids]
+    copies = child.append_tokens([])
+    got = (copies, child.block_ids, [alloc.ref_count(b) for b in blocks], alloc.num_free_blocks)
+    assert got == ([], blocks, refs, 14), rule(
+        2, f"append_tokens([]) on a fork whose shared last block has room returned {copies}, left the table on "
+           f"blocks {child.block_ids} (it was on {blocks}) and {alloc.num_free_blocks} of 16 blocks free (14 before): "
+           "appending no tokens writes nothing, so it copies nothing and allocates nothing")
+
+
+@pytest.mark.exercise2
 def test_free_releases_every_block():
     alloc, table = table_with(range(10))
     child = table.fork()
@@ -753,6 +766,25 @@ def test_the_first_registration_of_a_prefix_stays_the_cached_copy():
         alloc.allocate()
     assert alloc.stats.evictions == 0, rule(3, "the duplicate was treated as cached (evicted, or kept out of the free "
                                                "pool): only the first registration caches a prefix")
+
+
+@pytest.mark.exercise3
+def test_a_block_registered_once_keeps_its_first_hash_until_it_is_evicted():
+    alloc = lab.BlockAllocator(1, 4, enable_prefix_caching=True)
+    first, second = lab.hash_block(None, [1, 1, 1, 1]), lab.hash_block(None, [2, 2, 2, 2])
+    block = alloc.allocate()
+    alloc.register(block, first)
+    alloc.register(block, second)  # the same block under another hash: a no-op
+    found = (alloc.get_cached_block(first), alloc.get_cached_block(second))
+    assert found == (block, None), rule(
+        3, f"block {block}, registered under one hash then another, is found under them as {found}, expected "
+           f"({block}, None): a block registered once keeps its first hash (a block holds one prefix)")
+    alloc.free(block)
+    alloc.allocate()  # the only block: evicted, to hold other tokens
+    found = (alloc.get_cached_block(first), alloc.get_cached_block(second))
+    assert found == (None, None), rule(
+        3, f"after block {block} was evicted to hold other tokens, its hashes still find {found}: eviction forgets the "
+           "hash the block was registered under (a stale entry would serve another request's K/V)")
 
 
 @pytest.mark.exercise3
@@ -1882,6 +1914,31 @@ def test_prefix_caching_serves_a_prompt_that_is_entirely_cached(engine_model):
     assert again[1].output_token_ids == greedy_reference(engine_model, prompt + [1], 5), rule(5, SAME)
     assert engine.prefix_cache_hit_rate > 0, rule(5, "the second run of the same prompt hits the prefix cache")
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, rule(5, "blocks leaked")
+
+
+SHARED_BLOCKS = st.lists(st.lists(st.integers(0, 63), min_size=4, max_size=4), min_size=2, max_size=3, unique_by=tuple)
+# A prompt: which shared blocks, in which order (repeats allowed), then a tail of 0-3 tokens of its own.
+BLOCK_PROMPTS = st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=4),
+                                   st.lists(st.integers(0, 63), max_size=3)), min_size=2, max_size=4)
+
+
+@pytest.mark.exercise5
+@settings(max_examples=25)
+@given(blocks=SHARED_BLOCKS, shapes=BLOCK_PROMPTS)
+@example(blocks=[[1, 2, 3, 4], [5, 6, 7, 8]], shapes=[([0, 1], []), ([1, 0], [])])  # issue 45's [A, B], then [B, A]
+def test_prompts_of_shared_blocks_in_any_order_or_repetition_give_the_uncached_engines_tokens(engine_model, blocks,
+                                                                                             shapes):
+    prompts = [[t for i in order for t in blocks[i % len(blocks)]] + tail for order, tail in shapes]
+    params = lab.SamplingParams(max_tokens=3)
+    uncached = lab.LLMEngine(engine_model, block_size=4)
+    cached = lab.LLMEngine(engine_model, block_size=4, enable_prefix_caching=True)
+    for i, prompt in enumerate(prompts):  # one at a time: each finds the blocks of the ones before it cached
+        want = uncached.generate([prompt], params)[0].output_token_ids
+        got = cached.generate([prompt], params)[0].output_token_ids
+        assert got == want, rule(
+            5, f"prompt {i}, {prompt}, after {prompts[:i]} (all built of the blocks {blocks}): {got} with prefix "
+               f"caching, {want} without: prefix caching changes no output, whatever order or repetition of the same "
+               "blocks came before (a block is reused only after the same whole prefix)")
 
 
 def drain(engine, wholes, max_steps=500):
