@@ -82,6 +82,13 @@ def http_call(server, method, path, body=None):
     return resp.status, dict(resp.getheaders()), data
 
 
+def read_metric(text, name):
+    """The value of one unlabelled-by-le sample `name{...} value` in Prometheus text."""
+    match = re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M)
+    assert match, f"/metrics has no sample {name}"
+    return float(match.group(1))
+
+
 def complete(server, **fields):
     status, _, data = http_call(server, "POST", "/v1/completions", json.dumps(fields))
     assert status == 200, f"POST /v1/completions {fields}: HTTP {status} {data[:300]!r}"

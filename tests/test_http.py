@@ -107,6 +107,19 @@ def test_rule7_an_http_1_0_client_gets_a_stream_delimited_by_close(server):
     assert rest.startswith(b"data: ") and rest.endswith(b"data: [DONE]\n\n"), rest[-80:]
 
 
+@pytest.mark.needs(5)
+def test_rule7_an_http_1_0_stream_ends_with_the_close_even_when_the_client_asks_for_keep_alive(server):
+    body = json.dumps({"prompt": [1, 2], "max_tokens": 3, "stream": True}).encode()
+    post = b"POST /v1/completions HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    reply = raw_exchange(server, post)  # returns only once the server closes
+    reraise_stub(reply.decode(errors="replace"))
+    head, _, rest = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"connection: close" in head.lower(), (
+        f"rule 7: an HTTP/1.0 stream has no chunked coding, so only the close can end its body: it is answered "
+        f"Connection: close, and closed, even when the client asked for keep-alive; got {head!r}")
+    assert rest.endswith(b"data: [DONE]\n\n"), f"the whole stream comes before the close: {rest[-80:]!r}"
+
+
 @pytest.mark.provided
 def test_rule7_close_returns_promptly_with_idle_client_connections_open(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)

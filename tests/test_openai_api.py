@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 
 import numpy as np
@@ -27,6 +28,7 @@ from tests.support import (
     greedy_reference,
     http_call,
     random_prompts,
+    read_metric,
     served_model,
     stream_events_at,
     stream_texts,
@@ -560,3 +562,65 @@ def test_more_prompts_than_the_choice_cap_is_a_400_naming_prompt(server):
     status, error = error_of(server, "/v1/completions", {"prompt": [[1]] * (protocol.MAX_CHOICES + 1)})
     assert status == 400 and error["param"] == "prompt" and str(protocol.MAX_CHOICES) in error["message"], (
         f"one request's choices are capped (the front end's work for it holds up every other client): {error}")
+
+
+# --- a stream whose engine step fails ------------------------------------------------------
+
+
+def streamed_post_to_close(server, fields) -> tuple[bytes, list[bytes], bytes]:
+    """One streamed POST /v1/completions with Connection: close, read on a raw socket until the
+    server closes: (the response's head, its data: events with the chunked framing undone, the
+    bytes that came after the chunked body's last chunk)."""
+    body = json.dumps(fields | {"stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        reply = b""
+        for _ in range(1000):
+            data = sock.recv(65536)
+            if not data:
+                break
+            reply += data
+    head, _, rest = reply.partition(b"\r\n\r\n")
+    text = b""
+    while rest:  # the chunked coding: a size in hex, CRLF, the data, CRLF; size 0 ends the body
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            rest = rest.removeprefix(b"\r\n")
+            break
+        text, rest = text + rest[:size], rest[size + 2:]
+    return head, [e for e in text.split(b"\n\n") if e], rest
+
+
+@pytest.mark.needs(5)
+def test_a_stream_whose_engine_step_fails_ends_at_its_error_event_and_is_no_success(engine_model, monkeypatch):
+    engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
+    with serving.start_server(engine) as srv:
+        complete(srv, prompt=[3, 4], max_tokens=2, temperature=0)  # a stub is named here, not below
+        successes = read_metric(http_call(srv, "GET", "/metrics")[2].decode(), "vllm:request_success_total")
+        forward, calls = engine.model.forward, []
+
+        def fails_on_the_third_pass(*args, **kwargs):  # the prefill and one decode step give 2 tokens first
+            calls.append(1)
+            if len(calls) == 3:
+                raise FloatingPointError("planted fault")
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(engine.model, "forward", fails_on_the_third_pass)  # the engine runs in this process
+        head, events, after = streamed_post_to_close(srv, {"prompt": [3, 4], "max_tokens": 8, "temperature": 0,
+                                                          "stream_options": {"include_usage": True}})
+        monkeypatch.undo()
+        assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower() and len(events) >= 2, (
+            f"the stream must start (its first tokens come before the step that fails): {head[:80]!r}, {events[:2]}")
+        last = json.loads(events[-1].removeprefix(b"data: ")) if events[-1] != b"data: [DONE]" else {}
+        assert "planted fault" in last.get("error", {}).get("message", ""), (
+            f"a step that fails mid-stream ends the stream with an error event naming the error, and nothing after "
+            f"it: no usage chunk, no data: [DONE] (the stream did not complete); the last events were {events[-3:]}")
+        assert after == b"", (
+            f"the stream's body ended (its last chunk) at the error event, then {len(after)} more bytes came on the "
+            f"connection: {after[:120]!r}; nothing is written past the end of a response")
+        now = read_metric(http_call(srv, "GET", "/metrics")[2].decode(), "vllm:request_success_total")
+    assert now == successes, (
+        f"vllm:request_success_total went from {successes:g} to {now:g} for a stream that ended in an error event: "
+        "a request counts as a success only when it completes")

@@ -24,6 +24,7 @@ from tests.support import (
     greedy_reference,
     http_call,
     random_prompts,
+    read_metric,
     reraise_stub,
     stream_events,
     stream_then_hang_up,
@@ -159,13 +160,6 @@ VLLM_METRICS = [("vllm:num_requests_running", "gauge"), ("vllm:num_requests_wait
                 ("vllm:kv_cache_usage_perc", "gauge"), ("vllm:num_preemptions_total", "counter"),
                 ("vllm:prefix_cache_queries_total", "counter"), ("vllm:prefix_cache_hits_total", "counter"),
                 ("vllm:time_to_first_token_seconds", "histogram")]
-
-
-def read_metric(text, name):
-    """The value of one unlabelled-by-le sample `name{...} value` in Prometheus text."""
-    match = re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M)
-    assert match, f"/metrics has no sample {name}"
-    return float(match.group(1))
 
 
 @pytest.mark.provided

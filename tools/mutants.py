@@ -481,6 +481,23 @@ MUTANTS: list[tuple[str, ...]] = [
      'MAX_CHOICES = 2048', 'MAX_CHOICES = 128', 'serving/protocol.py'),
     ('issue 36: serve --model DIR answers only to the directory name', 'provided',
      '                                                              args.model]))\n', '                                                              ][:1]))\n', 'course/cli.py'),
+    # issue 45: what the suite let through
+    ("issue 45: the engine's block hashes not chained on the parent's", 'exercise5',
+     'hashes.append(hash_block(hashes[-1] if hashes else None, block, table.cache_salt))',
+     'hashes.append(hash_block(None, block, table.cache_salt))'),
+    ('issue 45: a stream whose engine step failed goes on to its usage and [DONE]', 'exercise5',
+     '            writer.write(b"".join(out) + sink.sse(exc.body()) + sink.end())  # ends the stream; not a success\n            return\n',
+     '            writer.write(b"".join(out) + sink.sse(exc.body()) + sink.end())  # ends the stream; not a success\n',
+     'serving/serving_engine.py'),
+    ('issue 45: an HTTP/1.0 stream answered keep-alive when the client asks for it', 'exercise5',
+     '        if length is None and self.request.version == "HTTP/1.0":\n            self.keep_alive = False\n', '',
+     'serving/http_server.py'),
+    ('issue 45: appending nothing to a forked table copies its shared last block', 'exercise2',
+     '        if not token_ids:\n            return []\n        block_size = self.block_size\n',
+     '        block_size = self.block_size\n'),
+    ('issue 45: a registered block takes a second hash', 'exercise3',
+     'if not self.enable_prefix_caching or block_hash in self._cached or block_id in self._block_hash:',
+     'if not self.enable_prefix_caching or block_hash in self._cached:'),
 ]
 
 
