@@ -9,9 +9,9 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    1. Paged KV-cache (PagedAttention)          153-503      blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   504-1118     a GPT-2 that reads its past through block tables (Ex. 4)
    3. Continuous batching                      1119-1795    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1796-2131    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2132-2476    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2477-2500    the list of exercises, and `__main__`
+   4. Speculative decoding                     1796-2136    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2137-2481    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2482-2505    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -2061,13 +2061,15 @@ def speculative_generate(
     Conventions the counters and the draws follow:
     - both models prefill the prompt but its last token, emitting nothing; `num_target_passes`
       counts the rounds after it;
-    - a round drafts min(k, tokens still wanted - 1, positions left in the shorter context - 1) tokens;
-      `num_draft_tokens` counts the drafts made, `num_accepted` those accepted, past a stop token too;
+    - a round drafts min(k, tokens still wanted - 1) tokens; `num_draft_tokens` counts the drafts
+      made, `num_accepted` those accepted, past a stop token too;
     - one generator, `np.random.default_rng(sampling.seed)`, serves the draft's draws and
       accept_or_resample's, in the order they happen; the draft samples at the target's
       temperature (`token_probs`);
     - the output stops at the first stop token (kept) or at max_tokens; no round starts after a
-      stop token."""
+      stop token.
+
+    (Checked before your code: prompt + max_tokens fits both models' n_positions.)"""
     prompt = list(prompt_token_ids)
     check_request(Request("speculative", prompt, sampling), target.config)
     unsupported = [f.name for f in dataclasses.fields(SamplingParams)[4:] if getattr(sampling, f.name) != f.default]
@@ -2076,6 +2078,10 @@ def speculative_generate(
                          f"only; got {', '.join(unsupported)}")
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft vocabulary {draft.config.vocab_size} != target vocabulary {target.config.vocab_size}")
+    if len(prompt) + sampling.max_tokens > draft.config.n_positions:  # the target's is check_request's
+        raise ArgumentError("max_tokens", f"max_tokens ({sampling.max_tokens}) + the prompt ({len(prompt)} tokens) "
+                            f"exceeds the draft's n_positions = {draft.config.n_positions}: the draft must reach "
+                            "every position the target is asked for")
     k = check_int("k", k, minimum=1)
     # BEGIN SOLUTION: Exercise 7
     rng = np.random.default_rng(sampling.seed)
@@ -2086,12 +2092,11 @@ def speculative_generate(
     out: list[int] = []
     accepted_per_pass: list[int] = []
     num_drafted = 0
-    n_positions = min(target.config.n_positions, draft.config.n_positions)
-    limit = min(sampling.max_tokens, n_positions - len(prompt))
+    limit = sampling.max_tokens  # both contexts hold it (checked above)
     stop_ids = set(sampling.stop_token_ids)
     while len(out) < limit and not stop_ids.intersection(out):
         committed = target_seq.table.num_tokens
-        # A round emits up to n_draft + 1 tokens; `limit` already stops them at n_positions.
+        # A round emits up to n_draft + 1 tokens: never past the limit.
         n_draft = min(k, limit - len(out) - 1)
         num_drafted += n_draft
         drafts, q_rows = [], []
@@ -2406,26 +2411,26 @@ def plan_deployment(
 ) -> DeploymentPlan:
     """Size a vLLM-style deployment of `model` on GPUs of type `gpu`, per GPU of a
     tensor-parallel group of `tensor_parallel_size` (tp) GPUs (each holds 1/tp of the weights and
-    of the KV heads). Returns a `DeploymentPlan` of the inputs and the five numbers you compute:
+    of the KV heads). Returns a `DeploymentPlan` of the inputs and what you compute:
 
     - `num_kv_blocks`: the engine may use `gpu_memory_utilization` of the GPU's memory; the weights
       (`num_params * dtype_bytes`, split over tp) and `activation_bytes` (per GPU) come off first,
       and the rest is whole blocks of `block_size` tokens' K/V (`kv_bytes_per_token`, split over tp);
     - `max_concurrent_seqs`: how many sequences can ALL reach `max_model_len` at once (a sequence
       owns whole blocks);
-    - `decode_step_s`, `decode_bound`: one decode step of those sequences on the roofline (peak
-      figures, so a lower bound): the time to read what it reads (the weights once, and each
-      sequence's K/V at `DeploymentPlan.mean_context_len` tokens) at the memory bandwidth, or to do
-      its FLOPs (2 per parameter per sequence, over tp) at peak, whichever is longer;
-      `decode_bound` is "memory-bandwidth" or "compute";
+    - `decode_step_s`, `decode_bound`: one decode step of those sequences on the roofline: the
+      time to read the weights once and each sequence's K/V at `DeploymentPlan.mean_context_len`
+      tokens at the memory bandwidth, or to do its FLOPs (2 per parameter per sequence, over tp) at
+      peak, whichever is longer; `decode_bound` is "memory-bandwidth" or "compute";
     - `prefill_s`: one mean prompt's FLOPs (2 per parameter per token, over tp; attention's own
-      ignored) at peak.
+      ignored) at peak;
+    - `notes`: one line, when `max_model_len` exceeds the model's known `max_position_embeddings`,
+      saying it was trained for only that many positions.
 
-    The plan derives the rest, `qps` by Little's law with each slot turning over once per request
-    (see `DeploymentPlan`). Raises ValueError for weights (plus activations) that do not fit the
-    budget (saying by how many GB) and for a cache too small for one `max_model_len` sequence (a
-    message with the word "blocks"); the inputs arrive checked. `kv_cache_dtype` "fp8"/"int8"
-    stores K/V at 1 byte per element."""
+    The plan derives the rest (see `DeploymentPlan`). Raises ValueError for weights (plus
+    activations) that do not fit the budget (saying by how many GB) and for a cache too small for
+    one `max_model_len` sequence (a message with the word "blocks"); the inputs arrive checked.
+    `kv_cache_dtype` "fp8"/"int8" stores K/V at 1 byte per element."""
     model = with_kv_cache_dtype(model, kv_cache_dtype)  # kv_bytes_per_token(model) follows it
     model, gpu = get_model(model), get_gpu(gpu)
     _check_plan_inputs(model, max_model_len, block_size, gpu_memory_utilization,

@@ -2705,9 +2705,8 @@ def speculative_reference(target, draft, prompt, sampling, k):
     """speculative_generate as its docstring says, on forward_dense (no cache) with lab.accept_or_resample
     and one generator for the whole run: the tokens, and the drafts accepted per round."""
     rng, out, accepted = np.random.default_rng(sampling.seed), [], []
-    limit = min(sampling.max_tokens, min(target.config.n_positions, draft.config.n_positions) - len(prompt))
-    while len(out) < limit and not set(sampling.stop_token_ids) & set(out):
-        n, drafts, q = min(k, limit - len(out) - 1), [], []
+    while len(out) < sampling.max_tokens and not set(sampling.stop_token_ids) & set(out):
+        n, drafts, q = min(k, sampling.max_tokens - len(out) - 1), [], []
         for _ in range(n):
             q.append(lab.token_probs(draft.forward_dense(prompt + out + drafts)[-1], sampling.temperature))
             drafts.append(int(rng.choice(len(q[-1]), p=q[-1])))
@@ -2813,7 +2812,8 @@ def test_speculation_runs_up_to_the_last_position_without_running_out_of_blocks(
     prompt = [(7 * i) % spec_target.config.vocab_size for i in range(n - left)]
     out = speculate(spec_target, spec_target, prompt, lab.SamplingParams(seed=0, max_tokens=left), 8)
     assert out.token_ids == greedy_reference(spec_target, prompt, left), rule(
-        7, "near n_positions a round drafts fewer tokens (positions left in the context - 1): its bonus needs one too")
+        7, "up to the last position a round drafts min(k, tokens still wanted - 1) tokens: its own extra token needs a "
+           "position too")
     assert out.num_accepted == out.num_draft_tokens, rule(7, "a draft identical to the target has every draft accepted")
 
 
@@ -3005,6 +3005,19 @@ def test_plan_ceiling_compares_the_bytes_on_each_gpu_under_tensor_parallelism():
     assert plan.ceiling == "kv-blocks", rule(
         8, "10.6 GB of KV pool against 8.0 GB of weights on each GPU: the KV blocks set the ceiling (the per-GPU "
            "figures, not one GPU's pool against the whole model's 16.1 GB)")
+
+
+@pytest.mark.exercise8
+def test_plan_notes_a_max_model_len_past_the_context_the_model_was_trained_for():
+    # llama-2-13b was trained for 4096 positions; a spec whose max_position_embeddings is 0 does not say.
+    unknown = lab.ModelSpec("llama-2-13b, context unknown", 13_015_864_320, 40, 40, 128)
+    notes = {f"{getattr(model, 'name', model)} at {n}": list(lab.plan_deployment(model, "a100-80gb", n).notes)
+             for model, n in (("llama-2-13b", 8192), ("llama-2-13b", 4096), (unknown, 8192))}
+    past, *others = notes.values()
+    assert len(past) == 1 and "4096" in past[0] and others == [[], []], rule(
+        8, f"notes {notes}: a plan whose max_model_len exceeds the model's known max_position_embeddings has one note "
+           "saying it was trained for only that many positions (4096 here); a plan within it, or for a model whose "
+           "max_position_embeddings is unknown (0), has none")
 
 
 @pytest.mark.exercise8
@@ -3461,6 +3474,14 @@ def test_speculative_generation_refuses_the_sampling_fields_it_does_not_apply(sp
     with pytest.raises(ValueError, match="extra_args"):
         lab.speculative_generate(spec_target, spec_target, [1, 2, 3],
                                  lab.SamplingParams(extra_args={"min_p": 0.1}))
+
+
+@pytest.mark.provided
+def test_speculative_generation_refuses_max_tokens_past_the_drafts_shorter_context(spec_target):
+    short = lab.ToyTransformer(lab.ModelConfig(**{**SPEC_TARGET, "n_positions": 16, "n_layer": 1}), seed=2)
+    with must_raise(ValueError, "a prompt of 3 + max_tokens 14 past the draft's 16 positions is refused before any "
+                                "round runs, in words that name the draft's n_positions", match="draft's n_positions"):
+        lab.speculative_generate(spec_target, short, [1, 2, 3], lab.SamplingParams(max_tokens=14))
 
 
 # --- beside Exercise 6: input validation --------------------------------------------------

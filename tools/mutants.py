@@ -498,6 +498,12 @@ MUTANTS: list[tuple[str, ...]] = [
     ('issue 45: a registered block takes a second hash', 'exercise3',
      'if not self.enable_prefix_caching or block_hash in self._cached or block_id in self._block_hash:',
      'if not self.enable_prefix_caching or block_hash in self._cached:'),
+    # issue 41: the holes closed
+    ("issue 41: speculative_generate takes max_tokens past the draft's context", 'provided',
+     '    if len(prompt) + sampling.max_tokens > draft.config.n_positions:  # the target\'s is check_request\'s\n',
+     '    if False:\n'),
+    ('issue 41: plan_deployment notes nothing past the trained context', 'exercise8',
+     '    if model.max_position_embeddings and max_model_len > model.max_position_embeddings:\n', '    if False:\n'),
 ]
 
 
