@@ -2539,11 +2539,22 @@ def test_residual_is_positive_part_of_p_minus_q_normalised():
 
 @pytest.mark.exercise6
 def test_residual_falls_back_to_p_when_p_equals_q():
-    p = np.array([0.25, 0.25, 0.5, 0.0])
-    with np.errstate(all="raise"):      # a 0/0 normalisation would raise here
-        r = lab.residual_distribution(p, p.copy())
-    np.testing.assert_allclose(r, p, atol=1e-12, err_msg=rule(
-        6, "p == q leaves no residual mass: the residual is then p itself (never 0/0)"))
+    # First rows with no 0 entry: there, the one division that can fail is max(0, p - q) over its
+    # sum, which p == q makes 0/0. Then the same rows with a 0 entry.
+    for p, why in ((np.array([0.25, 0.25, 0.5]), "p == q leaves no residual mass (max(0, p - q) is all zero), and "
+                                                 "normalising it by its sum is 0/0: the residual is then p itself"),
+                   (np.array([0.25, 0.25, 0.5, 0.0]), "the same rows without the 0 entry passed: a probability of 0 "
+                                                      "is a valid entry, and p == q gives p whatever its entries")):
+        with np.errstate(all="raise"):  # a division by zero or a 0/0 raises here, not a warning and NaN later
+            try:
+                r, error = lab.residual_distribution(p, p.copy()), None
+            except FloatingPointError as exc:
+                error = exc  # failed below, outside the handler: the rule comes first, not this traceback
+        if error is not None:
+            pytest.fail(rule(6, f"residual_distribution(p, p) for p = {p.tolist()} raised FloatingPointError "
+                                f"({error}): {why}"))
+        np.testing.assert_allclose(r, p, atol=1e-12, err_msg=rule(
+            6, f"p == q = {p.tolist()} leaves no residual mass: the residual is then p itself"))
 
 
 @pytest.mark.exercise6
@@ -2687,7 +2698,13 @@ def test_sampled_tokens_per_step_match_acceptance(k):
 
 def speculate(target, draft, prompt, sampling, k):
     """lab.speculative_generate; an error raised by the provided code it calls (a cache asked to keep
-    tokens it never held, a position past the context) fails with the rule that keeps it from happening."""
+    tokens it never held, a cache out of room) fails with the rule the run's shape says was broken.
+
+    A cache runs out of room in two ways: a round drafts past the context, or a cache keeps tokens
+    a rollback should have dropped. Where prompt + max_tokens + k + 1 fit the context, no count of
+    drafts can fill it, so it is the rollback; where the target drafts for itself at temperature 0,
+    every draft is accepted and a rollback drops nothing, so it is the drafting; elsewhere neither
+    is named."""
     try:
         return lab.speculative_generate(target, draft, prompt, sampling, k=k)
     except (ValueError, lab.OutOfBlocksError) as exc:
@@ -2696,8 +2713,17 @@ def speculate(target, draft, prompt, sampling, k):
         pytest.fail(rule(7, f"a rollback asked a cache for more tokens than it holds ({error}): after each round both "
                             "caches are rolled back to the committed tokens but the last (added uncomputed)", level=2))
     if "n_positions" in str(error) or isinstance(error, lab.OutOfBlocksError):
-        pytest.fail(rule(7, f"a round ran past the context ({type(error).__name__}: {error}): it drafts min(k, tokens "
-                            "still wanted - 1, positions left in the context - 1) tokens"))
+        n_positions = min(target.config.n_positions, draft.config.n_positions)
+        error = f"{type(error).__name__}: {error}"
+        if len(prompt) + sampling.max_tokens + k + 1 <= n_positions:
+            pytest.fail(rule(7, f"a cache ran out of room ({error}) in a run whose prompt, max_tokens and a round of k "
+                                f"drafts plus one fit its {n_positions} positions: no round can fill it, only tokens "
+                                "kept after a rollback: after each round both caches are rolled back to the "
+                                "committed tokens but the last (added uncomputed)", level=2))
+        if draft is target and sampling.temperature == 0:
+            pytest.fail(rule(7, f"a round ran past the context ({error}) with the target drafting for itself at "
+                                "temperature 0, where every draft is accepted and no rollback drops a token: a round "
+                                "drafts min(k, tokens still wanted - 1) tokens"))
     raise error
 
 

@@ -114,6 +114,9 @@ MISTAKES: list[tuple[str, int, str, str, str]] = [
     ("a rejection resamples from the first position's rows", 6,
      "p=residual_distribution(p[i], q[i])", "p=residual_distribution(p[0], q[0])",
      r"rejected position|p_1 - q_1"),
+    ("the residual has no fall-back to p when p == q (0/0)", 6,
+     "    if mass <= 0.0:\n        return p\n", "",
+     r"residual is then p|no residual mass|never 0/0"),
     # --- Exercise 7 ---------------------------------------------------------------------------
     ("the generator is reseeded each round", 7,
      "        committed = target_seq.table.num_tokens\n",
@@ -125,6 +128,12 @@ MISTAKES: list[tuple[str, int, str, str, str]] = [
     ("a round drafts without room for its bonus token", 7,
      "n_draft = min(k, limit - len(out) - 1)", "n_draft = min(k, limit - len(out))",
      r"tokens still wanted - 1|bonus token needs a position|draft fewer tokens"),
+    ("the draft's cache is never rolled back (only the target's is)", 7,
+     "        for seq in (target_seq, draft_seq):\n            seq.rollback(committed + len(emitted) - 1)\n"
+     "            seq.extend(emitted[-1:])\n",
+     "        target_seq.rollback(committed + len(emitted) - 1)\n"
+     "        for seq in (target_seq, draft_seq):\n            seq.extend(emitted[-1:])\n",
+     r"both caches are rolled back|rolled back to the committed"),
     # --- Exercise 8 ---------------------------------------------------------------------------
     ("KV blocks rounded to the nearest, not floored", 8,
      "num_kv_blocks = math.floor(free / block_bytes)", "num_kv_blocks = round(free / block_bytes)",
