@@ -11,9 +11,9 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    1. Paged KV-cache (PagedAttention)          155-393      blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   394-949      a GPT-2 that reads its past through block tables (Ex. 4)
    3. Continuous batching                      950-1573     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1574-1859    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1860-2163    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2164-2187    the list of exercises, and `__main__`
+   4. Speculative decoding                     1574-1855    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1856-2159    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2160-2183    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -1814,7 +1814,8 @@ def speculative_generate(
 ) -> SpeculativeOutput:
     """Generate with a draft that proposes up to `k` tokens and a target that verifies them in ONE
     paged forward pass per round. The output has the target's distribution (greedy: exactly the
-    target's greedy tokens).
+    target's greedy tokens). (Checked before your code: prompt + max_tokens fits both models'
+    n_positions.)
 
     Conventions the counters and the draws follow:
     - both models prefill the prompt but its last token, emitting nothing; `num_target_passes`
@@ -1825,9 +1826,7 @@ def speculative_generate(
       accept_or_resample's, in the order they happen; the draft samples at the target's
       temperature (`token_probs`);
     - the output stops at the first stop token (kept) or at max_tokens; no round starts after a
-      stop token.
-
-    (Checked before your code: prompt + max_tokens fits both models' n_positions.)"""
+      stop token."""
     prompt = list(prompt_token_ids)
     check_request(Request("speculative", prompt, sampling), target.config)
     unsupported = [f.name for f in dataclasses.fields(SamplingParams)[4:] if getattr(sampling, f.name) != f.default]
@@ -1836,10 +1835,7 @@ def speculative_generate(
                          f"only; got {', '.join(unsupported)}")
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft vocabulary {draft.config.vocab_size} != target vocabulary {target.config.vocab_size}")
-    if len(prompt) + sampling.max_tokens > draft.config.n_positions:  # the target's is check_request's
-        raise ArgumentError("max_tokens", f"max_tokens ({sampling.max_tokens}) + the prompt ({len(prompt)} tokens) "
-                            f"exceeds the draft's n_positions = {draft.config.n_positions}: the draft must reach "
-                            "every position the target is asked for")
+    check_request(Request("speculative (draft)", prompt, sampling), draft.config)  # the draft's context too
     k = check_int("k", k, minimum=1)
     raise NotImplementedError("Exercise 7: speculative_generate")
 

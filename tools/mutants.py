@@ -500,8 +500,8 @@ MUTANTS: list[tuple[str, ...]] = [
      'if not self.enable_prefix_caching or block_hash in self._cached:'),
     # issue 41: the holes closed
     ("issue 41: speculative_generate takes max_tokens past the draft's context", 'provided',
-     '    if len(prompt) + sampling.max_tokens > draft.config.n_positions:  # the target\'s is check_request\'s\n',
-     '    if False:\n'),
+     '    check_request(Request("speculative (draft)", prompt, sampling), draft.config)  # the draft\'s context too\n',
+     ''),
     ('issue 41: plan_deployment notes nothing past the trained context', 'exercise8',
      '    if model.max_position_embeddings and max_model_len > model.max_position_embeddings:\n', '    if False:\n'),
 ]
