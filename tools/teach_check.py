@@ -211,7 +211,8 @@ HELD_OUT: list[tuple[str, int, str, str, str]] = [
      "                if victim is seq:\n                    break\n", "",
      r"its own victim|preempted itself|not scheduled in the step"),
     ("update does not make the computed full blocks findable", 5,
-     "            seq.block_table.cache_full_blocks(seq.num_computed_tokens)  # their K/V is written now\n", "",
+     "            seq.block_table.cache_full_blocks(seq.num_computed_tokens, seq.block_hashes())  # K/V written now\n",
+     "",
      r"findable|cache_full_blocks"),
     # --- Exercise 6 ---------------------------------------------------------------------------
     ("the residual is not normalised", 6,
