@@ -2714,14 +2714,14 @@ def speculate(target, draft, prompt, sampling, k):
                             "caches are rolled back to the committed tokens but the last (added uncomputed)", level=2))
     if "n_positions" in str(error) or isinstance(error, lab.OutOfBlocksError):
         n_positions = min(target.config.n_positions, draft.config.n_positions)
-        error = f"{type(error).__name__}: {error}"
+        said = f"{type(error).__name__}: {error}"
         if len(prompt) + sampling.max_tokens + k + 1 <= n_positions:
-            pytest.fail(rule(7, f"a cache ran out of room ({error}) in a run whose prompt, max_tokens and a round of k "
-                                f"drafts plus one fit its {n_positions} positions: no round can fill it, only tokens "
-                                "kept after a rollback: after each round both caches are rolled back to the "
-                                "committed tokens but the last (added uncomputed)", level=2))
+            pytest.fail(rule(7, f"a cache ran out of room ({said}) in a run whose prompt, max_tokens and a round of k "
+                                f"drafts plus one fit its {n_positions} positions: no count of drafts fills it, only "
+                                "tokens a rollback should have dropped: after each round both caches are rolled back "
+                                "to the committed tokens but the last (added uncomputed)", level=2))
         if draft is target and sampling.temperature == 0:
-            pytest.fail(rule(7, f"a round ran past the context ({error}) with the target drafting for itself at "
+            pytest.fail(rule(7, f"a round ran past the context ({said}) with the target drafting for itself at "
                                 "temperature 0, where every draft is accepted and no rollback drops a token: a round "
                                 "drafts min(k, tokens still wanted - 1) tokens"))
     raise error
