@@ -1,7 +1,7 @@
 """The autograder zip (tools/autograder.py, `student_copy.py DIR --autograder FILE.zip`): its
 layout is Gradescope's, it grades the submitted lab.py alone, and every submission it cannot
-grade scores 0 with one sentence. The suite runs on Exercise 1's tests only (`pytest_args`), on
-this interpreter (the zip's setup.sh is run by CI: .ci/run)."""
+grade scores 0 with one sentence. The suite runs on blocks_needed's tests only (`pytest_args`),
+on this interpreter (the zip's setup.sh is run by CI: .ci/run)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-EXERCISE_1 = ("test_lab.py", "-m", "exercise1")
+EXERCISE_1 = ("test_lab.py", "-m", "exercise1", "-k", "blocks_needed")
 
 
 def load_tool(name: str):
