@@ -100,6 +100,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "provided: provided code the exercises build on (green from the start)")
     config.addinivalue_line("markers", "needs(n): provided code (serving/, the command line) that runs the code of "
                                        "exercises 1..n: green once they are written")
+    config.addinivalue_line("markers", "reference: reads solution.py, so runs only in the maintainers' checkout")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
