@@ -106,16 +106,17 @@ def test_a_lab_whose_tests_hang_scores_0_and_names_the_test_that_was_running(roo
 
 @pytest.mark.provided
 def test_only_lab_py_is_taken_from_the_submission(root):
-    # A conftest that passes every test and an emptied test file, submitted beside the stubs:
-    # neither may be used.
-    (root / "submission" / "lab.py").write_text(load_tool("half_way").state((ROOT / "solution.py").read_text(), 0))
+    # Exercise 1 written, beside a conftest that fails every test and a test file that does: if
+    # either were used, Exercise 1 would not get full marks.
+    (root / "submission" / "lab.py").write_text(load_tool("half_way").state((ROOT / "solution.py").read_text(), 1))
     (root / "submission" / "conftest.py").write_text(
-        "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_call(item):\n"
-        "    outcome = yield\n    outcome.force_result(None)\n")
-    (root / "submission" / "test_lab.py").write_text("def test_nothing():\n    pass\n")
+        "import pytest\n\n@pytest.hookimpl(tryfirst=True)\ndef pytest_runtest_call(item):\n"
+        "    raise AssertionError('the submitted conftest ran')\n")
+    (root / "submission" / "test_lab.py").write_text(
+        "import pytest\n\n@pytest.mark.exercise1\ndef test_blocks_needed():\n    assert False\n")
     graded = grade(root)
     exercise1 = graded["tests"][0]
-    assert graded["score"] == 0 and exercise1["score"] == 0 and "write blocks_needed" in exercise1["output"], graded
+    assert exercise1["score"] == exercise1["max_score"] > 0 and graded["score"] == exercise1["score"], graded
 
 
 @pytest.mark.provided
