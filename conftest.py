@@ -7,6 +7,12 @@
 - A test that fails because a stub raised NotImplementedError is counted, not printed: it shows
   as `w` in the progress line and as "N on stubs" in the final count (`-v` prints each, in one
   line that names the exercise and the function to write). It still fails the run.
+- A test of provided code marked `needs(N)` (the server, a child process, the command line: they
+  run the exercises' code where a stub's error comes back as an HTTP 500 or a child's stderr)
+  waits while Exercise N or an earlier one is a stub (`course.status.unsolved_exercises`): it is
+  not run, and counts as on that stub, the earliest one. Once 1..N are written it runs, and a
+  failure is a failure. Not running it also keeps a shared server's engine from being broken by
+  a stub before the tests of its plain HTTP run.
 - At the end of every run, a scoreboard: one line per exercise, passed/total, the functions still
   to write and the tests that fail for another reason (pytest's short summary is off: `-rN` in
   pyproject.toml, because it cuts every line to the terminal's width).
@@ -14,7 +20,8 @@
   contiguous attention, measured here in well under a second and never asserted.
 - Hypothesis writes no `.hypothesis/patches` file and prints no "git apply" footer.
 - `--grade results.json` writes the scoreboard as a Gradescope autograder result: one test a
-  exercise, scored by the share of its tests that passed (docs/teaching.md).
+  exercise, scored by the share of its tests that passed once none of its functions is a stub,
+  each failed test with the first line of its rule (docs/teaching.md).
 - `-m exerciseN` collects only the test files that mark tests with an exercise (test_lab.py and
   the few in tests/ that do): the rest would be deselected anyway, and importing them cost most of
   one exercise's run.
@@ -52,6 +59,9 @@ except ModuleNotFoundError as exc:
     lab = None
     _IMPORT_ERROR = f"LAB_MODULE={LAB_MODULE!r}: no module of that name here (try lab or solution)"
 
+# The exercises still stubs, read once a run (the module does not change while it runs).
+UNSOLVED = unsolved_exercises(lab) if lab is not None else {}
+
 # No "explain" phase: it slows down every failing run, and in the student loop most failures are stubs.
 _PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
 # The exercises' titles come from the module itself ("blocks and the allocator: ..." -> the part before ":").
@@ -70,6 +80,8 @@ _NEEDS: dict[str, int | None] = {}  # nodeid -> the exercise a test of provided 
 _RESULTS: dict[str, tuple[int | None, str, bool]] = {}  # nodeid -> (exercise, outcome, failed on a stub)
 _STUB_OF: dict[str, tuple[int, str]] = {}  # nodeid -> (exercise, function) of the stub it hit
 _SELECTED: dict[int | None, int] = {}  # exercise -> how many of its tests this run selected
+_RULE: dict[str, str] = {}  # nodeid -> the first line of its failure's message (the rule it names)
+RULE_CHARS = 300  # a rule's line, as the grade file carries it, at most this long
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -88,6 +100,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "provided: provided code the exercises build on (green from the start)")
     config.addinivalue_line("markers", "needs(n): provided code (serving/, the command line) that runs the code of "
                                        "exercises 1..n: green once they are written")
+    config.addinivalue_line("markers", "reference: reads solution.py, so runs only in the maintainers' checkout")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -123,6 +136,23 @@ def stub_hit(excinfo: pytest.ExceptionInfo | None) -> re.Match | None:
     return min(found, key=lambda m: int(m.group(1)), default=None)  # the earliest exercise first
 
 
+def waits_for(item: pytest.Item) -> tuple[int, str] | None:
+    """(exercise, function) of the earliest stub a `needs(N)` test waits for: the first function
+    still to write of the first unsolved exercise in 1..N; None when it can run."""
+    needed = _NEEDS.get(item.nodeid)
+    waiting = [n for n in sorted(UNSOLVED) if needed is not None and n <= needed]
+    return (waiting[0], UNSOLVED[waiting[0]][0]) if waiting else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A `needs(N)` test waits while an exercise it needs is a stub: it fails here as that stub,
+    before its fixtures start a server (the hooks after this one do not run)."""
+    stub = waits_for(item)
+    if stub:
+        raise NotImplementedError(f"Exercise {stub[0]}: {stub[1]}")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """A stub's failure becomes one line, built here so that pytest never formats (and then
@@ -132,8 +162,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     # Hypothesis turns failing examples into a patch file and a "git apply .hypothesis/patches/..."
     # footer (its pytest plugin reads this attribute after us); meaningless to a student: drop it.
     item.__dict__.pop("_hypothesis_failing_examples", None)
-    stub = stub_hit(pending[0] if pending else call.excinfo)
+    excinfo = pending[0] if pending else call.excinfo
+    stub = stub_hit(excinfo)
     if not stub:
+        if excinfo is not None and not excinfo.errisinstance((pytest.skip.Exception, pytest.xfail.Exception)):
+            _RULE.setdefault(item.nodeid, first_line(excinfo))
         return None  # pytest's own report
     if pending:
         pending.pop(0)  # reported here, so it must not come back at teardown
@@ -148,9 +181,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
     """A stub's failure is a to-do, not a bug: counted ("N on stubs", `w` in the progress line) and
     left out of the failures printed above the scoreboard, unless `-v` asks for each one."""
-    if report.failed and report.nodeid in _STUB_OF and config.get_verbosity() <= 0:
-        return "on stubs", "w", "STUB"
+    if report.failed and report.nodeid in _STUB_OF:
+        if config.get_verbosity() <= 0:
+            return "on stubs", "w", "STUB"
+        if report.when == "setup":  # a needs(N) test that waits: a failure on that stub, not an error
+            return "failed", "F", "WAITING"
     return None
+
+
+def first_line(excinfo: pytest.ExceptionInfo) -> str:
+    """The first line of a failure's message: the rule a test names (`AssertionError: ` dropped),
+    capped at RULE_CHARS."""
+    error = excinfo.value
+    while getattr(error, "exceptions", None):  # a group (Hypothesis): its first member
+        error = error.exceptions[0]
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    line = text if isinstance(error, AssertionError) and text else f"{type(error).__name__}: {text}".rstrip(": ")
+    return line if len(line) <= RULE_CHARS else line[:RULE_CHARS - 3] + "..."
 
 
 # -m exerciseN: a test file that marks no test with an exercise is not even imported.
@@ -180,7 +227,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     _NEEDS.update({item.nodeid: needs_of(item) for item in items})
     # A property test of an exercise that is still a stub fails on its first example; shrinking
     # that failure only costs the student seconds. Those tests skip the shrink phase.
-    stubbed = set(unsolved_exercises(lab))
+    stubbed = set(UNSOLVED)
     for item in items:
         test = getattr(item, "obj", None)
         current = getattr(test, "_hypothesis_internal_use_settings", None)  # Hypothesis' own attribute
@@ -207,7 +254,6 @@ def exercise_rows() -> list[dict]:
     """One row a exercise that ran: passed/total, the functions still to write (what `status`
     knows, then the earlier exercises' stubs its tests hit) and the tests that failed otherwise.
     The scoreboard prints these rows and `--grade` writes them: one home for both."""
-    unsolved = unsolved_exercises(lab)
     rows = []
     for number, title in EXERCISES.items():
         mine = {k: r for k, r in _RESULTS.items() if r[0] == number}
@@ -217,8 +263,8 @@ def exercise_rows() -> list[dict]:
         earlier = dict.fromkeys(f"{name} (Exercise {n})" for n, name in sorted(hit) if n != number)
         rows.append({"number": number, "title": title, "total": len(mine),
                      "passed": sum(r[1] == "passed" for r in mine.values()), "on_stubs": len(hit),
-                     "to_write": unsolved.get(number, []) + list(earlier),
-                     "failed": [k for k, r in mine.items() if r[1] != "passed" and not r[2]]})
+                     "to_write": UNSOLVED.get(number, []) + list(earlier),
+                     "failed": [k for k, r in mine.items() if r[1] == "failed" and not r[2]]})
     return rows
 
 
@@ -247,22 +293,27 @@ def _scoreboard(terminalreporter) -> None:
     provided = {k: r for k, r in results.items() if r[0] is None and _NEEDS.get(k) is None}
     if provided:
         passed = sum(r[1] == "passed" for r in provided.values())
-        terminalreporter.write_line(f"provided code (nothing to write): {passed}/{len(provided)}")
-        _list_failures(terminalreporter, [k for k, r in provided.items() if r[1] != "passed"])
+        line = f"provided code (nothing to write): {passed}/{len(provided)}"
+        stubs = sorted({_STUB_OF[k] for k, r in provided.items() if r[2] and k in _STUB_OF})
+        if stubs:  # a test of provided code that reaches a stub, unmarked: say so, never "failed"
+            line += f", {sum(r[2] for r in provided.values())} on stubs ({_stub_names(stubs)})"
+        terminalreporter.write_line(line)
+        _list_failures(terminalreporter, [k for k, r in provided.items() if r[1] == "failed" and not r[2]])
     running = {k: r for k, r in results.items() if r[0] is None and _NEEDS.get(k) is not None}
     if running:  # the server, the command line: provided, but running the exercises' code
         passed = sum(r[1] == "passed" for r in running.values())
         line = f"provided code running your exercises (the server, the command line): {passed}/{len(running)}"
         stubs = sorted({_STUB_OF[k] for k, r in running.items() if r[2] and k in _STUB_OF})
         if stubs:
-            line += f", waiting for {', '.join(f'{name} (Exercise {n})' for n, name in stubs)}"
+            line += f", waiting for {_stub_names(stubs)}"
         terminalreporter.write_line(line)
-        _list_failures(terminalreporter, [k for k, r in running.items() if r[1] != "passed" and not r[2]])
+        _list_failures(terminalreporter, [k for k, r in running.items() if r[1] == "failed" and not r[2]])
     if any(r[2] for r in results.values()) and terminalreporter.config.get_verbosity() <= 0:
         terminalreporter.write_line("(failures on stubs are counted, not printed: -v prints each)")
     path = os.environ.get("LAB_REPORT")
     if path:
-        rows = [{"test": k, "exercise": e, "needs": _NEEDS.get(k), "outcome": o, "stub": s}
+        rows = [{"test": k, "exercise": e, "needs": _NEEDS.get(k), "outcome": o, "stub": s,
+                 "stub_of": _STUB_OF[k][0] if s and k in _STUB_OF else None, "rule": _RULE.get(k)}
                 for k, (e, o, s) in results.items()]
         with open(path, "w") as fh:
             json.dump(rows, fh, indent=1)
@@ -273,12 +324,15 @@ def _scoreboard(terminalreporter) -> None:
 
 
 GRADE_PER_EXERCISE = 10  # every exercise weighs the same; its score is the share of its tests passed
+GRADE_FAILURES = 10  # failed tests an exercise's output names, each with its rule's first line
 
 
 def write_grade(path: str, rows: list[dict]) -> None:
     """A Gradescope autograder result (`score`, `max_score`, `tests` with `name`, `score`,
-    `max_score`, `output`): one test a exercise, its output the scoreboard's line and what failed.
-    An exercise none of whose tests ran scores 0 and says so."""
+    `max_score`, `output`): one test a exercise, its output the scoreboard's line and the tests
+    that failed other than on a stub, each with the first line of its rule (up to GRADE_FAILURES).
+    An exercise scores the share of its tests that pass once none of its functions is a stub, 0
+    before; an exercise none of whose tests ran scores 0 and says so."""
     ran = {row["number"]: row for row in rows}
     tests = []
     for number, title in EXERCISES.items():
@@ -286,8 +340,13 @@ def write_grade(path: str, rows: list[dict]) -> None:
         if row is None:
             score, output = 0.0, "no test of this exercise ran (was it deselected with -m or -k?)"
         else:
-            score = round(GRADE_PER_EXERCISE * row["passed"] / row["total"], 2)
-            output = "\n".join([scoreboard_line(row)] + [f"failed: {k.split('::', 1)[-1]}" for k in row["failed"]])
+            # A test that passes on the stub (its provided argument checks) earns nothing until the
+            # exercise is written: while one of its functions is a stub, the exercise scores 0.
+            share = 0 if UNSOLVED.get(number) else row["passed"] / row["total"]
+            score = round(GRADE_PER_EXERCISE * share, 2)
+            failed = row["failed"]
+            more = [f"... and {len(failed) - GRADE_FAILURES} more failed tests"] if len(failed) > GRADE_FAILURES else []
+            output = "\n".join([scoreboard_line(row)] + [failure_line(k) for k in failed[:GRADE_FAILURES]] + more)
         tests.append({"name": f"Exercise {number}: {title}", "score": score,
                       "max_score": GRADE_PER_EXERCISE, "output": output})
     result = {"score": round(sum(t["score"] for t in tests), 2), "max_score": GRADE_PER_EXERCISE * len(tests),
@@ -296,8 +355,19 @@ def write_grade(path: str, rows: list[dict]) -> None:
     Path(path).write_text(json.dumps(result, indent=1) + "\n")
 
 
+def failure_line(nodeid: str) -> str:
+    """`failed: <test>: <the first line of its rule>` (the grade file's line for a failed test)."""
+    rule = _RULE.get(nodeid)
+    return f"failed: {nodeid.split('::', 1)[-1]}" + (f": {rule}" if rule else "")
+
+
+def _stub_names(stubs: list[tuple[int, str]]) -> str:
+    return ", ".join(f"{name} (Exercise {n})" for n, name in stubs)
+
+
 def _list_failures(terminalreporter, nodeids: list[str], most: int = 5) -> None:
-    """Tests that fail for a reason other than a stub, by name (the name says the rule), in full."""
+    """Tests that failed for a reason other than a stub, by name (the name says the rule): pytest
+    printed each of them above, so "see above" holds."""
     for nodeid in nodeids[:most]:
         terminalreporter.write_line(f"  failed: {nodeid.split('::', 1)[-1]}")
     if len(nodeids) > most:

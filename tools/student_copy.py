@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write the lab as a course hands it out: the repository without the reference or its answers.
 
-    python tools/student_copy.py DIR      # DIR must not exist yet, or be empty
+    python tools/student_copy.py DIR                          # DIR must not exist yet, or be empty
+    python tools/student_copy.py DIR --autograder FILE.zip    # ... and Gradescope's autograder of it
 
 The copy holds every file git tracks here except MAINTAINERS_ONLY: `solution.py`, the planted
 mistakes, and the tools that exist to check the reference against the lab. It changes two files:
@@ -15,6 +16,8 @@ exists.
 Before it writes anything it checks that no shipped file holds an exercise's answer (three or
 more lines of one solution region of `solution.py` that the stubbed lab does not have): a file
 added later that quotes the reference makes this command fail, not the course leak.
+With `--autograder FILE.zip` it also writes the zip Gradescope takes (tools/autograder.py):
+setup.sh, run_autograder and the copy, grading the submitted lab.py alone with the copy's suite.
 docs/teaching.md says how an instructor builds, checks and grades the copy.
 """
 
@@ -29,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+import autograder  # noqa: E402
 from make_lab import BEGIN, END, make_lab  # noqa: E402
 
 # Paths (a trailing slash: a folder) that stay with the maintainers: the reference, the planted
@@ -46,6 +50,10 @@ MAINTAINERS_ONLY = (
     "tools/check_against_hf.py",
     "tools/student_copy.py",
     "tools/second_lab.py",
+    "tools/half_way.py",
+    "tools/autograder.py",
+    "tools/test_autograder.py",
+    "tools/test_scoreboard.py",
 )
 MAINTAINERS = re.compile(r"\n?<!-- maintainers -->.*?<!-- /maintainers -->\n?", re.S)
 TRACE_WORKLOADS = ("skewed", "shared-prefix", "memory-pressure", "arrivals")
@@ -144,13 +152,31 @@ def write_copy(out: Path) -> list[str]:
     return sorted([*texts, *binaries])
 
 
+def write_autograder(copy: Path, out: Path) -> list[str]:
+    """Gradescope's autograder zip of the copy in `copy` (tools/autograder.py); its entries."""
+    exercises = re.search(r"^EXERCISES = \{\n(.*?)^\}", (copy / "lab.py").read_text(), re.M | re.S)
+    points = re.search(r"^GRADE_PER_EXERCISE = (\d+)", (copy / "conftest.py").read_text(), re.M)
+    if not exercises or not points:
+        raise SystemExit("tools/student_copy.py: lab.py's EXERCISES or conftest.py's GRADE_PER_EXERCISE is gone")
+    count = len(re.findall(r"^\s+\d+: ", exercises.group(1), re.M))
+    return autograder.build_zip(copy, out, count, int(points.group(1)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="write the student's copy of the lab (no solution.py) into DIR")
     parser.add_argument("dir", type=Path, help="where to write it: a new or empty folder")
+    parser.add_argument("--autograder", type=Path, metavar="FILE.zip",
+                        help="also write Gradescope's autograder of the copy (docs/teaching.md)")
     args = parser.parse_args(argv)
+    if args.autograder and args.autograder.resolve().is_relative_to(args.dir.resolve()):
+        parser.error("--autograder: write the zip outside DIR (the zip holds DIR)")
     written = write_copy(args.dir)
     print(f"wrote the student's copy to {args.dir}: {len(written)} files and docs/reference-traces/ "
           f"(left out: {', '.join(MAINTAINERS_ONLY)})")
+    if args.autograder:
+        entries = write_autograder(args.dir, args.autograder)
+        print(f"wrote Gradescope's autograder to {args.autograder}: {len(entries)} files (setup.sh, run_autograder, "
+              "grade.py and the copy in lab/); upload it as the assignment's autograder")
     print(f"next: cd {args.dir} and follow its README (a virtual environment, then python -m pytest)")
     return 0
 
