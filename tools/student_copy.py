@@ -118,6 +118,7 @@ def record_reference_traces(out: Path) -> None:
 
 def write_copy(out: Path) -> list[str]:
     """Write the copy into `out`; returns the paths written (relative)."""
+    out = out.resolve()  # the reference traces are recorded from another folder
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"tools/student_copy.py: {out} is not empty: name a new folder")
     solution = (ROOT / "solution.py").read_text()
