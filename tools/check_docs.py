@@ -1,0 +1,414 @@
+#!/usr/bin/env python3
+"""The pages' own checks: every command README.md and docs/ show runs as written, and the words of
+the copy a course hands out fit that copy.
+
+    python tools/check_docs.py                 # run every command the pages show (a few minutes)
+    python tools/check_docs.py --list          # what would run, and the few that are not run, with why
+    python tools/check_docs.py --copy DIR      # the same in a student's copy (tools/student_copy.py DIR)
+    python tools/check_docs.py -k serving.md   # only the snippets whose page or text contains a word
+
+A snippet is a fenced block of shell (```bash), a `$ `-prompted or indented block of commands, a
+```python block, or a command written inline (`python solution.py size`). A block runs command by
+command in one scratch folder, so what one command writes the next can read; `... &` runs in the
+background until the block ends (a server: its port is waited for, as a user waits for its banner).
+
+The scratch folder holds links to the checkout's files, with `lab.py` a copy of the reference
+(`solution.py`): the student's commands run on a lab with every exercise written, and nothing
+a command writes (report.html, workload.jsonl) lands in the checkout.
+
+Each command must exit 0 within FINISH_S seconds, except the ones that run until stopped or for
+minutes (LONG: servers, load tests, benchmarks, the whole suite): those must not fail within CUT_S
+seconds, then are stopped. NOT_RUN names the few that need what CI does not have, with why.
+
+tools/test_tooling.py checks, without running anything, that no page narrates the project's
+history, that the pages' counts are the ones tools/readme_counts.py writes, and that the copy's
+pages name no file the copy lacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FINISH_S = 90.0  # a command that is not LONG must be done by then (a loaded 2-core machine)
+CUT_S = 6.0  # a LONG command must not have failed by then: its imports, its flags, its start
+
+# A command (after its `VAR=value` prefixes) that runs until stopped, or for minutes: checked for
+# CUT_S seconds, then stopped.
+LONG = re.compile(r"""
+    \s(serve|loadtest|fleet|bench)\b           # the server, the load generator, the fleet search, the benchmarks
+  | tools/(bench\w*|peer_bench|probe_closes|mutants|teach_check|second_lab|check_stubs|student_copy|check_docs)\.py
+  | -m\ pytest(?!.*\s-m\s)(?!.*::)(?!.*\stests/\w+\.py)   # the whole suite (one exercise or file finishes)
+""", re.X)
+
+# What is not run, with why: a command holding one of these (a whole block, if its first command
+# holds one marked "block"). Keep this short: a snippet that can run, runs.
+NOT_RUN: tuple[tuple[str, str, str], ...] = (
+    ("vllm serve", "block", "needs a GPU and vLLM"),
+    ("~/models/", "command", "needs a GPT-2 checkpoint downloaded from Hugging Face (docs/checkpoints.md)"),
+    ("hf download", "command", "needs the network: downloads a checkpoint from Hugging Face"),
+    ("pip install", "command", "installs packages from PyPI: CI builds the lab's own environment once (.ci/run), "
+                               "and outside packages (torch, transformers, lm_eval) never go into it"),
+    ("python3 -m venv .venv", "command", "CI's set-up step runs the set-up line in a fresh clone (.ci/run)"),
+    (". .venv/bin/activate", "command", "CI's set-up step runs the set-up line in a fresh clone (.ci/run)"),
+    ("lmeval-venv/bin/", "command", "needs lm_eval, torch and transformers, outside the lab's dependencies"),
+    ("torchvenv/bin/", "command", "needs torch and transformers, outside the lab's dependencies"),
+    (".venv-torch/bin/", "command", "needs torch and transformers, outside the lab's dependencies"),
+    ("peer_bench.py tokenizer", "command", "needs Hugging Face's tokenizers package, outside the lab's dependencies"),
+    ("python bench_serving.py", "command", "needs SGLang's bench_serving.py and its packages (docs/serving.md)"),
+    ("from transformers import", "command", "needs transformers, outside the lab's dependencies"),
+)
+
+# A template's placeholder and the value a run gives it (`python lab.py hint N`).
+PLACEHOLDERS = ((re.compile(r"\bexerciseN\b"), "exercise1"), (re.compile(r"(?<= )[NK](?=\s|$)"), "1"),
+                (re.compile(r"(?<=--seed )S\b"), "7"))
+
+PAGES = ("README.md", "docs/*.md")
+PROGRAM = r"(?:python3?|curl|pip|hf|vllm|mkdir|cat|cd|bash|\.venv[\w-]*/bin/\w+|/tmp/[\w/.-]+)"
+COMMAND = re.compile(rf"^(?:\$ )?(?:[A-Z][A-Z0-9_]*=\S*\s+)*{PROGRAM}(?:\s|$)")
+INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+INLINE_COMMAND = re.compile(r"^(?:[A-Z][A-Z0-9_]*=\S*\s+)*(?:python3?|curl|\.venv[\w-]*/bin/python)\s")
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
+
+
+@dataclass
+class Snippet:
+    page: str
+    line: int
+    kind: str  # "bash", "python" or "inline"
+    commands: list[str] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def logical_commands(text: str) -> list[str]:
+    """Shell text as its commands: `\\` continuations joined, a here-document kept with its
+    command, a double-quoted string over several lines kept whole; comments and blanks dropped."""
+    lines, commands, i = text.split("\n"), [], 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        command = line
+        while command.endswith("\\") and i < len(lines):
+            command += "\n" + lines[i]
+            i += 1
+        while _open_quote(command) and i < len(lines):
+            command += "\n" + lines[i]
+            i += 1
+        heredoc = re.search(r"<<-?\s*'?\"?(\w+)", command)
+        if heredoc:
+            while i < len(lines):
+                command += "\n" + lines[i]
+                i += 1
+                if lines[i - 1].strip() == heredoc.group(1):
+                    break
+        commands.append(command)
+    return commands
+
+
+def _open_quote(text: str) -> bool:
+    """Whether a double-quoted string is still open (outside single quotes and comments)."""
+    quote = None
+    for j, ch in enumerate(text):
+        if quote is None and ch == "#" and (j == 0 or text[j - 1] in " \t"):
+            return False
+        if ch == "\\" and quote != "'":
+            continue
+        if quote is None and ch in "'\"":
+            quote = ch
+        elif ch == quote and not (ch == '"' and j and text[j - 1] == "\\"):
+            quote = None
+    return quote == '"'
+
+
+def _command_block(body: str) -> list[str] | None:
+    """An untagged or indented block's commands: `$ ` lines if it has any, else all of it when
+    it opens with a command; None for a block of output."""
+    lines = [line for line in body.split("\n") if line.strip()]
+    if not lines:
+        return None
+    if any(line.startswith("$ ") for line in lines):
+        return [line[2:] for line in lines if line.startswith("$ ")]
+    return logical_commands(body) if COMMAND.match(lines[0]) else None
+
+
+def snippets(root: Path = ROOT) -> list[Snippet]:
+    """Every snippet of the pages under `root`, in page order."""
+    found: list[Snippet] = []
+    for page in sorted({p for pattern in PAGES for p in root.glob(pattern)}):
+        text, rel = page.read_text(encoding="utf-8"), page.relative_to(root).as_posix()
+        blocks = []  # (start, end) of fenced and indented code: no inline commands there
+        for m in FENCE.finditer(text):
+            blocks.append(m.span())
+            line = text.count("\n", 0, m.start()) + 1
+            lang, body = m.group(1), m.group(2)
+            if lang in ("bash", "sh", "shell", "console"):
+                commands = _command_block(body) if lang == "console" else logical_commands(body)
+                found.append(Snippet(rel, line, "bash", commands))
+            elif lang == "python":
+                found.append(Snippet(rel, line, "python", [body]))
+            elif lang == "" and (commands := _command_block(body)):
+                found.append(Snippet(rel, line, "bash", commands))
+        for m in re.finditer(r"(?:^[ \t]*\n)((?:(?: {4}|\t).*\n|[ \t]*\n)+)", text, re.M):
+            if any(a <= m.start(1) < b for a, b in blocks) or _in_list(text, m.start(1)):
+                continue
+            body = re.sub(r"^(?: {4}|\t)", "", m.group(1), flags=re.M)
+            if commands := _command_block(body):
+                blocks.append(m.span(1))
+                found.append(Snippet(rel, text.count("\n", 0, m.start(1)) + 1, "bash", commands))
+        for m in INLINE.finditer(text):
+            if any(a <= m.start() < b for a, b in blocks) or not INLINE_COMMAND.match(m.group(1)):
+                continue
+            found.append(Snippet(rel, text.count("\n", 0, m.start()) + 1, "inline", [m.group(1)]))
+    found.sort(key=lambda s: (s.page, s.line))
+    return found
+
+
+def _in_list(text: str, start: int) -> bool:
+    """Whether an indented block at `start` continues a list item (then it is the item's text)."""
+    before = text[:start].rstrip("\n").split("\n")
+    for line in reversed(before):
+        if not line.strip():
+            continue
+        return bool(re.match(r"\s*([-*]|\d+\.)\s", line)) or line.startswith((" ", "\t"))
+    return False
+
+
+def not_run(snippet: Snippet, command: str) -> str | None:
+    """Why `command` of `snippet` is not run, or None."""
+    for needle, scope, why in NOT_RUN:
+        if needle in command or (scope == "block" and needle in snippet.commands[0]):
+            return why
+    return None
+
+
+def incomplete(command: str) -> bool:
+    """A command shown with `...` in place of its arguments: not runnable as written."""
+    return any(re.search(r"(^|\s)\.\.\.(\s|$)", line.split(" #")[0]) for line in command.split("\n"))
+
+
+def runnable(command: str) -> str:
+    """The command with its placeholders given values (`hint N`: `hint 1`)."""
+    for pattern, value in PLACEHOLDERS:
+        command = pattern.sub(value, command)
+    return command
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+def scratch_checkout(root: Path, lab: Path, where: Path) -> Path:
+    """A folder of links to `root`'s top-level files, with lab.py a copy of `lab`."""
+    where.mkdir(parents=True)
+    for entry in root.iterdir():
+        if entry.name in ("lab.py", ".git", ".venv") or entry.name.endswith(".egg-info"):
+            continue
+        (where / entry.name).symlink_to(entry)
+    shutil.copyfile(lab, where / "lab.py")
+    return where
+
+
+def _ports(command: str) -> list[int]:
+    ports = [int(p) for p in re.findall(r"--port[ =](\d+)", command)]
+    return ports or ([8000] if re.search(r"\sserve\b", command) else [])
+
+
+def snippet_ports(snippet: Snippet) -> set[int]:
+    """The ports a snippet serves on (`--port N`; `serve` alone: 8000) or talks to (127.0.0.1:N)."""
+    found: set[int] = set()
+    for command in snippet.commands:
+        found.update(p for p in _ports(command) if p)
+        found.update(int(p) for p in re.findall(r"(?:127\.0\.0\.1|localhost):(\d+)", command))
+    return found
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, limit: float) -> bool:
+    """Until `port` takes a connection (True), `proc` exits or `limit` seconds pass (False)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a command and its children: Ctrl-C first (a server says goodbye), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGINT, 1), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@dataclass
+class Outcome:
+    snippet: Snippet
+    command: str
+    status: str  # "ok", "cut" (LONG, stopped at CUT_S), "not run", "FAIL"
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcome]:
+    """Run one snippet's commands in order in `cwd`; background ones are stopped at its end."""
+    outcomes: list[Outcome] = []
+    background: list[subprocess.Popen] = []
+    log = tempfile.TemporaryFile(mode="w+")
+    try:
+        for command in snippet.commands:
+            why = not_run(snippet, command)
+            if why:
+                outcomes.append(Outcome(snippet, command, "not run", why))
+                continue
+            if incomplete(command):
+                outcomes.append(Outcome(snippet, command, "FAIL", "not complete as written: `...` for its arguments"))
+                break
+            shell = runnable(command)
+            if snippet.kind == "python":
+                script = cwd / ".snippet.py"
+                script.write_text(command)
+                argv = [sys.executable, str(script)]
+            else:
+                argv = ["bash", "-c", shell.rstrip().removesuffix("&") if shell.rstrip().endswith("&") else shell]
+            log.seek(0)
+            log.truncate()
+            start = time.monotonic()
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            if snippet.kind != "python" and shell.rstrip().endswith("&"):
+                background.append(proc)
+                ports = _ports(shell)
+                if ports and not _wait_for_port(ports[0], proc, FINISH_S):
+                    outcomes.append(Outcome(snippet, command, "FAIL", f"never opened port {ports[0]}: "
+                                            + _tail(log), time.monotonic() - start))
+                    break
+                outcomes.append(Outcome(snippet, command, "ok", "in the background", time.monotonic() - start))
+                continue
+            long = bool(LONG.search(" " + shell))
+            try:
+                rc = proc.wait(CUT_S if long else FINISH_S)
+            except subprocess.TimeoutExpired:
+                _stop(proc)
+                seconds = time.monotonic() - start
+                if long:
+                    outcomes.append(Outcome(snippet, command, "cut", f"ran {seconds:.0f} s, stopped", seconds))
+                    continue
+                outcomes.append(Outcome(snippet, command, "FAIL", f"still running after {FINISH_S:.0f} s "
+                                        "(if it runs for minutes by design, LONG must say so): " + _tail(log), seconds))
+                break
+            seconds = time.monotonic() - start
+            if rc != 0:
+                outcomes.append(Outcome(snippet, command, "FAIL", f"exit status {rc}: " + _tail(log), seconds))
+                break
+            outcomes.append(Outcome(snippet, command, "ok", "", seconds))
+    finally:
+        for proc in background:
+            _stop(proc)
+        log.close()
+    return outcomes
+
+
+def _tail(log, lines: int = 12) -> str:
+    log.flush()
+    log.seek(0)
+    return "\n      ".join(log.read().rstrip().split("\n")[-lines:])
+
+
+def environment(scratch: Path) -> dict[str, str]:
+    """The set-up's environment (this interpreter's venv first on PATH), importing from `scratch`."""
+    env = dict(os.environ, PYTHONPATH=str(scratch), PYTHONDONTWRITEBYTECODE="1", HYPOTHESIS_PROFILE="ci")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.pop("LAB_MODULE", None)
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="run every command that README.md and docs/ show")
+    parser.add_argument("--copy", type=Path, metavar="DIR", help="a student's copy to check instead of this checkout")
+    parser.add_argument("--lab", type=Path, default=ROOT / "solution.py",
+                        help="the lab.py the commands run on (default: the reference, every exercise written)")
+    parser.add_argument("--list", action="store_true", help="list the snippets and what is not run; run nothing")
+    parser.add_argument("--jobs", type=int, default=4, help="snippets run at once (default 4)")
+    parser.add_argument("-k", metavar="WORD", help="only the snippets whose page or text contains WORD")
+    args = parser.parse_args(argv)
+    root = (args.copy or ROOT).resolve()
+    found = [s for s in snippets(root) if not args.k or args.k in s.page or any(args.k in c for c in s.commands)]
+    if args.list:
+        for snippet in found:
+            for command in snippet.commands:
+                why = not_run(snippet, command)
+                first = command.split("\n")[0]
+                print(f"{snippet.where:24} {'not run: ' + why if why else 'runs'}: {first}")
+        return 0
+    total_start, failed, counts = time.monotonic(), [], {}
+    unique, done = [], set()  # an inline command shown on several pages runs once
+    for snippet in found:
+        if snippet.kind == "inline":
+            if snippet.commands[0] in done:
+                continue
+            done.add(snippet.commands[0])
+        unique.append(snippet)
+    with tempfile.TemporaryDirectory(prefix="check_docs-") as tmp:
+        ports: dict[int, threading.Lock] = {}
+        guard = threading.Lock()
+
+        def run(snippet: Snippet) -> list[Outcome]:
+            with guard:  # a snippet holds the ports it serves on or talks to while it runs
+                locks = [ports.setdefault(p, threading.Lock()) for p in sorted(snippet_ports(snippet))]
+            for lock in locks:
+                lock.acquire()
+            try:  # each snippet in a scratch checkout of its own: `../lab-handout` is its own too
+                scratch = scratch_checkout(root, args.lab.resolve(), Path(tmp) / str(unique.index(snippet)) / "checkout")
+                return run_snippet(snippet, scratch, environment(scratch))
+            finally:
+                for lock in locks:
+                    lock.release()
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for outcomes in pool.map(run, unique):
+                for outcome in outcomes:
+                    counts[outcome.status] = counts.get(outcome.status, 0) + 1
+                    first = outcome.command.split("\n")[0][:100]
+                    print(f"{outcome.status:7} {outcome.seconds:5.1f} s  {outcome.snippet.where:24} {first}"
+                          + (f"\n      {outcome.detail}" if outcome.detail and outcome.status != "ok" else ""),
+                          flush=True)
+                    if outcome.status == "FAIL":
+                        failed.append(outcome)
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    print(f"{len(found)} snippets of {root.name}: {summary}, in {time.monotonic() - total_start:.0f} s "
+          f"(cut: a server or benchmark checked for {CUT_S:.0f} s, then stopped)")
+    for outcome in failed:
+        print(f"FAILED {outcome.snippet.where}: {outcome.command.split(chr(10))[0]}\n      {outcome.detail}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
