@@ -39,8 +39,8 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,6 +53,7 @@ LONG = re.compile(r"""
     \s(serve|loadtest|fleet|bench)\b           # the server, the load generator, the fleet search, the benchmarks
   | tools/(bench\w*|peer_bench|probe_closes|mutants|teach_check|second_lab|check_stubs|student_copy|check_docs)\.py
   | -m\ pytest(?!.*\s-m\s)(?!.*::)(?!.*\stests/\w+\.py)   # the whole suite (one exercise or file finishes)
+  | protocol\.MAX_CHOICES                      # docs/serving.md's measurement of the choice cap, to 200,000
 """, re.X)
 
 # What is not run, with why: a command holding one of these (a whole block, if its first command
@@ -82,15 +83,15 @@ PROGRAM = r"(?:python3?|curl|pip|hf|vllm|mkdir|cat|cd|bash|\.venv[\w-]*/bin/\w+|
 COMMAND = re.compile(rf"^(?:\$ )?(?:[A-Z][A-Z0-9_]*=\S*\s+)*{PROGRAM}(?:\s|$)")
 INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 INLINE_COMMAND = re.compile(r"^(?:[A-Z][A-Z0-9_]*=\S*\s+)*(?:python3?|curl|\.venv[\w-]*/bin/python)\s")
+BACKGROUND = re.compile(r"(?<!&)&[ \t]*(#.*)?$")  # `serve &   # a comment`
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 
 
-@dataclass
-class Snippet:
+class Snippet(NamedTuple):
     page: str
     line: int
     kind: str  # "bash", "python" or "inline"
-    commands: list[str] = field(default_factory=list)
+    commands: list[str]
 
     @property
     def where(self) -> str:
@@ -152,33 +153,42 @@ def _command_block(body: str) -> list[str] | None:
 
 def snippets(root: Path = ROOT) -> list[Snippet]:
     """Every snippet of the pages under `root`, in page order."""
+    return [snippet for path, text in pages(root).items() for snippet in snippets_of(path, text)]
+
+
+def pages(root: Path = ROOT) -> dict[str, str]:
+    """README.md and docs/*.md under `root`, by path relative to it."""
+    found = sorted({p for pattern in PAGES for p in root.glob(pattern)})
+    return {p.relative_to(root).as_posix(): p.read_text(encoding="utf-8") for p in found}
+
+
+def snippets_of(page: str, text: str) -> list[Snippet]:
+    """The snippets of one page's text, in order."""
     found: list[Snippet] = []
-    for page in sorted({p for pattern in PAGES for p in root.glob(pattern)}):
-        text, rel = page.read_text(encoding="utf-8"), page.relative_to(root).as_posix()
-        blocks = []  # (start, end) of fenced and indented code: no inline commands there
-        for m in FENCE.finditer(text):
-            blocks.append(m.span())
-            line = text.count("\n", 0, m.start()) + 1
-            lang, body = m.group(1), m.group(2)
-            if lang in ("bash", "sh", "shell", "console"):
-                commands = _command_block(body) if lang == "console" else logical_commands(body)
-                found.append(Snippet(rel, line, "bash", commands))
-            elif lang == "python":
-                found.append(Snippet(rel, line, "python", [body]))
-            elif lang == "" and (commands := _command_block(body)):
-                found.append(Snippet(rel, line, "bash", commands))
-        for m in re.finditer(r"(?:^[ \t]*\n)((?:(?: {4}|\t).*\n|[ \t]*\n)+)", text, re.M):
-            if any(a <= m.start(1) < b for a, b in blocks) or _in_list(text, m.start(1)):
-                continue
-            body = re.sub(r"^(?: {4}|\t)", "", m.group(1), flags=re.M)
-            if commands := _command_block(body):
-                blocks.append(m.span(1))
-                found.append(Snippet(rel, text.count("\n", 0, m.start(1)) + 1, "bash", commands))
-        for m in INLINE.finditer(text):
-            if any(a <= m.start() < b for a, b in blocks) or not INLINE_COMMAND.match(m.group(1)):
-                continue
-            found.append(Snippet(rel, text.count("\n", 0, m.start()) + 1, "inline", [m.group(1)]))
-    found.sort(key=lambda s: (s.page, s.line))
+    blocks = []  # (start, end) of fenced and indented code: no inline commands there
+    for m in FENCE.finditer(text):
+        blocks.append(m.span())
+        line = text.count("\n", 0, m.start()) + 1
+        lang, body = m.group(1), m.group(2)
+        if lang in ("bash", "sh", "shell", "console"):
+            commands = _command_block(body) if lang == "console" else logical_commands(body)
+            found.append(Snippet(page, line, "bash", commands))
+        elif lang == "python":
+            found.append(Snippet(page, line, "python", [body]))
+        elif lang == "" and (commands := _command_block(body)):
+            found.append(Snippet(page, line, "bash", commands))
+    for m in re.finditer(r"(?:^[ \t]*\n)((?:(?: {4}|\t).*\n|[ \t]*\n)+)", text, re.M):
+        if any(a <= m.start(1) < b for a, b in blocks) or _in_list(text, m.start(1)):
+            continue
+        body = re.sub(r"^(?: {4}|\t)", "", m.group(1), flags=re.M)
+        if commands := _command_block(body):
+            blocks.append(m.span(1))
+            found.append(Snippet(page, text.count("\n", 0, m.start(1)) + 1, "bash", commands))
+    for m in INLINE.finditer(text):
+        if any(a <= m.start() < b for a, b in blocks) or not INLINE_COMMAND.match(m.group(1)):
+            continue
+        found.append(Snippet(page, text.count("\n", 0, m.start()) + 1, "inline", [m.group(1)]))
+    found.sort(key=lambda s: s.line)
     return found
 
 
@@ -210,6 +220,78 @@ def runnable(command: str) -> str:
     for pattern, value in PLACEHOLDERS:
         command = pattern.sub(value, command)
     return command
+
+
+# --- the words: what a page may say, checked without running anything -------------------------
+
+# The project's history, in any page: a figure carries its date and machine instead.
+ROUNDS = re.compile(r"\b(?:this|that|earlier|last|previous|latest|prior)\s+rounds?\b|\bround\s+before\b"
+                    r"|\brounds?'s?\s+code\b", re.I)
+# ... and in the copy a course hands out, any narration of it: a student reads what is, not what was.
+HISTORY = re.compile(ROUNDS.pattern + r"|\b(?:until\s+)?issues?\s+\d+\b"
+                     r"|\b(?:an|the)\s+earlier\s+(?:version|engine|kernel|client|code)\b"
+                     r"|\bthe\s+old\s+(?:code|client|kernel|engine)\b|\bused\s+to\s+(?:leave|be|run|take)\b", re.I)
+
+
+def history(text: str, copy: bool = False) -> list[str]:
+    """`line N: words` for each phrase of the project's history in a page (`copy`: the stricter
+    rule of the student's copy)."""
+    pattern = HISTORY if copy else ROUNDS
+    return [f"line {text.count(chr(10), 0, m.start()) + 1}: {' '.join(m.group().split())!r}"
+            for m in pattern.finditer(text)]
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def link_problems(pages: dict[str, str], files: set[str]) -> list[str]:
+    """Relative links that point at no file of `files` (or of a folder of them), or at no heading."""
+    anchors = {path: {anchor(h) for h in re.findall(r"^#+\s+(.*?)\s*$", FENCE.sub("", text), re.M)}
+               for path, text in pages.items()}
+    problems = []
+    for path, text in pages.items():
+        for m in re.finditer(r"\]\(([^)\s]+)\)", FENCE.sub("", text)):
+            target = m.group(1)
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, fragment = target.partition("#")
+            resolved = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+            if resolved not in files and not any(f.startswith(resolved.rstrip("/") + "/") for f in files):
+                problems.append(f"{path}: a link to {target}, a file this checkout lacks")
+            elif fragment and resolved in anchors and fragment not in anchors[resolved]:
+                problems.append(f"{path}: a link to {target}, a heading {resolved} lacks")
+    return problems
+
+
+COPY_FILE = re.compile(r"(?<![\w/.])((?:tools|docs|tests|\.ci)/[\w./-]*\w|solution\.py)")
+
+
+def copy_problems(pages: dict[str, str], files: set[str]) -> list[str]:
+    """What in the copy's pages does not fit the copy: a phrase of history, a command that names
+    the reference or a file the copy lacks or needs the project's git history, a link to no file."""
+    problems = []
+    for path, text in pages.items():
+        problems += [f"{path}: {found} narrates history" for found in history(text, copy=True)]
+        for snippet in snippets_of(path, text):
+            for command in snippet.commands:
+                if not_run(snippet, command):
+                    continue
+                first = command.split("\n")[0]
+                if re.search(r"\bsolution\b", command):
+                    problems.append(f"{snippet.where}: `{first}` runs the reference, which the copy lacks")
+                if re.search(r"--against\b|\bgit\s+show\b", command):
+                    problems.append(f"{snippet.where}: `{first}` needs the project's git history")
+                for name in COPY_FILE.findall(command):
+                    if name not in files and not any(f.startswith(name.rstrip("/") + "/") for f in files):
+                        problems.append(f"{snippet.where}: `{first}` names {name}, which the copy lacks")
+        prose = INLINE.sub(lambda m: m.group() if not INLINE_COMMAND.match(m.group(1)) else "", FENCE.sub("", text))
+        for m in re.finditer(r"`([^`\n]+)`", prose):
+            for name in COPY_FILE.findall(m.group(1)):
+                if name != "solution.py" and name not in files and not any(f.startswith(name + "/") for f in files):
+                    problems.append(f"{path}: `{m.group(1)}` names {name}, which the copy lacks")
+    return problems + link_problems(pages, files)
 
 
 # --- running -------------------------------------------------------------------------------------
@@ -268,8 +350,7 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-@dataclass
-class Outcome:
+class Outcome(NamedTuple):
     snippet: Snippet
     command: str
     status: str  # "ok", "cut" (LONG, stopped at CUT_S), "not run", "FAIL"
@@ -292,18 +373,19 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
                 outcomes.append(Outcome(snippet, command, "FAIL", "not complete as written: `...` for its arguments"))
                 break
             shell = runnable(command)
+            in_background = snippet.kind != "python" and BACKGROUND.search(shell)
             if snippet.kind == "python":
                 script = cwd / ".snippet.py"
                 script.write_text(command)
                 argv = [sys.executable, str(script)]
             else:
-                argv = ["bash", "-c", shell.rstrip().removesuffix("&") if shell.rstrip().endswith("&") else shell]
+                argv = ["bash", "-c", BACKGROUND.sub("", shell) if in_background else shell]
             log.seek(0)
             log.truncate()
             start = time.monotonic()
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
-            if snippet.kind != "python" and shell.rstrip().endswith("&"):
+            if in_background:
                 background.append(proc)
                 ports = _ports(shell)
                 if ports and not _wait_for_port(ports[0], proc, FINISH_S):
@@ -386,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
             for lock in locks:
                 lock.acquire()
             try:  # each snippet in a scratch checkout of its own: `../lab-handout` is its own too
-                scratch = scratch_checkout(root, args.lab.resolve(), Path(tmp) / str(unique.index(snippet)) / "checkout")
+                where = Path(tmp) / str(unique.index(snippet)) / "checkout"
+                scratch = scratch_checkout(root, args.lab.resolve(), where)
                 return run_snippet(snippet, scratch, environment(scratch))
             finally:
                 for lock in locks:
