@@ -2,27 +2,33 @@
 """The pages' own checks: every command README.md and docs/ show runs as written, and the words of
 the copy a course hands out fit that copy.
 
-    python tools/check_docs.py                 # run every command the pages show (a few minutes)
+    python tools/check_docs.py                 # run every command the pages show (minutes)
     python tools/check_docs.py --list          # what would run, and the few that are not run, with why
     python tools/check_docs.py --copy DIR      # the same in a student's copy (tools/student_copy.py DIR)
     python tools/check_docs.py -k serving.md   # only the snippets whose page or text contains a word
 
 A snippet is a fenced block of shell (```bash), a `$ `-prompted or indented block of commands, a
-```python block, or a command written inline (`python solution.py size`). A block runs command by
-command in one scratch folder, so what one command writes the next can read; `... &` runs in the
-background until the block ends (a server: its port is waited for, as a user waits for its banner).
+```python block, or the commands written inline on one line (`python solution.py size`). A
+snippet runs command by command in a scratch folder of its own, so what one command writes the
+next can read. `... &`, or a server that a later command of its snippet talks to, runs in the
+background until the snippet ends; its port is waited for, as a user waits for its banner.
 
 The scratch folder holds links to the checkout's files, with `lab.py` a copy of the reference
 (`solution.py`): the student's commands run on a lab with every exercise written, and nothing
-a command writes (report.html, workload.jsonl) lands in the checkout.
+a command writes (lab-report.html, workload.jsonl) lands in the checkout. Placeholders in a
+template (`hint N`) are given a value (PLACEHOLDERS).
 
 Each command must exit 0 within FINISH_S seconds, except the ones that run until stopped or for
 minutes (LONG: servers, load tests, benchmarks, the whole suite): those must not fail within CUT_S
-seconds, then are stopped. NOT_RUN names the few that need what CI does not have, with why.
+seconds, then are stopped, with everything they started (each command runs in a session of its
+own). A command shown with `...` for its arguments fails. NOT_RUN names the few that need what
+CI does not have, with why.
 
-tools/test_tooling.py checks, without running anything, that no page narrates the project's
-history, that the pages' counts are the ones tools/readme_counts.py writes, and that the copy's
-pages name no file the copy lacks.
+The words, checked without running anything (tools/test_tooling.py; tools/student_copy.py
+refuses a copy that fails them): no page names the round a figure was taken in (history); no
+link points at a missing file or heading (link_problems); and the copy's pages narrate no
+history, and show no command that runs the reference, a maintainers' tool, or the git history
+(copy_problems).
 """
 
 from __future__ import annotations
@@ -62,16 +68,15 @@ NOT_RUN: tuple[tuple[str, str, str], ...] = (
     ("vllm serve", "block", "needs a GPU and vLLM"),
     ("~/models/", "command", "needs a GPT-2 checkpoint downloaded from Hugging Face (docs/checkpoints.md)"),
     ("hf download", "command", "needs the network: downloads a checkpoint from Hugging Face"),
-    ("pip install", "command", "installs packages from PyPI: CI builds the lab's own environment once (.ci/run), "
-                               "and outside packages (torch, transformers, lm_eval) never go into it"),
-    ("python3 -m venv .venv", "command", "CI's set-up step runs the set-up line in a fresh clone (.ci/run)"),
-    (". .venv/bin/activate", "command", "CI's set-up step runs the set-up line in a fresh clone (.ci/run)"),
+    ("pip install", "command", "installs from PyPI: CI runs the set-up line once, in a fresh clone (.ci/run), and "
+                               "packages outside the lab's (torch, transformers, lm_eval) never go into it"),
     ("lmeval-venv/bin/", "command", "needs lm_eval, torch and transformers, outside the lab's dependencies"),
     ("torchvenv/bin/", "command", "needs torch and transformers, outside the lab's dependencies"),
     (".venv-torch/bin/", "command", "needs torch and transformers, outside the lab's dependencies"),
     ("peer_bench.py tokenizer", "command", "needs Hugging Face's tokenizers package, outside the lab's dependencies"),
     ("python bench_serving.py", "command", "needs SGLang's bench_serving.py and its packages (docs/serving.md)"),
     ("from transformers import", "command", "needs transformers, outside the lab's dependencies"),
+    ("/autograder/", "command", "runs inside Gradescope's container, whose root is /autograder"),
 )
 
 # A template's placeholder and the value a run gives it (`python lab.py hint N`).
@@ -83,6 +88,7 @@ PROGRAM = r"(?:python3?|curl|pip|hf|vllm|mkdir|cat|cd|bash|\.venv[\w-]*/bin/\w+|
 COMMAND = re.compile(rf"^(?:\$ )?(?:[A-Z][A-Z0-9_]*=\S*\s+)*{PROGRAM}(?:\s|$)")
 INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 INLINE_COMMAND = re.compile(r"^(?:[A-Z][A-Z0-9_]*=\S*\s+)*(?:python3?|curl|\.venv[\w-]*/bin/python)\s")
+SERVER = re.compile(r"\sserve\b")
 BACKGROUND = re.compile(r"(?<!&)&[ \t]*(#.*)?$")  # `serve &   # a comment`
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
 
@@ -184,10 +190,12 @@ def snippets_of(page: str, text: str) -> list[Snippet]:
         if commands := _command_block(body):
             blocks.append(m.span(1))
             found.append(Snippet(page, text.count("\n", 0, m.start(1)) + 1, "bash", commands))
+    inline: dict[int, list[str]] = {}  # the commands written on one line run as one snippet, in order
     for m in INLINE.finditer(text):
         if any(a <= m.start() < b for a, b in blocks) or not INLINE_COMMAND.match(m.group(1)):
             continue
-        found.append(Snippet(page, text.count("\n", 0, m.start()) + 1, "inline", [m.group(1)]))
+        inline.setdefault(text.count("\n", 0, m.start()) + 1, []).append(m.group(1))
+    found += [Snippet(page, line, "inline", commands) for line, commands in inline.items()]
     found.sort(key=lambda s: s.line)
     return found
 
@@ -335,19 +343,39 @@ def _wait_for_port(port: int, proc: subprocess.Popen, limit: float) -> bool:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """Stop a command and its children: Ctrl-C first (a server says goodbye), then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGINT, 1), (signal.SIGKILL, 5)):
+    """Stop a command and everything it started: Ctrl-C first (a server says goodbye), then
+    SIGKILL to every process of its session (each command runs in a session of its own)."""
+    if proc.poll() is None:
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(1)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    for pid in _session(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _session(sid: int) -> list[int]:
+    """The processes of session `sid` (Linux's /proc; elsewhere the process group)."""
+    if not os.path.isdir("/proc/self"):
+        return [sid]
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
+                found.append(int(entry))
+    return found
 
 
 class Outcome(NamedTuple):
@@ -362,9 +390,10 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
     """Run one snippet's commands in order in `cwd`; background ones are stopped at its end."""
     outcomes: list[Outcome] = []
     background: list[subprocess.Popen] = []
-    log = tempfile.TemporaryFile(mode="w+")
+    started: list[subprocess.Popen] = []
+    logs: list = []  # each command's output in a file of its own (a background server writes on)
     try:
-        for command in snippet.commands:
+        for i, command in enumerate(snippet.commands):
             why = not_run(snippet, command)
             if why:
                 outcomes.append(Outcome(snippet, command, "not run", why))
@@ -373,18 +402,22 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
                 outcomes.append(Outcome(snippet, command, "FAIL", "not complete as written: `...` for its arguments"))
                 break
             shell = runnable(command)
-            in_background = snippet.kind != "python" and BACKGROUND.search(shell)
+            # `serve &`, or a server that a later command talks to: started, and its port waited for
+            in_background = snippet.kind != "python" and (BACKGROUND.search(shell) or (
+                SERVER.search(shell) and any(f":{port}" in later for port in _ports(shell)
+                                             for later in snippet.commands[i + 1:])))
             if snippet.kind == "python":
                 script = cwd / ".snippet.py"
                 script.write_text(command)
                 argv = [sys.executable, str(script)]
             else:
                 argv = ["bash", "-c", BACKGROUND.sub("", shell) if in_background else shell]
-            log.seek(0)
-            log.truncate()
+            log = tempfile.TemporaryFile(mode="w+")
+            logs.append(log)
             start = time.monotonic()
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            started.append(proc)
             if in_background:
                 background.append(proc)
                 ports = _ports(shell)
@@ -414,7 +447,14 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
     finally:
         for proc in background:
             _stop(proc)
-        log.close()
+        for proc in started:  # what a finished command left running (a server's child) goes too
+            for pid in _session(proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for log in logs:
+            log.close()
     return outcomes
 
 
@@ -451,12 +491,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{snippet.where:24} {'not run: ' + why if why else 'runs'}: {first}")
         return 0
     total_start, failed, counts = time.monotonic(), [], {}
-    unique, done = [], set()  # an inline command shown on several pages runs once
+    unique, done = [], set()  # inline commands shown on several pages run once
     for snippet in found:
         if snippet.kind == "inline":
-            if snippet.commands[0] in done:
+            if tuple(snippet.commands) in done:
                 continue
-            done.add(snippet.commands[0])
+            done.add(tuple(snippet.commands))
         unique.append(snippet)
     with tempfile.TemporaryDirectory(prefix="check_docs-") as tmp:
         ports: dict[int, threading.Lock] = {}
@@ -481,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
                     counts[outcome.status] = counts.get(outcome.status, 0) + 1
                     first = outcome.command.split("\n")[0][:100]
                     print(f"{outcome.status:7} {outcome.seconds:5.1f} s  {outcome.snippet.where:24} {first}"
-                          + (f"\n      {outcome.detail}" if outcome.detail and outcome.status != "ok" else ""),
+                          + (f"\n      {outcome.detail}" if outcome.status in ("FAIL", "not run") else ""),
                           flush=True)
                     if outcome.status == "FAIL":
                         failed.append(outcome)
