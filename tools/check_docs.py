@@ -13,10 +13,11 @@ snippet runs command by command in a scratch folder of its own, so what one comm
 next can read. `... &`, or a server that a later command of its snippet talks to, runs in the
 background until the snippet ends; its port is waited for, as a user waits for its banner.
 
-The scratch folder holds links to the checkout's files, with `lab.py` a copy of the reference
-(`solution.py`): the student's commands run on a lab with every exercise written, and nothing
-a command writes (lab-report.html, workload.jsonl) lands in the checkout. Placeholders in a
-template (`hint N`) are given a value (PLACEHOLDERS).
+The scratch folder is a copy of the checkout (its git history linked) with `lab.py` a copy of
+the reference (`solution.py`): the student's commands run on a lab with every exercise written
+(OWN_LAB: but for a check of the checkout's own lab.py), and nothing a command writes
+(lab-report.html, workload.jsonl) lands in the checkout. Placeholders in a template
+(`hint N`) are given a value (PLACEHOLDERS).
 
 Each command must exit 0 within FINISH_S seconds, except the ones that run until stopped or for
 minutes (LONG: servers, load tests, benchmarks, the whole suite): those must not fail within CUT_S
@@ -77,6 +78,7 @@ NOT_RUN: tuple[tuple[str, str, str], ...] = (
     ("python bench_serving.py", "command", "needs SGLang's bench_serving.py and its packages (docs/serving.md)"),
     ("from transformers import", "command", "needs transformers, outside the lab's dependencies"),
     ("/autograder/", "command", "runs inside Gradescope's container, whose root is /autograder"),
+    ("tools/check_docs.py", "command", "this check itself"),
 )
 
 # A template's placeholder and the value a run gives it (`python lab.py hint N`).
@@ -305,13 +307,18 @@ def copy_problems(pages: dict[str, str], files: set[str]) -> list[str]:
 # --- running -------------------------------------------------------------------------------------
 
 
+# A command that works on the checkout's own lab.py (checks it, copies it, fills its stubs): its
+# snippet runs on that lab, not the reference.
+OWN_LAB = ("make_lab.py --check", "tools/student_copy.py", "tools/second_lab.py")
+
+
 def scratch_checkout(root: Path, lab: Path, where: Path) -> Path:
-    """A folder of links to `root`'s top-level files, with lab.py a copy of `lab`."""
-    where.mkdir(parents=True)
-    for entry in root.iterdir():
-        if entry.name in ("lab.py", ".git", ".venv") or entry.name.endswith(".egg-info"):
-            continue
-        (where / entry.name).symlink_to(entry)
+    """A copy of the checkout at `where` (its git history linked), with lab.py a copy of `lab`.
+    A copy, not links: a tool finds the checkout from its own path, and finds this one."""
+    junk = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".hypothesis", "*.egg-info")
+    shutil.copytree(root, where, ignore=junk)
+    if (root / ".git").exists():
+        (where / ".git").symlink_to(root / ".git")
     shutil.copyfile(lab, where / "lab.py")
     return where
 
@@ -378,6 +385,20 @@ def _session(sid: int) -> list[int]:
     return found
 
 
+STARTED: list[subprocess.Popen] = []  # every command started, stopped at the latest when main() ends
+STOPPING = threading.Event()  # set when main() ends: no command starts after it
+
+
+def _kill_sessions(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL every process of each command's session: what it started goes with it."""
+    for proc in procs:
+        for pid in _session(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 class Outcome(NamedTuple):
     snippet: Snippet
     command: str
@@ -394,6 +415,8 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
     logs: list = []  # each command's output in a file of its own (a background server writes on)
     try:
         for i, command in enumerate(snippet.commands):
+            if STOPPING.is_set():
+                break
             why = not_run(snippet, command)
             if why:
                 outcomes.append(Outcome(snippet, command, "not run", why))
@@ -418,6 +441,7 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             started.append(proc)
+            STARTED.append(proc)
             if in_background:
                 background.append(proc)
                 ports = _ports(shell)
@@ -447,12 +471,7 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
     finally:
         for proc in background:
             _stop(proc)
-        for proc in started:  # what a finished command left running (a server's child) goes too
-            for pid in _session(proc.pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        _kill_sessions(started)  # what a finished command left running (a server's child) goes too
         for log in logs:
             log.close()
     return outcomes
@@ -481,6 +500,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=4, help="snippets run at once (default 4)")
     parser.add_argument("-k", metavar="WORD", help="only the snippets whose page or text contains WORD")
     args = parser.parse_args(argv)
+    # Stop on Ctrl-C and on SIGTERM, even when started with SIGINT ignored (`... &` from a script),
+    # and stop what it started (main's finally).
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     root = (args.copy or ROOT).resolve()
     found = [s for s in snippets(root) if not args.k or args.k in s.page or any(args.k in c for c in s.commands)]
     if args.list:
@@ -509,13 +533,15 @@ def main(argv: list[str] | None = None) -> int:
                 lock.acquire()
             try:  # each snippet in a scratch checkout of its own: `../lab-handout` is its own too
                 where = Path(tmp) / str(unique.index(snippet)) / "checkout"
-                scratch = scratch_checkout(root, args.lab.resolve(), where)
+                own = any(needle in c for needle in OWN_LAB for c in snippet.commands)
+                scratch = scratch_checkout(root, root / "lab.py" if own else args.lab.resolve(), where)
                 return run_snippet(snippet, scratch, environment(scratch))
             finally:
                 for lock in locks:
                     lock.release()
 
-        with ThreadPoolExecutor(args.jobs) as pool:
+        pool = ThreadPoolExecutor(args.jobs)
+        try:
             for outcomes in pool.map(run, unique):
                 for outcome in outcomes:
                     counts[outcome.status] = counts.get(outcome.status, 0) + 1
@@ -525,8 +551,12 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
                     if outcome.status == "FAIL":
                         failed.append(outcome)
+        finally:  # Ctrl-C included: no command starts after this, and none started stays behind
+            STOPPING.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            _kill_sessions(STARTED)
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    print(f"{len(found)} snippets of {root.name}: {summary}, in {time.monotonic() - total_start:.0f} s "
+    print(f"{len(unique)} snippets of {root.name}: {summary}, in {time.monotonic() - total_start:.0f} s "
           f"(cut: a server or benchmark checked for {CUT_S:.0f} s, then stopped)")
     for outcome in failed:
         print(f"FAILED {outcome.snippet.where}: {outcome.command.split(chr(10))[0]}\n      {outcome.detail}")
@@ -534,4 +564,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # what it started is stopped already
+        sys.exit("check_docs: interrupted")
