@@ -26,7 +26,8 @@ own). A command shown with `...` for its arguments fails. NOT_RUN names the few 
 CI does not have, with why.
 
 The words, checked without running anything (tools/test_tooling.py; tools/student_copy.py
-refuses a copy that fails them): no page names the round a figure was taken in (history); no
+refuses a copy that fails them): no page names the round a figure was taken in (history) or
+types the suite's counts (typed_counts: the scoreboard prints them); no
 link points at a missing file or heading (link_problems); and the copy's pages narrate no
 history, and show no command that runs the reference, a maintainers' tool, or the git history
 (copy_problems).
@@ -251,6 +252,16 @@ def history(text: str, copy: bool = False) -> list[str]:
             for m in pattern.finditer(text)]
 
 
+# The suite's own counts and time, which change with every test: the scoreboard prints them.
+SUITE_COUNTS = re.compile(r"\b\d[\d,]*\s+(?:of\s+\d[\d,]*\s+)?tests\b|\b\d[\d,]*\s+(?:passed|green|on\s+stubs)\b", re.I)
+
+
+def typed_counts(text: str) -> list[str]:
+    """`line N: words` for each count of the suite's tests typed into a page."""
+    return [f"line {text.count(chr(10), 0, m.start()) + 1}: {' '.join(m.group().split())!r}"
+            for m in SUITE_COUNTS.finditer(text)]
+
+
 def anchor(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
@@ -284,6 +295,7 @@ def copy_problems(pages: dict[str, str], files: set[str]) -> list[str]:
     problems = []
     for path, text in pages.items():
         problems += [f"{path}: {found} narrates history" for found in history(text, copy=True)]
+        problems += [f"{path}: {found} is the suite's count typed by hand" for found in typed_counts(text)]
         for snippet in snippets_of(path, text):
             for command in snippet.commands:
                 if not_run(snippet, command):

@@ -273,11 +273,13 @@ def tracked_files() -> set[str]:
 
 
 @pytest.mark.provided
-def test_no_page_narrates_the_projects_rounds_and_every_link_finds_its_file_and_heading():
+def test_no_page_narrates_the_projects_rounds_or_types_the_suites_counts_and_every_link_resolves():
     check_docs = load_tool("check_docs")
     pages = check_docs.pages()
     rounds = [f"{path}: {found}" for path, text in pages.items() for found in check_docs.history(text)]
     assert not rounds, "a figure carries its date and machine, not the round it was taken in:\n" + "\n".join(rounds)
+    counts = [f"{path}: {found}" for path, text in pages.items() for found in check_docs.typed_counts(text)]
+    assert not counts, "the suite's counts change with every test: the scoreboard prints them\n" + "\n".join(counts)
     broken = check_docs.link_problems(pages, tracked_files())
     assert not broken, "links to nothing:\n" + "\n".join(broken)
 
@@ -302,6 +304,7 @@ def test_the_copys_pages_fit_the_copy_no_history_no_reference_no_maintainers_fil
     ("measured in this round's run", "narrates history"),
     ("the earlier rounds gave 2x", "narrates history"),
     ("Until issue 36 the entry kept", "narrates history"),
+    ("the provided code passes (341 of 913 tests on stubs)", "the suite's count typed by hand"),
     ("see [the graders' page](teaching.md)", "a file this checkout lacks"),
     ("see [the load test](serving.md#no-such-heading)", "a heading docs/serving.md lacks"),
     ("run `python solution.py size`", "runs the reference"),
