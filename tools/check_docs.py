@@ -337,6 +337,18 @@ def scratch_checkout(root: Path, lab: Path, where: Path) -> Path:
     return where
 
 
+def _and_list(shell: str) -> list[str]:
+    """A command's parts joined by `&&`, outside quotes (`make_it && cd it`: `make_it`, `cd it`)."""
+    parts, quote, start = [], None, 0
+    for j, ch in enumerate(shell):
+        if ch in "'\"" and quote in (None, ch):
+            quote = None if quote else ch
+        elif quote is None and shell.startswith("&&", j):
+            parts.append(shell[start:j].strip())
+            start = j + 2
+    return [*parts, shell[start:].split(" #")[0].strip()]
+
+
 def _ports(command: str) -> list[int]:
     ports = [int(p) for p in re.findall(r"--port[ =](\d+)", command)]
     return ports or ([8000] if re.search(r"\sserve\b", command) else [])
@@ -426,6 +438,7 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
     outcomes: list[Outcome] = []
     background: list[subprocess.Popen] = []
     started: list[subprocess.Popen] = []
+    state: list[str] = []  # the block's `cd DIR` and `export VAR=...` so far: each command runs after them
     logs: list = []  # each command's output in a file of its own (a background server writes on)
     try:
         for i, command in enumerate(snippet.commands):
@@ -448,7 +461,7 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
                 script.write_text(command)
                 argv = [sys.executable, str(script)]
             else:
-                argv = ["bash", "-c", BACKGROUND.sub("", shell) if in_background else shell]
+                argv = ["bash", "-c", " && ".join([*state, BACKGROUND.sub("", shell) if in_background else shell])]
             log = tempfile.TemporaryFile(mode="w+")
             logs.append(log)
             start = time.monotonic()
@@ -482,6 +495,7 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
                 outcomes.append(Outcome(snippet, command, "FAIL", f"exit status {rc}: " + _tail(log), seconds))
                 break
             outcomes.append(Outcome(snippet, command, "ok", "", seconds))
+            state += [part for part in _and_list(shell) if re.match(r"(cd|export)\s", part)]
     finally:
         for proc in background:
             _stop(proc)

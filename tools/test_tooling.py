@@ -353,7 +353,7 @@ def test_a_pages_shell_is_read_as_its_commands_continuations_here_documents_and_
 
 
 @pytest.mark.provided
-def test_the_snippet_runner_fails_a_command_that_fails_and_one_shown_incomplete(tmp_path):
+def test_the_snippet_runner_fails_a_failing_or_incomplete_command_and_keeps_a_blocks_cd_and_export(tmp_path):
     check_docs = load_tool("check_docs")
     env = check_docs.environment(tmp_path)
 
@@ -364,3 +364,6 @@ def test_the_snippet_runner_fails_a_command_that_fails_and_one_shown_incomplete(
     assert status("python -c 'raise SystemExit(3)'", "true") == ["FAIL"]
     assert status("python lab.py loadtest ...") == ["FAIL"]
     assert status("vllm serve meta-llama/Llama-3.1-8B-Instruct") == ["not run"]
+    assert status("mkdir -p sub && cd sub", "export WORD=kept",  # a block's later commands run where it went
+                  "python -c 'import os; assert os.getcwd().endswith(\"sub\") and os.environ[\"WORD\"] == \"kept\"'"
+                  ) == ["ok", "ok", "ok"]
