@@ -53,7 +53,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 
 FINISH_S = 90.0  # a command that is not LONG must be done by then (a loaded 2-core machine)
-CUT_S = 6.0  # a LONG command must not have failed by then: its imports, its flags, its start
+CUT_S = 5.0  # a LONG command must not have failed by then: its imports, its flags, its start
 
 # A command (after its `VAR=value` prefixes) that runs until stopped, or for minutes: checked for
 # CUT_S seconds, then stopped.
@@ -433,8 +433,10 @@ class Outcome(NamedTuple):
     seconds: float = 0.0
 
 
-def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcome]:
-    """Run one snippet's commands in order in `cwd`; background ones are stopped at its end."""
+def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str], seen: dict | None = None) -> list[Outcome]:
+    """Run one snippet's commands in order in `cwd`; background ones are stopped at its end.
+    `seen`: where each command that ran alone (no cd, export or server before it) passed; such a
+    command shown again is not run again."""
     outcomes: list[Outcome] = []
     background: list[subprocess.Popen] = []
     started: list[subprocess.Popen] = []
@@ -456,6 +458,12 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
             in_background = snippet.kind != "python" and (BACKGROUND.search(shell) or (
                 SERVER.search(shell) and any(f":{port}" in later for port in _ports(shell)
                                              for later in snippet.commands[i + 1:])))
+            alone = seen is not None and snippet.kind != "python" and not (state or background or in_background)
+            key = (shell.split(" #")[0].strip(), (cwd / "lab.py").read_bytes() == (cwd / "solution.py").read_bytes()
+                   if (cwd / "solution.py").exists() else None)
+            if alone and key in seen:
+                outcomes.append(Outcome(snippet, command, "same", f"as at {seen[key]}"))
+                continue
             if snippet.kind == "python":
                 script = cwd / ".snippet.py"
                 script.write_text(command)
@@ -486,6 +494,8 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
                 seconds = time.monotonic() - start
                 if long:
                     outcomes.append(Outcome(snippet, command, "cut", f"ran {seconds:.0f} s, stopped", seconds))
+                    if alone:
+                        seen[key] = snippet.where
                     continue
                 outcomes.append(Outcome(snippet, command, "FAIL", f"still running after {FINISH_S:.0f} s "
                                         "(if it runs for minutes by design, LONG must say so): " + _tail(log), seconds))
@@ -495,6 +505,8 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str]) -> list[Outcom
                 outcomes.append(Outcome(snippet, command, "FAIL", f"exit status {rc}: " + _tail(log), seconds))
                 break
             outcomes.append(Outcome(snippet, command, "ok", "", seconds))
+            if alone:
+                seen[key] = snippet.where
             state += [part for part in _and_list(shell) if re.match(r"(cd|export)\s", part)]
     finally:
         for proc in background:
@@ -525,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lab", type=Path, default=ROOT / "solution.py",
                         help="the lab.py the commands run on (default: the reference, every exercise written)")
     parser.add_argument("--list", action="store_true", help="list the snippets and what is not run; run nothing")
-    parser.add_argument("--jobs", type=int, default=4, help="snippets run at once (default 4)")
+    parser.add_argument("--jobs", type=int, default=6, help="snippets run at once (default 6)")
     parser.add_argument("-k", metavar="WORD", help="only the snippets whose page or text contains WORD")
     args = parser.parse_args(argv)
     # Stop on Ctrl-C and on SIGTERM, even when started with SIGINT ignored (`... &` from a script),
@@ -552,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         unique.append(snippet)
     with tempfile.TemporaryDirectory(prefix="check_docs-") as tmp:
         ports: dict[int, threading.Lock] = {}
+        seen: dict = {}  # a command shown again runs once (run_snippet)
         guard = threading.Lock()
 
         def run(snippet: Snippet) -> list[Outcome]:
@@ -563,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
                 where = Path(tmp) / str(unique.index(snippet)) / "checkout"
                 own = any(needle in c for needle in OWN_LAB for c in snippet.commands)
                 scratch = scratch_checkout(root, root / "lab.py" if own else args.lab.resolve(), where)
-                return run_snippet(snippet, scratch, environment(scratch))
+                return run_snippet(snippet, scratch, environment(scratch), seen)
             finally:
                 for lock in locks:
                     lock.release()

@@ -367,3 +367,8 @@ def test_the_snippet_runner_fails_a_failing_or_incomplete_command_and_keeps_a_bl
     assert status("mkdir -p sub && cd sub", "export WORD=kept",  # a block's later commands run where it went
                   "python -c 'import os; assert os.getcwd().endswith(\"sub\") and os.environ[\"WORD\"] == \"kept\"'"
                   ) == ["ok", "ok", "ok"]
+    seen: dict = {}  # a command shown again, alone, runs once; after a cd it runs again
+    shown = [check_docs.Snippet("x.md", n, "bash", ["python -c 'print(1)'"]) for n in (1, 2)]
+    assert [o.status for s in shown for o in check_docs.run_snippet(s, tmp_path, env, seen)] == ["ok", "same"]
+    after_cd = check_docs.Snippet("x.md", 3, "bash", ["cd sub", "python -c 'print(1)'"])
+    assert [o.status for o in check_docs.run_snippet(after_cd, tmp_path, env, seen)] == ["ok", "ok"]
