@@ -241,14 +241,18 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     load.add_argument("--save-workload", metavar="FILE", help="write the requests as JSONL for vllm bench serve")
     load.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds per request")
     load.add_argument("--html", metavar="FILE", help="also draw latency against load as a self-contained HTML page")
+    # Each page's default name carries the module's: lab.py's page never overwrites solution.py's.
+    module = os.path.splitext(prog)[0]
     report = commands.add_parser("report", help="one HTML file of pictures drawn from runs of this module's code")
-    report.add_argument("--out", default="report.html", help="the file to write (default: report.html here)")
+    report.add_argument("--out", default=f"{module}-report.html",
+                        help=f"the file to write (default: {module}-report.html here)")
     trace = commands.add_parser("trace", help="one HTML page that steps through a run of this module's engine: "
                                               "the queues, the block pool, the block tables")
     trace.add_argument("--workload", default="skewed", metavar="NAME|FILE",
                        help=f"{', '.join(WORKLOADS)} (default: skewed), or a file that `loadtest --save-workload` "
                             "wrote")
-    trace.add_argument("--out", default="trace.html", help="the file to write (default: trace.html here)")
+    trace.add_argument("--out", default=f"{module}-trace.html",
+                       help=f"the file to write (default: {module}-trace.html here)")
     return parser
 
 

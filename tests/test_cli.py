@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import re
 
 import pytest
 
 from conftest import lab
 from tests.support import (
+    ROOT,
     reraise_stub,
     run_cli,
     run_script,
@@ -130,3 +133,29 @@ def test_serve_says_in_its_banner_that_the_toy_models_weights_are_random():
     banner = " ".join(proc.stdout.split())
     assert "serving " in banner and "weights are random (--seed 0)" in banner and "--model DIR" in banner, (
         f"without --model the banner must say the weights are random (so garbled text is no surprise): {banner}")
+
+
+@pytest.mark.provided
+def test_report_and_trace_name_their_default_page_for_the_module_so_a_labs_never_overwrites_the_references():
+    from course.cli import build_parser
+    pages = {prog: [build_parser(lab, prog).parse_args([command]).out for command in ("report", "trace")]
+             for prog in ("lab.py", "solution.py")}
+    assert pages == {"lab.py": ["lab-report.html", "lab-trace.html"],
+                     "solution.py": ["solution-report.html", "solution-trace.html"]}, (
+        f"`report` and `trace` must write `<module>-report.html` and `<module>-trace.html` by default: {pages}")
+    patterns = [line.strip() for line in (ROOT / ".gitignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    tracked = [page for names in pages.values() for page in names
+               if not any(fnmatch.fnmatch(page, pattern) for pattern in patterns)]
+    assert not tracked, f".gitignore must ignore the pages the commands write by default: {tracked}"
+
+
+@pytest.mark.needs(5)
+def test_trace_writes_its_page_under_the_modules_name_in_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    proc = run_cli("trace", "--workload", "shared-prefix")
+    assert proc.returncode == 0, proc.stderr
+    module = os.path.splitext(os.path.basename(lab.__file__))[0]
+    assert [p.name for p in tmp_path.iterdir()] == [f"{module}-trace.html"], (
+        f"`python {module}.py trace` must write {module}-trace.html here, and say where: {proc.stdout}")
+    assert str(tmp_path / f"{module}-trace.html") in proc.stdout

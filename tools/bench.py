@@ -69,7 +69,8 @@ NOT_IN_ALL = ("blas-threads", "serving-threads")  # what-if measurements, each m
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", nargs="?", choices=(*BENCHMARKS, "all"), default="all")
-    parser.add_argument("--module", default="solution", help="the module to measure: solution or lab")
+    parser.add_argument("--module", default=bench_common.DEFAULT_MODULE,
+                        help="the module to measure: solution or lab (default: solution, or lab in the student's copy)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time in-process benchmarks by this process's CPU seconds, not wall time "
                              "(a shared machine; single-threaded work only)")

@@ -101,7 +101,8 @@ def bench_speculate(lab, workdir: Path, target_layers: int, draft_layers: int, r
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("which", nargs="?", choices=["all", "decode", "speculate"], default="all")
-    parser.add_argument("--module", default="solution", help="the module to measure: solution or lab")
+    parser.add_argument("--module", default="solution" if (ROOT / "solution.py").exists() else "lab",
+                        help="the module to measure (default: solution, or lab in the student's copy)")
     parser.add_argument("--batch", type=_positive_ints, default=[1, 8], help="batch sizes for decode, e.g. 1,8")
     parser.add_argument("--target-layers", type=int, default=4)
     parser.add_argument("--draft-layers", type=int, default=1)

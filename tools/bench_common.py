@@ -13,6 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
+# What a benchmark measures by default: the reference, or the lab in the student's copy (no solution.py).
+DEFAULT_MODULE = "solution" if (ROOT / "solution.py").exists() else "lab"
 lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
 clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
 

@@ -142,7 +142,8 @@ def count_waiting(lab, prefix_caching: bool, prompt_len: int = 150, block_size: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--module", default="solution", help="the module to count (default solution)")
+    parser.add_argument("--module", default="solution" if (ROOT / "solution.py").exists() else "lab",
+                        help="the module to measure (default: solution, or lab in the student's copy)")
     parser.add_argument("--against", metavar="REV", help="also count solution.py of this git revision")
     parser.add_argument("--sites", action="store_true", help="print where each copy was made")
     args = parser.parse_args(argv)

@@ -5,9 +5,12 @@
     python tools/student_copy.py DIR --autograder FILE.zip    # ... and Gradescope's autograder of it
 
 The copy holds every file git tracks here except MAINTAINERS_ONLY: `solution.py`, the planted
-mistakes, and the tools that exist to check the reference against the lab. It changes two files:
-- README.md loses the parts written for maintainers (between `<!-- maintainers -->` and
-  `<!-- /maintainers -->`) and opens with a line that says what the copy is;
+mistakes, the tools that exist to check the reference against the lab, and the graders' page. It
+changes these files:
+- README.md and docs/*.md lose the parts written for maintainers (between `<!-- maintainers -->`
+  and `<!-- /maintainers -->`), and their commands run the lab where the maintainers' run the
+  reference (`python solution.py` becomes `python lab.py`: COPY_WORDS); README.md opens with a
+  line that says what the copy is;
 - pyproject.toml installs `lab` alone (there is no `solution` to install).
 It adds `docs/reference-traces/`: each trace workload recorded on the reference engine
 (`python solution.py trace`), so a student can watch a correct run before their own Exercise 5
@@ -15,7 +18,9 @@ exists.
 
 Before it writes anything it checks that no shipped file holds an exercise's answer (three or
 more lines of one solution region of `solution.py` that the stubbed lab does not have): a file
-added later that quotes the reference makes this command fail, not the course leak.
+added later that quotes the reference makes this command fail, not the course leak. Likewise
+for the pages' words (tools/check_docs.py): a phrase of the project's history, a link to a file
+the copy lacks, or a command that needs the reference, a maintainers' tool or the git history.
 With `--autograder FILE.zip` it also writes the zip Gradescope takes (tools/autograder.py):
 setup.sh, run_autograder and the copy, grading the submitted lab.py alone with the copy's suite.
 docs/teaching.md says how an instructor builds, checks and grades the copy.
@@ -54,6 +59,8 @@ MAINTAINERS_ONLY = (
     "tools/autograder.py",
     "tools/test_autograder.py",
     "tools/test_scoreboard.py",
+    "tools/check_docs.py",
+    "docs/teaching.md",  # the graders' page
 )
 MAINTAINERS = re.compile(r"\n?<!-- maintainers -->.*?<!-- /maintainers -->\n?", re.S)
 TRACE_WORKLOADS = ("skewed", "shared-prefix", "memory-pressure", "arrivals")
@@ -98,13 +105,42 @@ def leaks(files: dict[str, str], solution: str) -> list[str]:
     return found
 
 
+# The copy has no solution.py: where the maintainers' pages run the reference, the copy's run the lab.
+COPY_WORDS = ((re.compile(r"\bpython solution\.py\b"), "python lab.py"),
+              (re.compile(r"\bsolution as lab\b"), "lab"),
+              (re.compile(r"--module solution\b"), "--module lab"),
+              (re.compile(r"\bLAB_MODULE=solution "), ""))
+
+
+def is_page(path: str) -> bool:
+    """README.md and docs/*.md: the pages whose words the copy rewrites."""
+    return path == "README.md" or bool(re.fullmatch(r"docs/[^/]+\.md", path))
+
+
+def student_page(path: str, text: str) -> str:
+    """A page as the copy ships it: the maintainers' parts out, the reference's commands the lab's."""
+    if path == "README.md":
+        return student_readme(text)
+    text = MAINTAINERS.sub("\n", text)
+    for pattern, words in COPY_WORDS:
+        text = pattern.sub(words, text)
+    return text
+
+
 def student_readme(readme: str) -> str:
-    intro = ("> **The student's copy.** Your course made this copy of the lab with `tools/student_copy.py`: "
+    intro = ("> **The student's copy.** Your course made this copy of the lab: "
              "it has no `solution.py`, so you write every exercise in `lab.py` and the tests tell you when it "
              "is right. `docs/reference-traces/` holds recorded runs of a correct engine to compare yours with.\n")
-    body = MAINTAINERS.sub("\n", readme)
+    body = student_page("docs/README.md", readme)
     title, _, rest = body.partition("\n")
     return f"{title}\n\n{intro}{rest}"
+
+
+def words_unfit(texts: dict[str, str], binaries: list[str]) -> list[str]:
+    """What in the copy's pages does not fit the copy (tools/check_docs.py's copy_problems)."""
+    from check_docs import copy_problems
+    files = {*texts, *binaries, *(f"docs/reference-traces/{w}.html" for w in TRACE_WORKLOADS)}
+    return copy_problems({path: text for path, text in texts.items() if is_page(path)}, files)
 
 
 def student_pyproject(text: str) -> str:
@@ -124,11 +160,9 @@ def record_reference_traces(out: Path) -> None:
                        capture_output=True, text=True)
 
 
-def write_copy(out: Path) -> list[str]:
-    """Write the copy into `out`; returns the paths written (relative)."""
-    if out.exists() and any(out.iterdir()):
-        raise SystemExit(f"tools/student_copy.py: {out} is not empty: name a new folder")
-    solution = (ROOT / "solution.py").read_text()
+def copy_files() -> tuple[dict[str, str], list[str]]:
+    """The copy's text files by path, as it ships them (pages and pyproject.toml rewritten), and
+    the paths of its binary files (copied as they are)."""
     texts: dict[str, str] = {}
     binaries: list[str] = []
     for path in shipped_files():
@@ -136,12 +170,27 @@ def write_copy(out: Path) -> list[str]:
             texts[path] = (ROOT / path).read_text(encoding="utf-8")
         except UnicodeDecodeError:  # an image: copied as it is
             binaries.append(path)
-    texts["README.md"] = student_readme(texts["README.md"])
+    for path in filter(is_page, texts):
+        texts[path] = student_page(path, texts[path])
     texts["pyproject.toml"] = student_pyproject(texts["pyproject.toml"])
+    return texts, binaries
+
+
+def write_copy(out: Path) -> list[str]:
+    """Write the copy into `out`; returns the paths written (relative)."""
+    out = out.resolve()  # the reference traces are recorded from another folder
+    if out.exists() and any(out.iterdir()):
+        raise SystemExit(f"tools/student_copy.py: {out} is not empty: name a new folder")
+    solution = (ROOT / "solution.py").read_text()
+    texts, binaries = copy_files()
     found = leaks(texts, solution)
     if found:
         raise SystemExit("tools/student_copy.py: these shipped files hold lines of the exercises' answers:\n  "
                          + "\n  ".join(found))
+    unfit = words_unfit(texts, binaries)
+    if unfit:
+        raise SystemExit("tools/student_copy.py: these words of the copy's pages do not fit the copy (see "
+                         "tools/check_docs.py):\n  " + "\n  ".join(unfit))
     for path, text in texts.items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         (out / path).write_text(text, encoding="utf-8")
