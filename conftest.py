@@ -20,8 +20,8 @@
   contiguous attention, measured here in well under a second and never asserted.
 - Hypothesis writes no `.hypothesis/patches` file and prints no "git apply" footer.
 - `--grade results.json` writes the scoreboard as a Gradescope autograder result: one test a
-  exercise, scored by the share of its tests that passed once none of its functions is a stub,
-  each failed test with the first line of its rule (docs/teaching.md).
+  exercise, scored by the share of its tests that passed (each of them fails while the exercise is
+  a stub: CI checks it), each failed test with the first line of its rule (docs/teaching.md).
 - `-m exerciseN` collects only the test files that mark tests with an exercise (test_lab.py and
   the few in tests/ that do): the rest would be deselected anyway, and importing them cost most of
   one exercise's run.
@@ -331,8 +331,10 @@ def write_grade(path: str, rows: list[dict]) -> None:
     """A Gradescope autograder result (`score`, `max_score`, `tests` with `name`, `score`,
     `max_score`, `output`): one test a exercise, its output the scoreboard's line and the tests
     that failed other than on a stub, each with the first line of its rule (up to GRADE_FAILURES).
-    An exercise scores the share of its tests that pass once none of its functions is a stub, 0
-    before; an exercise none of whose tests ran scores 0 and says so."""
+    An exercise scores the share of its tests that pass: every one of them fails while the exercise
+    is a stub (a test that passes anyway tests provided code and is marked `needs`, not with the
+    exercise: .ci/check_lab_report.py holds it), so a stub scores 0 and a half-written exercise
+    part of its points. An exercise none of whose tests ran scores 0 and says so."""
     ran = {row["number"]: row for row in rows}
     tests = []
     for number, title in EXERCISES.items():
@@ -340,10 +342,7 @@ def write_grade(path: str, rows: list[dict]) -> None:
         if row is None:
             score, output = 0.0, "no test of this exercise ran (was it deselected with -m or -k?)"
         else:
-            # A test that passes on the stub (its provided argument checks) earns nothing until the
-            # exercise is written: while one of its functions is a stub, the exercise scores 0.
-            share = 0 if UNSOLVED.get(number) else row["passed"] / row["total"]
-            score = round(GRADE_PER_EXERCISE * share, 2)
+            score = round(GRADE_PER_EXERCISE * row["passed"] / row["total"], 2)
             failed = row["failed"]
             more = [f"... and {len(failed) - GRADE_FAILURES} more failed tests"] if len(failed) > GRADE_FAILURES else []
             output = "\n".join([scoreboard_line(row)] + [failure_line(k) for k in failed[:GRADE_FAILURES]] + more)

@@ -8,7 +8,9 @@ REPORT.json is what the suite writes with LAB_REPORT=...; the module checked is 
   needs (`needs(N)`), and on the stub of that exercise or an earlier one: a test of Exercise 3
   that waits for Exercise 5, with 1-3 written, would tell a student who is done that they are not;
 - every test of provided code (neither mark) passed or skipped;
-- every exercise still stubbed has a red test (else its stub is untested);
+- every exercise still stubbed has a red test (else its stub is untested), and none of its tests
+  passes: a test that passes while every function of its exercise is a stub tests provided code
+  (mark it `needs(N)`), and would hand a stub points in the grade;
 - with RUN.log (the run's output): the scoreboard lists no failure that pytest did not print.
 """
 
@@ -33,6 +35,8 @@ whole = all(r["outcome"] in ("passed", "skipped") for r in provided)
 red = {r["exercise"] for r in failed if r["stub"] and r["exercise"]}
 stubbed = sorted(unsolved_exercises(lab))
 missing = [n for n in stubbed if n not in red]
+free = [f"{r['test']} (Exercise {r['exercise']})" for r in rows
+        if r["outcome"] == "passed" and r["exercise"] in stubbed]
 lies = []
 if len(sys.argv) > 2:
     log = open(sys.argv[2]).read()
@@ -54,8 +58,11 @@ if late:
 if not whole:
     print("FAIL: the provided code's row is not whole: " + ", ".join(r["test"] for r in provided
                                                                      if r["outcome"] not in ("passed", "skipped")))
+if free:
+    print("FAIL: these tests pass while their exercise is a stub (they test provided code: mark them needs(N), "
+          "not with the exercise):\n  " + "\n  ".join(free))
 if missing:
     print(f"FAIL: no test is red against {module}.py for exercise(s) {missing}: their stubs are untested")
 if lies:
     print("FAIL: " + "; ".join(lies))
-sys.exit(1 if bad or late or not whole or missing or lies else 0)
+sys.exit(1 if bad or late or not whole or missing or free or lies else 0)

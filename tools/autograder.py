@@ -227,7 +227,7 @@ def run_suite(root: Path, work: Path, config: dict, zero, time_limit: float, imp
     done = sum(t["score"] == t["max_score"] for t in graded["tests"])
     graded["output"] = (f"Graded your lab.py with the course's tests: {done} of {len(graded['tests'])} exercises "
                         f"full marks. Each exercise scores {config['points_per_exercise']:g} points times the share "
-                        "of its tests that pass, once none of its functions is a stub.")
+                        "of its tests that pass.")
     return graded
 
 

@@ -59,7 +59,7 @@ CUT_S = 5.0  # a LONG command must not have failed by then: its imports, its fla
 # CUT_S seconds, then stopped.
 LONG = re.compile(r"""
     \s(serve|loadtest|fleet|bench)\b           # the server, the load generator, the fleet search, the benchmarks
-  | tools/(bench\w*|peer_bench|probe_closes|mutants|teach_check|second_lab|check_stubs|student_copy|check_docs)\.py
+  | tools/(bench\w*|peer_bench|probe_closes|mutants|teach_check|second_lab|check_stubs|check_docs)\.py
   | -m\ pytest(?!.*\s-m\s)(?!.*::)(?!.*\stests/\w+\.py)   # the whole suite (one exercise or file finishes)
   | protocol\.MAX_CHOICES                      # docs/serving.md's measurement of the choice cap, to 200,000
 """, re.X)
@@ -78,7 +78,6 @@ NOT_RUN: tuple[tuple[str, str, str], ...] = (
     ("peer_bench.py tokenizer", "command", "needs Hugging Face's tokenizers package, outside the lab's dependencies"),
     ("python bench_serving.py", "command", "needs SGLang's bench_serving.py and its packages (docs/serving.md)"),
     ("from transformers import", "command", "needs transformers, outside the lab's dependencies"),
-    ("/autograder/", "command", "runs inside Gradescope's container, whose root is /autograder"),
     ("tools/check_docs.py", "command", "this check itself"),
 )
 

@@ -44,7 +44,7 @@ def test_double():
     assert lab.double(2) == 4, "rule 1: double(2) is 4"
 
 
-@pytest.mark.exercise1
+@pytest.mark.provided  # half's argument check runs before its body: provided code, green on the stub
 def test_half_refuses_a_negative():
     with pytest.raises(ValueError):
         lab.half(-1)
@@ -114,7 +114,7 @@ def test_stubs_are_counted_and_a_needs_test_waits_without_running(stubbed):
 def test_the_provided_row_lists_only_what_pytest_printed_and_counts_the_rest_right(stubbed):
     _, out, _ = stubbed
     board = out[out.index("scoreboard (lab_tiny)"):]
-    assert "provided code (nothing to write): 0/8, 1 on stubs (double (Exercise 1))" in board, board
+    assert "provided code (nothing to write): 1/9, 1 on stubs (double (Exercise 1))" in board, board
     listed = re.findall(r"^  failed: (\S+)", board, re.M)
     assert "test_provided_reaching_a_stub_unmarked" not in listed, "a stub's failure is not a failure of provided code"
     assert len(listed) == 5 and "  ... and 2 more failed (see above)" in board, board
@@ -123,13 +123,16 @@ def test_the_provided_row_lists_only_what_pytest_printed_and_counts_the_rest_rig
 
 
 @pytest.mark.provided
-def test_the_grade_is_0_on_a_stub_and_carries_each_failed_tests_rule(tmp_path):
+def test_the_grade_is_the_share_passed_and_carries_each_failed_tests_rule(tmp_path):
     grade = tmp_path / "results.json"
-    run(tmp_path, STUB_DOUBLE, "return x // 3", "--grade", str(grade))  # half written, and wrong
+    run(tmp_path, STUB_DOUBLE, STUB_HALF, "--grade", str(grade))
     test = json.loads(grade.read_text())["tests"][0]
-    assert test["score"] == 0 and "write double" in test["output"], "an exercise with a stub left scores 0"
+    assert test["score"] == 0 and "write double, half" in test["output"], "a stubbed exercise scores 0"
+    run(tmp_path, STUB_DOUBLE, "return x // 2", "--grade", str(grade))  # half written
+    test = json.loads(grade.read_text())["tests"][0]
+    assert test["score"] == 5 and "write double" in test["output"], "a half-written exercise earns its share"
     run(tmp_path, "return 2 * x", "return x // 3", "--grade", str(grade))
     test = json.loads(grade.read_text())["tests"][0]
-    assert test["score"] == round(10 * 2 / 3, 2), test
+    assert test["score"] == 5, test
     assert "failed: test_half: rule 2: half(4) is 2" in test["output"], test["output"]
     assert "second line" not in test["output"], "only the rule's first line"
