@@ -203,6 +203,20 @@ def stream_events_at(server, path, **fields):
     return [json.loads(e) for e in events[:-1]] + ["[DONE]"]
 
 
+def read_to_close(sock: socket.socket) -> bytes:
+    """Everything until the server's end of stream (bounded by the socket's timeout and a count)."""
+    reply = b""
+    for _ in range(1000):
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            return reply + b"<reset>"
+        if not data:
+            return reply
+        reply += data
+    raise AssertionError("the server did not close the connection")
+
+
 def stream_then_hang_up(srv, count: int, **fields) -> bytes:
     """Start a 100-token stream on a raw socket, read until `count` data: events have come (or
     the server stopped early), then close the connection, as a client that gives up does."""
