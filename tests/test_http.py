@@ -311,12 +311,13 @@ CHUNKED_FRAMING_ERRORS = [  # (what follows the head, the status, what its messa
     (b"%x\r\n%s \r\n0\r\n\r\n" % (len(ECHO_BODY), ECHO_BODY), 400, b"CRLF"),  # data past its size: no CRLF after it
     (b"%x\r\n%sXX0\r\n\r\n" % (len(ECHO_BODY), ECHO_BODY), 400, b"CRLF"),  # a longer line where the CRLF goes
     (b"%x\r\n" % (2 << 20), 413, b"limit"),  # one chunk over the limit, refused from its size line
+    (b"0\r\nX-Trailer: %s\r\n\r\n" % (b"a" * 17_000), 431, b"16384"),  # trailers are fields: the head's limit
 ]
 
 
 @pytest.mark.provided
 @pytest.mark.parametrize("rest, status, names", CHUNKED_FRAMING_ERRORS,
-                         ids=["size-not-hex", "no-crlf", "no-crlf-long-line", "over-limit"])
+                         ids=["size-not-hex", "no-crlf", "no-crlf-long-line", "over-limit", "trailers-over-limit"])
 def test_rule8_a_malformed_chunked_body_is_answered_at_once(server, rest, status, names):
     start = time.monotonic()
     reply = raw_exchange(server, b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + rest)
