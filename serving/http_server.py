@@ -407,7 +407,7 @@ class Connections:
         except asyncio.TimeoutError:
             raise APIError(f"the request's body did not arrive within {READ_TIMEOUT_S:g} s", 408) from None
         except asyncio.IncompleteReadError:
-            raise INCOMPLETE from None
+            raise APIError(str(INCOMPLETE)) from None  # a new one: a raised error keeps its frames
         except asyncio.CancelledError:  # the server shut down while the body was arriving
             conn.writer.write(error_response(SHUTTING_DOWN))
             raise

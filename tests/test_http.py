@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import re
@@ -15,7 +16,7 @@ import pytest
 
 import serving
 from conftest import lab
-from serving import api_server, http_server
+from serving import api_server, http_server, protocol
 from tests.support import (
     HTTP_TIMEOUT,
     api_engine,
@@ -380,6 +381,30 @@ def test_rule8_megabytes_of_blank_lines_get_a_431_once_past_the_head_limit(engin
     assert reply.startswith(b"HTTP/1.1 431") and b"blank lines" in reply and time.monotonic() - start < 2.0, (
         f"rule 8: blank lines count toward the head's limit: past it they get a 431 at once, and the client "
         f"still sending receives it (no reset): {reply[:160]!r}")
+
+
+@pytest.mark.provided
+def test_rule7_each_body_cut_short_raises_an_error_of_its_own_that_holds_no_earlier_requests_frames():
+    # One error object raised again and again grows its traceback by every raise, keeping each
+    # earlier request's frames (its connection, its buffered body) alive: a leak per request.
+    async def cut_short():
+        reader = asyncio.StreamReader()
+        reader.feed_data(b'{"prompt": [1')
+        reader.feed_eof()
+        request = http_server.HTTPRequest("POST", "/v1/completions", "HTTP/1.1", {"content-length": "100"}, True)
+        try:
+            await http_server.Connections._read_body(http_server.Connection(reader, None), request)
+        except protocol.APIError as exc:
+            return exc
+        raise AssertionError("a body cut short by the end of stream must raise an APIError")
+
+    def depth(tb):
+        return 0 if tb is None else 1 + depth(tb.tb_next)
+
+    first, second = asyncio.run(cut_short()), asyncio.run(cut_short())
+    assert first is not second and depth(second.__traceback__) == depth(first.__traceback__), (
+        "rule 7: the error of a body cut short is made anew for each request: one object raised twice carries "
+        "the first request's frames in its traceback")
 
 
 @pytest.mark.provided

@@ -502,6 +502,8 @@ MUTANTS: list[tuple[str, ...]] = [
      'if chunks > MAX_CHUNKS:', 'if False:', 'serving/http_server.py'),
     ('issue 42: the limit on chunks refuses a body of exactly MAX_CHUNKS', 'provided',
      'if chunks > MAX_CHUNKS:', 'if chunks >= MAX_CHUNKS:', 'serving/http_server.py'),
+    ("issue 42: one error object raised for every body cut short (its traceback keeps each request's frames)", 'provided',
+     'raise APIError(str(INCOMPLETE)) from None', 'raise INCOMPLETE from None', 'serving/http_server.py'),
     ("issue 42: the next head's deadline is the keep-alive timeout", 'provided',
      'head = await asyncio.wait_for(conn.read_head(), READ_TIMEOUT_S)', 'head = await asyncio.wait_for(conn.read_head(), idle_timeout)', 'serving/http_server.py'),
 ]
