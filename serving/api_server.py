@@ -286,7 +286,8 @@ class _Frontend:
                 "permission": []}
 
     def _metrics(self) -> str:
-        return prometheus_text(self.served.name, self.bridge.gauges, self.stats.counters, self.stats.ttft)
+        return prometheus_text(self.served.name, self.bridge.gauges, self.stats.counters, self.stats.ttft,
+                               self.stats.finished)
 
 
 def _close_fds_except(*kept) -> None:

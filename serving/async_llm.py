@@ -420,9 +420,12 @@ class AsyncLLM:
         self.send(("add", list(requests)))
         return queue
 
-    def abort(self, request_id: str) -> None:
-        if self.streams.pop(request_id, None) is not None:
-            self.send(("abort", request_id))
+    def abort(self, request_id: str) -> bool:
+        """Abort a request in flight; whether it was (False: finished, failed, or never submitted)."""
+        if self.streams.pop(request_id, None) is None:
+            return False
+        self.send(("abort", request_id))
+        return True
 
     def _read_outputs(self) -> None:
         """Handle the messages that have arrived, a few at a time (the loop has sockets to

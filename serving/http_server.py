@@ -8,19 +8,27 @@ delimited by the close.
   delimited by the close (it knows no chunked encoding). HEAD is GET without the body.
 - A body comes with a Content-Length or in the chunked coding (RFC 9112 §7.1: a recipient must
   parse it; `curl -T -` and http.client with an iterable body send it), under the same limit.
-- No client can stall the others: a body over MAX_BODY_BYTES is refused from its
-  Content-Length, or from the chunk that would pass it, before it is read; every read has a
-  deadline, and a head that cannot be read gets its 400 at once and the connection closes (its
-  framing is lost). Blank lines before a request count toward the head's limit. A head whose
-  lines end in a bare LF is read as if they ended in CRLF (RFC 9112 allows a recipient to).
+- No client can stall the others, and a body costs the server a bounded amount of work per
+  byte: a body over MAX_BODY_BYTES is refused (413) from its Content-Length, or from the chunk
+  that would pass it, before it is read, and a chunked body of more than MAX_CHUNKS chunks is
+  refused (400) at the chunk past the limit (a million 1-byte chunks would cost seconds of
+  parsing). A head over MAX_HEADER_BYTES (blank lines before it included) is a 431, however it
+  arrives. A head that cannot be read gets its error at once and the connection closes (its
+  framing is lost). A head whose lines end in a bare LF is read as if they ended in CRLF
+  (RFC 9112 allows a recipient to).
+- Deadlines: a connection waits READ_TIMEOUT_S for its first request, KEEP_ALIVE_TIMEOUT_S for
+  each next one; a head must then arrive whole within READ_TIMEOUT_S of its first byte, and its
+  body within READ_TIMEOUT_S of the head.
 - No connection that has sent a byte since its last response is closed without a word: a
   request still incomplete at its deadline gets a 408 (RFC 9110 §15.5.9), one cut short by the
   client's end of stream a 400, one still arriving when the server shuts down a 503. A
   connection that sent nothing is closed silently when it idles out: a 408 there would be read
   as the answer to the next request its client sends.
-- An end of stream after a whole request is a half-close (the client shut its side for writing
-  and still reads), not a disconnect: the request runs and is answered. A client that has gone
-  altogether is found when a write to it fails (a stream's next chunk), or by a reset.
+- An end of stream from the client while its request runs (a close, or a half-close: the same
+  FIN on the wire) or a reset means the client has gone: `watch_disconnect` tells the request's
+  handler, which aborts it (vLLM's behaviour, through uvicorn's http.disconnect) and writes the
+  reason, for a client that half-closed and still reads. Bytes of a pipelined next request end
+  the watch: that client is still there.
 - When the server ends a connection it closes gracefully (RFC 9112 §9.6): it shuts its side for
   writing and drops what the client still sends for up to LINGER_S, so that a reset caused by
   unread bytes does not destroy the response just sent (an error about a body it never read).
@@ -43,7 +51,8 @@ from .protocol import APIError
 MAX_BODY_BYTES = 1 << 20  # a completion body is a prompt and a few fields; a larger one is refused unread
 MAX_HEADER_BYTES = 16 << 10  # a request's head, with the blank lines before it; a chunked body's trailers
 MAX_CHUNK_LINE_BYTES = 1 << 10  # a chunk's size line, extensions included
-READ_TIMEOUT_S = 10.0  # to receive a request's head and body; then a 408 (silence if nothing came)
+MAX_CHUNKS = 4096  # of one chunked body: a full-size body in chunks of 256 bytes on average
+READ_TIMEOUT_S = 10.0  # for a new connection's first byte; for a head from its first byte; for a body; then a 408
 KEEP_ALIVE_TIMEOUT_S = 5.0  # an idle persistent connection is closed after this long (uvicorn's default)
 LINGER_S = 2.0  # a closing connection's bytes are read and dropped this long (Apache's lingering close: 2 s)
 LINGER_MAX_BYTES = 4 << 20
@@ -52,7 +61,8 @@ HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line after the head, CRLF or 
 BLANK_LINES = re.compile(rb"(?:\r?\n)*")
 CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           408: "Request Timeout", 500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
+           408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
+           500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
 # One encoder for every event: json.dumps with any non-default argument builds a new one per call.
 COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -76,7 +86,7 @@ class Connection:
         self.buffer = bytearray()
         self.idle = True  # waiting for a request or its body (a shutdown may drop it at once)
         self.heard = False  # bytes arrived since the last response: an end here is owed a word
-        self.half_closed = False  # the client shut its side for writing (it may still read)
+        self.ended = False  # the client's end of stream has been read (it may still read, if it half-closed)
 
     async def fill(self) -> bool:
         """Read what has arrived into the buffer; False at end of stream."""
@@ -85,7 +95,7 @@ class Connection:
         if data:
             self.heard = True
         else:
-            self.half_closed = True
+            self.ended = True
         return bool(data)
 
     async def read_head(self) -> bytes:
@@ -95,48 +105,64 @@ class Connection:
             del self.buffer[:blank]
             skipped += blank
             end = HEAD_END.search(self.buffer)
+            # What counts: the blank lines before the head, and the head through the blank line that ends it.
+            if skipped + (end.end() if end else len(self.buffer)) > MAX_HEADER_BYTES:
+                raise APIError(f"the request head, with the blank lines before it, is over {MAX_HEADER_BYTES} bytes",
+                               431)
             if end:
                 head = bytes(self.buffer[:end.start()])
                 del self.buffer[:end.end()]
                 return head
-            if skipped + len(self.buffer) > MAX_HEADER_BYTES:
-                raise APIError(f"the request head, with the blank lines before it, is over {MAX_HEADER_BYTES} bytes")
             if not await self.fill():
                 raise asyncio.IncompleteReadError(bytes(self.buffer), None)
 
-    async def read_line(self, limit: int) -> bytes:
-        """One line, without its CRLF (or bare LF), of at most `limit` bytes."""
+    async def read_line(self, limit: int, status: int = 400) -> bytes:
+        """One line, without its CRLF (or bare LF), of at most `limit` bytes (else an error of `status`)."""
         while (end := self.buffer.find(b"\n")) < 0:
             if len(self.buffer) > limit:
-                raise APIError(f"a line of the chunked body is over {limit} bytes")
+                raise APIError(f"a line of the chunked body is over {limit} bytes", status)
             if not await self.fill():
                 raise asyncio.IncompleteReadError(bytes(self.buffer), None)
         line = bytes(self.buffer[:end]).removesuffix(b"\r")
         if len(line) > limit:
-            raise APIError(f"a line of the chunked body is over {limit} bytes")
+            raise APIError(f"a line of the chunked body is over {limit} bytes", status)
         del self.buffer[:end + 1]
         return line
 
     async def read_chunked(self, limit: int) -> bytes:
         """A body in the chunked coding (RFC 9112 §7.1): chunks of `size in hex [;extensions]`
         CRLF, data, CRLF; a chunk of size 0; trailer lines (read and dropped); a blank line. A
-        chunk that would take the body over `limit` bytes is refused before it is read."""
-        body = bytearray()
+        chunk that would take the body over `limit` bytes (413), or past MAX_CHUNKS chunks (400),
+        is refused before it is read."""
+        body, chunks = bytearray(), 0
         while True:
             size = self._chunk_size(await self.read_line(MAX_CHUNK_LINE_BYTES))
             if size == 0:
                 break
+            chunks += 1
+            if chunks > MAX_CHUNKS:
+                raise APIError(f"the chunked body has more than {MAX_CHUNKS} chunks, the limit per body: send it in "
+                               f"larger chunks, or with a Content-Length")
             if len(body) + size > limit:
-                raise APIError(f"the chunked body is over {limit} bytes; the limit is {limit}")
+                raise APIError(f"the chunked body is over {limit} bytes; the limit is {limit}", 413)
             body += await self.read_exactly(size)
-            if await self.read_line(1) != b"":
-                raise APIError("a chunk's data must be followed by CRLF: the chunked body is malformed")
+            await self._read_crlf_after(size)
         trailers = 0
-        while line := await self.read_line(MAX_HEADER_BYTES):
+        while line := await self.read_line(MAX_HEADER_BYTES, 431):
             trailers += len(line)
             if trailers > MAX_HEADER_BYTES:
-                raise APIError(f"the chunked body's trailers are over {MAX_HEADER_BYTES} bytes")
+                raise APIError(f"the chunked body's trailers are over {MAX_HEADER_BYTES} bytes", 431)
         return bytes(body)
+
+    async def _read_crlf_after(self, size: int) -> None:
+        """The CRLF (or bare LF) that must follow a chunk's `size` bytes of data."""
+        while not self.buffer.startswith(b"\n") and len(self.buffer) < 2:
+            if not await self.fill():
+                raise asyncio.IncompleteReadError(bytes(self.buffer), 2)
+        if not (self.buffer.startswith(b"\n") or self.buffer.startswith(b"\r\n")):
+            raise APIError(f"a chunk's data must be followed by CRLF: after its {size} bytes came "
+                           f"{bytes(self.buffer[:16])!r} (is its size line right?); the chunked body is malformed")
+        del self.buffer[:self.buffer.index(b"\n") + 1]
 
     @staticmethod
     def _chunk_size(line: bytes) -> int:
@@ -154,14 +180,12 @@ class Connection:
         return data
 
     async def watch_disconnect(self) -> bool:
-        """True when the client has gone (its connection was reset). Bytes that arrive (a
-        pipelined request) stay in the buffer and end the watch (False), and so does an end of
-        stream: a client may shut its side for writing once its request is sent and still read
-        the answer. From then on a failed write tells whether it has gone."""
+        """Wait while the client is silent; True when it has gone: its end of stream (a close or a
+        half-close, the same FIN on the wire: vLLM takes either for a disconnect) or a reset.
+        Bytes that arrive (a pipelined request) stay in the buffer and end the watch (False):
+        that client is still there."""
         try:
-            if not self.buffer:
-                await self.fill()
-            return False
+            return self.ended or (not self.buffer and not await self.fill())
         except ConnectionError:
             return True
 
@@ -218,7 +242,7 @@ def body_length(request: HTTPRequest) -> int | None:
     if not (length.isascii() and length.isdigit() and len(length) <= 12):
         raise APIError(f"Content-Length must be a number of bytes, got {length!r}")
     if int(length) > MAX_BODY_BYTES:
-        raise APIError(f"the body is {length} bytes; the limit is {MAX_BODY_BYTES}")
+        raise APIError(f"the body is {length} bytes; the limit is {MAX_BODY_BYTES}", 413)
     return int(length)
 
 
@@ -235,7 +259,7 @@ class Sink:
     def head(self, status: int, content_type: str, length: int | None = None) -> bytes:
         """`length=None`: a stream (chunked for HTTP/1.1, to the close for HTTP/1.0)."""
         self.started = True
-        if self.conn.half_closed:  # no next request can come
+        if self.conn.ended:  # no next request can come
             self.keep_alive = False
         if length is None and self.request.version == "HTTP/1.0":
             self.keep_alive = False
@@ -299,7 +323,7 @@ class Connections:
         self.tasks[asyncio.current_task()] = conn
         try:
             await self._requests(conn)
-            if not (self.stopping or conn.half_closed):  # the server ends it: gracefully
+            if not (self.stopping or conn.ended):  # the server ends it: gracefully
                 await conn.linger()
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
             pass  # the client went away
@@ -311,19 +335,21 @@ class Connections:
 
     async def _requests(self, conn: Connection) -> None:
         """Read and answer requests until the connection must end; every end after a byte of a
-        request has its word (a response, or an error: 400, 408, 503)."""
-        timeout = READ_TIMEOUT_S
+        request has its word (a response, or an error: 400, 408, 431, 503)."""
+        idle_timeout = READ_TIMEOUT_S  # for the first request; KEEP_ALIVE_TIMEOUT_S for each next one
         while not self.stopping:
             conn.idle, conn.heard = True, bool(conn.buffer)
             try:
-                head = await asyncio.wait_for(conn.read_head(), timeout)
+                if not conn.buffer and not await asyncio.wait_for(conn.fill(), idle_timeout):
+                    return  # the client ended a connection with no request begun
+                head = await asyncio.wait_for(conn.read_head(), READ_TIMEOUT_S)  # from its first byte
             except APIError as exc:  # a head we cannot read: answer, then close (framing is lost)
                 conn.writer.write(error_response(exc))
                 return
             except asyncio.TimeoutError:
                 if conn.heard:  # a request (or blank lines) had begun to arrive: RFC 9110's 408
-                    conn.writer.write(error_response(APIError(f"no whole request head arrived within {timeout:g} s",
-                                                              408)))
+                    conn.writer.write(error_response(APIError(
+                        f"no whole request head arrived within {READ_TIMEOUT_S:g} s of its first byte", 408)))
                 return  # else an idle connection: closed without a word (see the module's docstring)
             except asyncio.IncompleteReadError:
                 if conn.heard:
@@ -333,7 +359,7 @@ class Connections:
                 if conn.buffer.strip():  # a request had begun to arrive: it is owed an answer
                     conn.writer.write(error_response(SHUTTING_DOWN))
                 raise
-            conn.idle, timeout = False, KEEP_ALIVE_TIMEOUT_S
+            conn.idle, idle_timeout = False, KEEP_ALIVE_TIMEOUT_S
             if not await self._one_request(conn, head):
                 return
 
@@ -381,7 +407,7 @@ class Connections:
         except asyncio.TimeoutError:
             raise APIError(f"the request's body did not arrive within {READ_TIMEOUT_S:g} s", 408) from None
         except asyncio.IncompleteReadError:
-            raise INCOMPLETE from None
+            raise APIError(str(INCOMPLETE)) from None  # a new one: a raised error keeps its frames
         except asyncio.CancelledError:  # the server shut down while the body was arriving
             conn.writer.write(error_response(SHUTTING_DOWN))
             raise

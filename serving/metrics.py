@@ -11,6 +11,8 @@ import numpy as np
 
 # vLLM's TTFT histogram uses buckets of this shape (ms to tens of seconds); these are the lab's own.
 TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# vLLM's finished_reason labels of vllm:request_success_total: an answer ("stop", "length"), or an abort.
+FINISHED_REASONS = ("stop", "length", "abort")
 
 
 class Histogram:
@@ -26,8 +28,11 @@ class Histogram:
         self.count += 1
 
 
-def prometheus_text(model_name: str, gauges: dict[str, float], counters: dict[str, int], ttft: Histogram) -> str:
-    """Prometheus text under vLLM's names (prefix-cache counts are in blocks here, tokens in vLLM)."""
+def prometheus_text(model_name: str, gauges: dict[str, float], counters: dict[str, int], ttft: Histogram,
+                    finished: dict[str, int]) -> str:
+    """Prometheus text under vLLM's names (prefix-cache counts are in blocks here, tokens in vLLM);
+    `finished`: requests by finish reason, vllm:request_success_total's finished_reason label (as
+    in vLLM, an aborted request is counted there under "abort": only stop and length are answers)."""
     label = f'model_name="{model_name}"'
     lines = []
 
@@ -43,7 +48,10 @@ def prometheus_text(model_name: str, gauges: dict[str, float], counters: dict[st
     metric("vllm:prompt_tokens_total", "counter", "Prompt tokens of completed requests.", counters["prompt_tokens"])
     metric("vllm:generation_tokens_total", "counter", "Generated tokens, counted as they are produced.",
            counters["generation_tokens"])
-    metric("vllm:request_success_total", "counter", "Completed requests.", counters["requests"])
+    name = "vllm:request_success_total"
+    lines += [f"# HELP {name} Finished requests (choices), by finish reason: abort is a request aborted before it "
+              f"finished (its client left).", f"# TYPE {name} counter"]
+    lines += [f'{name}{{{label},finished_reason="{reason}"}} {count}' for reason, count in finished.items()]
     name = "vllm:time_to_first_token_seconds"
     lines += [f"# HELP {name} Time to first token, from request received to token sent.", f"# TYPE {name} histogram"]
     for bound, count in zip(ttft.bounds, ttft.counts):

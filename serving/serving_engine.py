@@ -22,7 +22,7 @@ import time
 
 from .async_llm import AsyncLLM
 from .http_server import Connection, Sink
-from .metrics import TTFT_BUCKETS_S, Histogram
+from .metrics import FINISHED_REASONS, TTFT_BUCKETS_S, Histogram
 from .output import ChoiceState, Delta
 from .protocol import APIError, GenerateRequest, ServedModel, field_error, usage
 from .serving_chat import ChatFormat
@@ -31,8 +31,12 @@ from .serving_completion import CompletionFormat
 _CLIENT_GONE = object()  # put in a request's queue when its client disconnects
 
 
-class _ClientGone(Exception):
-    """The client closed its connection: abort its request."""
+def client_gone() -> APIError:
+    """The answer to a client whose end of stream came before its answer (one that half-closed
+    still reads it; one that has gone never will)."""
+    return APIError("the client's end of stream (a close, a half-close or a reset) came before the answer: the "
+                    "request is aborted, as vLLM aborts a request whose client disconnects. Keep the connection "
+                    "open until the answer is read.")
 
 
 class Release:
@@ -61,11 +65,14 @@ class Release:
 
 
 class FrontendStats:
-    """What /metrics reports of the front end: the TTFT histogram and the token and request counters."""
+    """What /metrics reports of the front end: the TTFT histogram, the token counters, and the
+    requests (choices: each is one request in the engine) that finished, by finish reason:
+    "stop" and "length" for answers written, "abort" for those aborted before they finished."""
 
     def __init__(self):
         self.ttft = Histogram(TTFT_BUCKETS_S)
-        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
+        self.counters = {"prompt_tokens": 0, "generation_tokens": 0}
+        self.finished = dict.fromkeys(FINISHED_REASONS, 0)
 
 
 class OpenAIServing:
@@ -76,7 +83,8 @@ class OpenAIServing:
     async def generate(self, gen: GenerateRequest, conn: Connection, sink: Sink) -> None:
         """Run every choice of `gen` and answer. The status line waits for the engine's first
         word (a token or a refusal), so a request the engine refuses is still a clean 400; a
-        disconnect, a stop string or a failure aborts the requests still running."""
+        disconnect (`client_gone`), a stop string or a failure aborts the requests still running,
+        and each that was running counts as finished by "abort"."""
         received = time.perf_counter()
         states = {r.request_id: ChoiceState(i, self.served.tokenizer, gen.stop, gen.stop_token_ids,
                                             gen.include_stop_str_in_output, gen.skip_special_tokens,
@@ -91,13 +99,13 @@ class OpenAIServing:
             updates = self._updates(gen, states, queue, release, received)
             respond = self._stream if gen.stream else self._respond_whole
             await respond(gen, states, updates, sink)
-        except (_ClientGone, ConnectionError):
+        except ConnectionError:
             sink.keep_alive = False
         finally:
             watcher.cancel()
             for request_id, state in states.items():
                 if not state.finished:  # the client went, or a choice failed: the rest must not run on
-                    self.bridge.abort(request_id)
+                    self.stats.finished["abort"] += self.bridge.abort(request_id)
 
     async def _updates(self, gen: GenerateRequest, states: dict, queue: asyncio.Queue, release: Release,
                        received: float):
@@ -108,7 +116,7 @@ class OpenAIServing:
         while unfinished:
             item = await queue.get()
             if item is _CLIENT_GONE:
-                raise _ClientGone
+                raise client_gone()
             if isinstance(item, APIError):  # a refused field (a 400), or the engine's failure (a 500)
                 raise field_error(str(item), item.param, gen.param(item.param)) if item.param else item
             state = states.get(item.request_id)
@@ -135,14 +143,15 @@ class OpenAIServing:
     def _usage(self, gen: GenerateRequest, states: dict) -> dict:
         return usage(sum(map(len, gen.prompts)), sum(len(s.token_ids) for s in states.values()))
 
-    def _count(self, gen: GenerateRequest) -> None:
-        self.stats.counters["requests"] += 1
+    def _count(self, gen: GenerateRequest, states: dict) -> None:
         self.stats.counters["prompt_tokens"] += sum(map(len, gen.prompts))
+        for state in states.values():
+            self.stats.finished[state.finish_reason] = self.stats.finished.get(state.finish_reason, 0) + 1
 
     async def _respond_whole(self, gen: GenerateRequest, states: dict, updates, sink: Sink) -> None:
         async for _ in updates:
             pass
-        self._count(gen)
+        self._count(gen, states)
         form, ordered = self.formats[gen.kind], sorted(states.values(), key=lambda s: s.index)
         choices = [form.choice(gen, ordered, s, None, True) for s in ordered]
         sink.json(200, self._header(gen, form.whole) | {"choices": choices, "usage": self._usage(gen, states)})
@@ -178,7 +187,7 @@ class OpenAIServing:
                 raise  # nothing sent yet: a plain error response
             writer.write(b"".join(out) + sink.sse(exc.body()) + sink.end())  # ends the stream; not a success
             return
-        self._count(gen)
+        self._count(gen, states)
         if not sink.started:
             out.append(sink.head(200, "text/event-stream"))
         if gen.include_usage:

@@ -94,6 +94,20 @@ def read_metric(text, name):
     return float(match.group(1))
 
 
+def read_labelled(text, name, **labels):
+    """The value of the sample `name{...}` whose labels include `labels` (0 when it has none)."""
+    want = [f'{key}="{value}"' for key, value in labels.items()]
+    for match in re.finditer(rf"^{re.escape(name)}{{([^}}]*)}} (\S+)$", text, re.M):
+        if all(label in match.group(1).split(",") for label in want):
+            return float(match.group(2))
+    raise AssertionError(f"/metrics has no sample {name} with the labels {labels}")
+
+
+def answered(text):
+    """vllm:request_success_total's answers: the requests finished by "stop" or "length" (not "abort")."""
+    return sum(read_labelled(text, "vllm:request_success_total", finished_reason=r) for r in ("stop", "length"))
+
+
 def complete(server, **fields):
     status, _, data = http_call(server, "POST", "/v1/completions", json.dumps(fields))
     assert status == 200, f"POST /v1/completions {fields}: HTTP {status} {data[:300]!r}"
@@ -213,6 +227,20 @@ def stream_events_at(server, path, **fields):
     reraise_stub(text)
     assert events and events[-1] == "[DONE]", f"the stream must end with data: [DONE]; got {events[-2:]}"
     return [json.loads(e) for e in events[:-1]] + ["[DONE]"]
+
+
+def read_to_close(sock: socket.socket) -> bytes:
+    """Everything until the server's end of stream (bounded by the socket's timeout and a count)."""
+    reply = b""
+    for _ in range(1000):
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            return reply + b"<reset>"
+        if not data:
+            return reply
+        reply += data
+    raise AssertionError("the server did not close the connection")
 
 
 def stream_then_hang_up(srv, count: int, **fields) -> bytes:

@@ -21,6 +21,7 @@ from serving.async_llm import StepOutput
 from tests.support import (
     HTTP_TIMEOUT,
     MODEL_CONFIGS,
+    answered,
     api_engine,
     at_once,
     complete,
@@ -28,7 +29,6 @@ from tests.support import (
     greedy_reference,
     http_call,
     random_prompts,
-    read_metric,
     served_model,
     stream_events_at,
     stream_texts,
@@ -598,7 +598,7 @@ def test_a_stream_whose_engine_step_fails_ends_at_its_error_event_and_is_no_succ
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
     with serving.start_server(engine) as srv:
         complete(srv, prompt=[3, 4], max_tokens=2, temperature=0)  # a stub is named here, not below
-        successes = read_metric(http_call(srv, "GET", "/metrics")[2].decode(), "vllm:request_success_total")
+        successes = answered(http_call(srv, "GET", "/metrics")[2].decode())
         forward, calls = engine.model.forward, []
 
         def fails_on_the_third_pass(*args, **kwargs):  # the prefill and one decode step give 2 tokens first
@@ -620,7 +620,7 @@ def test_a_stream_whose_engine_step_fails_ends_at_its_error_event_and_is_no_succ
         assert after == b"", (
             f"the stream's body ended (its last chunk) at the error event, then {len(after)} more bytes came on the "
             f"connection: {after[:120]!r}; nothing is written past the end of a response")
-        now = read_metric(http_call(srv, "GET", "/metrics")[2].decode(), "vllm:request_success_total")
+        now = answered(http_call(srv, "GET", "/metrics")[2].decode())
     assert now == successes, (
         f"vllm:request_success_total went from {successes:g} to {now:g} for a stream that ended in an error event: "
         "a request counts as a success only when it completes")

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import threading
 import time
 
@@ -19,12 +20,15 @@ from conftest import lab
 from serving import api_server, protocol, sampling
 from tests.support import (
     HTTP_TIMEOUT,
+    answered,
     at_once,
     complete,
     greedy_reference,
     http_call,
     random_prompts,
+    read_labelled,
     read_metric,
+    read_to_close,
     reraise_stub,
     stream_events,
     stream_then_hang_up,
@@ -140,7 +144,7 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(server):
             if not data:
                 break
             reply += data
-    assert reply.startswith(b"HTTP/1.1 400"), reply[:100]
+    assert reply.startswith(b"HTTP/1.1 413"), f"a body over the limit is a 413 (RFC 9110 §15.5.14): {reply[:100]!r}"
     assert b"limit" in reply and b"invalid_request_error" in reply
     assert http_call(server, "GET", "/health")[0] == 200
 
@@ -181,7 +185,7 @@ def test_a_histogram_bucket_counts_every_value_less_than_or_equal_to_its_bound()
         ttft.observe(value)
     text = serving.metrics.prometheus_text("m", dict.fromkeys(
         ("running", "waiting", "kv_usage", "preemptions", "queries", "hits"), 0), dict.fromkeys(
-        ("prompt_tokens", "generation_tokens", "requests"), 0), ttft)
+        ("prompt_tokens", "generation_tokens"), 0), ttft, dict.fromkeys(serving.metrics.FINISHED_REASONS, 0))
     name = "vllm:time_to_first_token_seconds"
     buckets = re.findall(rf'^{name}_bucket{{model_name="m",le="([^"]+)"}} (\d+)$', text, re.M)
     assert buckets == [("0.1", "1"), ("1.0", "3"), ("+Inf", "4")], (
@@ -208,7 +212,8 @@ def test_metrics_count_every_token_of_a_streamed_request(server):
     after = http_call(server, "GET", "/metrics")[2].decode()
     assert len(events) == 6, "5 token events and [DONE]"
     counts = {name: read_metric(after, name) - read_metric(before, name) for name in (
-        "vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")}
+        "vllm:prompt_tokens_total", "vllm:generation_tokens_total")}
+    counts["vllm:request_success_total"] = answered(after) - answered(before)
     assert counts == {"vllm:request_success_total": 1, "vllm:prompt_tokens_total": 3,
                       "vllm:generation_tokens_total": 5}, (
         f"one streamed request of 3 prompt and 5 generated tokens moved the counters by {counts}: a stream "
@@ -233,11 +238,11 @@ def test_metrics_count_the_tokens_of_a_stream_its_client_abandoned(engine_model)
             time.sleep(0.01)
         text = http_call(srv, "GET", "/metrics")[2].decode()
     generated = read_metric(text, "vllm:generation_tokens_total")
-    completed = read_metric(text, "vllm:request_success_total")
+    completed = answered(text)
     assert completed == 0 and 3 <= generated < 100, (
         f"a stream cut off after 3+ tokens left generation_tokens_total = {generated:g} and request_success_total "
-        f"= {completed:g}: generated tokens are counted as they are produced (as vLLM counts them), a request "
-        "only when it completes")
+        f"(stop, length) = {completed:g}: generated tokens are counted as they are produced (as vLLM counts them), "
+        "a request as answered only when it completes")
 
 
 @pytest.mark.needs(5)
@@ -287,6 +292,74 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_return(e
     assert reasons == ["abort"], f"the engine must abort the request when its client goes; it finished as {reasons}"
     assert sum(len(o.new_token_ids) for o in outputs) < 50, "the abort must come at once, not after the request ran on"
 
+
+def end_stream(sock: socket.socket, how: str) -> None:
+    """End a client's side of the connection: a half-close (FIN, still reading), a close (FIN),
+    or a reset (RST: SO_LINGER with a zero timeout)."""
+    if how == "half-close":
+        sock.shutdown(socket.SHUT_WR)
+    else:
+        if how == "reset":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+
+
+@pytest.mark.needs(5)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_clients_that_end_their_stream_are_aborted_within_a_step_and_never_count_as_successes(engine_model, stream):
+    # 8 clients, each ending its side one of three ways (half-close, close, reset) once all 8 run.
+    max_tokens, clients, ways = 100, 8, ["half-close", "close", "reset"]
+    engine = lab.LLMEngine(engine_model, num_blocks=256, block_size=4, max_num_seqs=clients)
+    step, produced = engine.step, []
+
+    def slow_step():  # 30 ms a step: a whole answer is 3 s, far longer than the clients stay
+        time.sleep(0.03)
+        out = step()
+        produced.extend(out)
+        return out
+
+    engine.step = slow_step
+    body = json.dumps({"prompt": [5, 6, 7], "max_tokens": max_tokens, "stream": stream}).encode()
+    socks = []
+    with serving.start_server(engine) as srv:
+        complete(srv, prompt=[1], max_tokens=1)  # a stub is named here, not below
+        produced.clear()
+        before = http_call(srv, "GET", "/metrics")[2].decode()
+        try:
+            for _ in range(clients):
+                socks.append(socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT))
+                socks[-1].sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            deadline, running = time.monotonic() + HTTP_TIMEOUT, 0
+            while time.monotonic() < deadline and running < clients and not any(o.finished for o in produced):
+                running = read_metric(http_call(srv, "GET", "/metrics")[2].decode(), "vllm:num_requests_running")
+            assert running == clients, f"the {clients} requests never ran together (running {running})"
+            for i, sock in enumerate(socks):
+                end_stream(sock, ways[i % 3])
+            half_closed = [read_to_close(sock) for i, sock in enumerate(socks) if ways[i % 3] == "half-close"]
+            while time.monotonic() < deadline and engine.has_unfinished():
+                time.sleep(0.01)
+            text = http_call(srv, "GET", "/metrics")[2].decode()
+        finally:
+            for sock in socks:
+                sock.close()
+    reraise_stub(b"".join(half_closed).decode(errors="replace"))
+    reasons = [o.finish_reason for o in produced if o.finished]
+    tokens = sum(len(o.new_token_ids) for o in produced)
+    assert reasons == ["abort"] * clients and tokens < clients * max_tokens // 4, (
+        f"{clients} clients that ended their stream (half-close, close, reset) finished as {reasons} after "
+        f"{tokens} of their {clients * max_tokens} tokens: an end of stream aborts the request within a step")
+    successes = {reason: read_labelled(text, "vllm:request_success_total", finished_reason=reason)
+                 - read_labelled(before, "vllm:request_success_total", finished_reason=reason)
+                 for reason in ("stop", "length", "abort")}
+    assert successes == {"stop": 0, "length": 0, "abort": clients}, (
+        f"request_success_total by finished_reason {successes}: a request whose client left counts as "
+        f"finished_reason=\"abort\" (vLLM's label), never as a success (stop, length)")
+    assert read_metric(text, "vllm:num_requests_running") == 0, "the running gauge drops once they are aborted"
+    for reply in half_closed:
+        assert b"end of stream" in reply and (b"data: [DONE]" not in reply if stream else
+                                              reply.startswith(b"HTTP/1.1 400")), (
+            f"a client that half-closed still reads: it is told why its request was aborted, never given a "
+            f"success: {reply[:200]!r} ... {reply[-120:]!r}")
 
 
 @pytest.mark.needs(5)

@@ -5,7 +5,8 @@
 A probe that sent bytes and saw its connection end (end of stream or reset) with no byte of a
 response is "silent"; one still waiting after 20 s "hang"; a probe that sent nothing and was closed
 when it idled out is "idle-close" (the one silent close that is right: see serving/http_server.py).
-The 20 requests and 10 streams that half-close after sending are issue 36's timing-dependent case.
+The 20 requests and 10 streams that half-close after sending are aborted (an end of stream is a
+disconnect, as in vLLM) and still answered: a 400 that names the end of stream.
 
     python tools/probe_closes.py                  # against solution.py
     python tools/probe_closes.py --module lab     # against your lab.py
