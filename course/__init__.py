@@ -9,6 +9,7 @@ Each entry point is handed the chapter module (`solution` or `lab`), never impor
     stacks.py      vLLM vs TensorRT-LLM vs SGLang, as data (`stack`)
     fleet.py       `fleet`: the cheapest deployment meeting p99 targets, searched in the simulator
     fleet_page.py  `fleet --html`: goodput against offered rate, the pick and the runner-up
+    attack.py      `attack prefix-cache`: the prefix cache's timing channel, and what a salt costs
     hints.py       `hint N`: the hints of docs/hints.md, one level at a time
     quiz.py        `quiz N`: numeric questions the module's own code answers
     trace.py       `trace`: one recorded engine run as a page, step by step

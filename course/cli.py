@@ -18,8 +18,9 @@ from typing import NamedTuple
 from checkpoints.commands import checkpoint_engine, generate_text, speculate_checkpoints
 from loadtest.benchmark_serving import loadtest, server_model_card
 from loadtest.datasets import LOAD_WORKLOADS
-from serving.api_server import serve
+from serving.api_server import APIKeys, read_api_keys_file, serve
 
+from .attack import AttackQuestion, run_attack
 from .fleet import SLO, FleetQuestion, NoCandidateMeets, run_fleet
 from .fleet_page import fleet_page
 from .hints import LEVELS, HintsError, show_hint
@@ -226,6 +227,13 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     serve.add_argument("--max-n", type=_positive(int),
                        help="the largest n of one request, and how many of its choices (prompts x n) run at once "
                             "(default: half of --max-num-seqs)")
+    keys = serve.add_mutually_exclusive_group()
+    keys.add_argument("--api-key", nargs="+", action="extend", metavar="KEY",
+                      help="require one of these keys in `Authorization: Bearer KEY` (vLLM's flag; repeat it or "
+                           "list several); each key is a tenant of its own, with a prefix cache of its own")
+    keys.add_argument("--api-keys-file", metavar="FILE",
+                      help='a JSON object {"key": "tenant", ...}: keys of one tenant share its prefix cache, '
+                           "tenants share none (docs/serving.md#keys-and-tenants)")
     load = commands.add_parser("loadtest", help="open-loop load test of any OpenAI-compatible server")
     load.add_argument("--url", required=True, help="e.g. http://127.0.0.1:8000")
     load.add_argument("--qps", type=_rates, default=[1.0, 2.0, 4.0], help="offered req/s: 1,2,4 (inf: all at once)")
@@ -241,6 +249,23 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     load.add_argument("--save-workload", metavar="FILE", help="write the requests as JSONL for vllm bench serve")
     load.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds per request")
     load.add_argument("--html", metavar="FILE", help="also draw latency against load as a self-contained HTML page")
+    attack = commands.add_parser("attack", help="the prefix cache's timing side channel, measured on this module's "
+                                                "engine: one shared cache against per-tenant salts",
+                                 description="A victim sends a secret system prompt; an attacker guesses prefixes and "
+                                             "times the first token, on two servers of this module's engine side by "
+                                             "side (one shared cache; per-tenant salts from API keys). Prints the "
+                                             "attacker's ROC AUC, its block-by-block recovery of the secret, and what "
+                                             "salting costs in prefix hits and prefill tokens (docs/serving.md).")
+    attack.add_argument("kind", choices=["prefix-cache"], help="the channel to measure")
+    defaults = AttackQuestion()
+    attack.add_argument("--trials", type=_positive(int), default=defaults.trials,
+                        help=f"correct and wrong guesses timed on each server, each (default {defaults.trials})")
+    attack.add_argument("--secrets", type=_positive(int), default=defaults.secrets,
+                        help=f"secret prompts recovered block by block (default {defaults.secrets})")
+    attack.add_argument("--candidates", type=_positive(int), default=defaults.candidates,
+                        help=f"the attacker's candidates for each block, the true one among them (default "
+                             f"{defaults.candidates})")
+    attack.add_argument("--seed", type=_positive(int, allow_zero=True), default=defaults.seed)
     # Each page's default name carries the module's: lab.py's page never overwrites solution.py's.
     module = os.path.splitext(prog)[0]
     report = commands.add_parser("report", help="one HTML file of pictures drawn from runs of this module's code")
@@ -265,13 +290,13 @@ def run_benchmarks(prog: str, argv: list[str]) -> int:
 
 # `serve` runs OpenBLAS on one thread (tools/bench.py blas-threads: on two cores a second BLAS
 # thread waits for the core the HTTP loop and the clients need, and decode steps got 1.6-2.4x
-# slower). OpenBLAS reads the variable once, when NumPy loads, so the command re-executes itself
-# with it set; a value the user set wins.
+# slower), and so does `attack`, which times a server. OpenBLAS reads the variable once, when
+# NumPy loads, so the command re-executes itself with it set; a value the user set wins.
 SERVE_BLAS_THREADS = "1"
 
 
 def _serve_with_one_blas_thread(argv: list[str]) -> None:
-    if argv[:1] == ["serve"] and "OPENBLAS_NUM_THREADS" not in os.environ:
+    if argv[:1] in (["serve"], ["attack"]) and "OPENBLAS_NUM_THREADS" not in os.environ:
         env = dict(os.environ, OPENBLAS_NUM_THREADS=SERVE_BLAS_THREADS)
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
@@ -345,6 +370,12 @@ def _stack(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
 
 def _serve(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`serve`: the OpenAI server on a port."""
+    if args.api_keys_file:  # read first: a bad file is exit status 2 before any model loads
+        api_keys = read_api_keys_file(args.api_keys_file)
+    else:  # --api-key: each key its own tenant (vLLM's keys have no tenants; here each is kept apart)
+        api_keys = {key: f"api-key-{i}" for i, key in enumerate(dict.fromkeys(args.api_key or ()), 1)} or None
+        if api_keys:
+            APIKeys(api_keys)  # checked now: a key no header can carry is exit status 2 before any model loads
     options = dict(num_blocks=args.num_blocks, block_size=args.block_size,
                    max_num_batched_tokens=args.max_num_batched_tokens,
                    enable_prefix_caching=args.enable_prefix_caching,
@@ -364,7 +395,7 @@ def _serve(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     note = None if args.model else (f"the model's weights are random (--seed {args.seed}), so its text is "
                                     "noise; --model DIR serves a GPT-2 checkpoint (docs/checkpoints.md)")
     if not serve(engine, args.host, args.port, args.duration, note=note, tokenizer=tokenizer,
-                 model_name=names, stream_interval=args.stream_interval, max_n=args.max_n):
+                 model_name=names, stream_interval=args.stream_interval, max_n=args.max_n, api_keys=api_keys):
         run.parser.exit(1, f"{run.prog} serve: error: the server's HTTP front end stopped, so the server did\n")
 
 
@@ -379,6 +410,12 @@ def _loadtest(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None
             fh.write(load_report_html(sorted(args.qps), summaries, args.url, model, args.num_prompts,
                                       args.workload))
         print(f"wrote {os.path.abspath(args.html)}")
+
+
+def _attack(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
+    """`attack prefix-cache`: the timing channel and what salting costs, on the module's engine."""
+    question = AttackQuestion(trials=args.trials, secrets=args.secrets, candidates=args.candidates, seed=args.seed)
+    print(run_attack(lab, question, log=lambda line: print(line, flush=True)).text)
 
 
 def _report(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
@@ -432,6 +469,7 @@ COMMANDS = {
     "stack": _stack,
     "serve": _serve,
     "loadtest": _loadtest,
+    "attack": _attack,
     "report": _report,
     "hint": _hint,
     "quiz": _quiz,
@@ -442,7 +480,7 @@ COMMANDS = {
 
 def main(lab: ModuleType, argv: list[str] | None = None) -> int:
     """The command line for the module `lab`; returns the exit status. Called as a script
-    (`argv` None), `serve` first re-executes itself with OPENBLAS_NUM_THREADS=1 unless it is set."""
+    (`argv` None), `serve` and `attack` first re-execute themselves with OPENBLAS_NUM_THREADS=1 unless it is set."""
     prog = os.path.basename(lab.__file__)
     if argv is None:
         _serve_with_one_blas_thread(sys.argv[1:])

@@ -257,7 +257,46 @@ def quiz_prefix_cache(lab: ModuleType, rng: np.random.Generator) -> list[Questio
         "...and how many blocks does num_free_blocks report?", pool.num_free_blocks, N,
         f"All {N}: an evictable block is free too (allocate can hand it out at once, evicting it then); the "
         f"cache only decides which free blocks go last.")
-    return [q1, q2, q3, q4]
+    return [q1, q2, q3, q4, *_quiz_tenant_salts(lab, rng, B)]
+
+
+def _quiz_tenant_salts(lab: ModuleType, rng: np.random.Generator, B: int) -> list[Question]:
+    """What a per-tenant cache salt costs (`python solution.py attack prefix-cache` measures why it is needed)."""
+    T = int(rng.integers(3, 6))
+    S = B * int(rng.integers(2, 5)) + int(rng.integers(0, B))
+    q = int(rng.integers(1, B + 1))
+    public = [int(t) for t in rng.integers(0, 1000, S)]
+    prompts = [public + [int(t) for t in rng.integers(1000 * (i + 2), 1000 * (i + 3), q)] for i in range(T)]
+
+    def prefilled(salted: bool) -> int:
+        pool = lab.BlockAllocator(4 * T * _ceil_div(S + q, B), B, enable_prefix_caching=True)
+        total = 0
+        for i, prompt in enumerate(prompts):  # one after another: each runs before the next arrives
+            table = lab.BlockTable(pool, f"tenant-{i}") if salted else lab.BlockTable(pool)
+            total += len(prompt) - table.allocate_prompt(prompt)
+            table.cache_full_blocks(len(prompt))
+        return total
+
+    shared_blocks = S // B
+    shared = T * (S + q) - (T - 1) * shared_blocks * B
+    q5 = _question(
+        f"{T} tenants each send one request, one after another: the same {S}-token public system prompt, then a "
+        f"question of {q} tokens of their own (block size {B}, prefix caching on, one shared cache). How many "
+        f"prompt tokens are prefilled in all?", prefilled(False), shared,
+        f"The first request prefills all {S + q} tokens; each of the other {T - 1} finds the public prompt's "
+        f"{_n(shared_blocks, 'full block')} ({shared_blocks * B} tokens) cached and prefills the rest: "
+        f"{T} x {S + q} - {T - 1} x {shared_blocks * B} = {shared}. "
+        + (f"The block holding the prompt's last {S % B} tokens also holds a question's: it differs per tenant."
+           if S % B else "The question starts a block of its own."))
+    q6 = _question(
+        "...and with a cache salt per tenant (derived by the server from each tenant's API key)?",
+        prefilled(True), T * (S + q),
+        f"All {T} x {S + q} = {T * (S + q)}: the salt is in every block's hash, so no tenant finds another's "
+        f"blocks, and {T - 1} x {shared_blocks * B} = {(T - 1) * shared_blocks * B} more tokens are prefilled. "
+        f"That is the whole cost: the same attacker who could time a hit on the public prompt could time a hit "
+        f"on a private one, so the salt closes the channel by giving up exactly the sharing across tenants. "
+        f"Requests of one tenant still share (same salt).")
+    return [q5, q6]
 
 
 # --- Exercise 4: paged attention ---------------------------------------------------------------

@@ -23,16 +23,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import hashlib
+import hmac
+import json
 import logging
 import multiprocessing
 import os
+import secrets
 import signal
 import socket
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
 
 from checkpoints.tokenizer import ByteTokenizer
@@ -52,6 +56,77 @@ FRONTEND_PROCESS = hasattr(os, "fork")  # the front end in a process of its own 
 logger = logging.getLogger(__name__)
 
 
+OPEN_PATHS = ("/health", "/metrics")  # answered without a key, as vLLM leaves them open
+
+
+class APIKeys:
+    """Who is calling (vLLM: `AuthenticationMiddleware`, with tenants): each API key's tenant, and
+    each tenant's prefix-cache salt.
+
+    A request names its key in `Authorization: Bearer <key>`. The key is checked in constant
+    time: its SHA-256 is compared with every known key's by `hmac.compare_digest`, all of them,
+    with no early exit, so neither how long a check takes nor where it stops says how much of a
+    guess was right, or which key it was near. A tenant's salt is the HMAC-SHA256 of its name
+    under a secret drawn when the server starts: it is derived on the server, the same for every
+    key of one tenant, unknown to every client, and neither a key nor a tenant's name reaches the
+    engine. `protocol.request_cache_salt` mixes it with a body's own `cache_salt`.
+    """
+
+    def __init__(self, api_keys: Mapping[str, str]):
+        if not isinstance(api_keys, Mapping) or not api_keys:
+            raise ValueError(f"api_keys must map at least one key to its tenant, got {api_keys!r}")
+        for key, tenant in api_keys.items():
+            # A key travels in a header: visible ASCII, no spaces (RFC 6750's b64token is narrower).
+            if not (isinstance(key, str) and key and all("!" <= c <= "~" for c in key)):
+                raise ValueError("api_keys: a key must be a non-empty string of visible ASCII characters "
+                                 "(no spaces), got one that is not")  # the key itself stays out of logs
+            if not (isinstance(tenant, str) and tenant):
+                raise ValueError(f"api_keys: a tenant must be a non-empty name, got {tenant!r}")
+        secret = secrets.token_bytes(32)
+        salts = {tenant: hmac.new(secret, tenant.encode(), hashlib.sha256).hexdigest()
+                 for tenant in api_keys.values()}
+        self._keys = [(hashlib.sha256(key.encode()).digest(), salts[tenant]) for key, tenant in api_keys.items()]
+        self.num_keys, self.num_tenants = len(api_keys), len(salts)
+
+    def tenant_salt(self, authorization: str | None) -> str:
+        """The salt of the tenant whose key `authorization` (the header's value) bears; a 401
+        APIError in OpenAI's shape when it bears none of them."""
+        scheme, _, key = (authorization or "").partition(" ")
+        digest = hashlib.sha256(key.strip().encode("latin-1")).digest()  # the head was read as latin-1
+        found = None
+        for known, salt in self._keys:  # every key, no early exit
+            if hmac.compare_digest(digest, known):
+                found = salt
+        if found is None or scheme.lower() != "bearer":
+            # OpenAI's answers (and its SDK raises AuthenticationError on the 401).
+            message = ("You didn't provide an API key. You need to provide your API key in an Authorization "
+                       "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)." if not authorization else
+                       "Incorrect API key provided.")
+            raise APIError(message, 401, "invalid_request_error", code="invalid_api_key")
+        return found
+
+
+def read_api_keys_file(path: str) -> dict[str, str]:
+    """`serve --api-keys-file FILE`: a JSON object mapping each API key to its tenant's name, as
+    `start_server`'s `api_keys` takes it, e.g. `{"sk-acme-1": "acme", "sk-acme-2": "acme",
+    "sk-globex": "globex"}`. A ValueError naming the file for one that cannot be read or is not
+    such an object (the message never quotes a key)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            mapping = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"--api-keys-file {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # bad JSON, bad UTF-8
+        raise ValueError(f"--api-keys-file {path}: not JSON ({exc})") from None
+    if not (isinstance(mapping, dict) and mapping):
+        raise ValueError(f'--api-keys-file {path}: must hold a JSON object of "key": "tenant" pairs, at least one')
+    try:
+        APIKeys(mapping)
+    except ValueError as exc:
+        raise ValueError(f"--api-keys-file {path}: {exc}") from None
+    return mapping
+
+
 class CompletionServer:
     """An OpenAI-compatible server for one LLMEngine (see start_server): the engine stays in
     this process, stepped by a thread of its own, and the HTTP front end runs in a forked child
@@ -63,7 +138,9 @@ class CompletionServer:
     """
 
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
-                 model_name: str | Sequence[str] | None = None, stream_interval: int = 1, max_n: int | None = None):
+                 model_name: str | Sequence[str] | None = None, stream_interval: int = 1, max_n: int | None = None,
+                 api_keys: Mapping[str, str] | None = None):
+        self.keys = None if api_keys is None else APIKeys(api_keys)
         for name, value in (("stream_interval", stream_interval), ("max_n", max_n)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"{name} must be an int, got {value!r}")
@@ -106,7 +183,7 @@ class CompletionServer:
 
     def _start(self, engine, sock, commands_r, commands_w, outputs_r, outputs_w, stream_interval) -> None:
         """Start the front end (forked, or a thread) on its ends, then the engine's thread on ours."""
-        frontend = _Frontend(self.served, stream_interval)
+        frontend = _Frontend(self.served, stream_interval, self.keys)
         args = (sock, commands_w, outputs_r)
         if FRONTEND_PROCESS:
             self._frontend = _ForkedFrontend(frontend.main, args)
@@ -190,8 +267,8 @@ class _Frontend:
     engine only through `async_llm.AsyncLLM`. Built in the caller's process, run by `main` in
     the front end's process (or thread)."""
 
-    def __init__(self, served: ServedModel, stream_interval: int = 1):
-        self.served, self.stream_interval = served, stream_interval
+    def __init__(self, served: ServedModel, stream_interval: int = 1, keys: APIKeys | None = None):
+        self.served, self.stream_interval, self.keys = served, stream_interval, keys
         self.created = int(time.time())
         self.stats = FrontendStats()
         self.connections = Connections(self._route)
@@ -237,6 +314,10 @@ class _Frontend:
 
     async def _route(self, request: HTTPRequest, conn: ClientConnection, sink: Sink) -> None:
         path, method = request.path, request.method
+        # Before anything else, an unknown path included: without a key, the routes are not told.
+        salt = None
+        if self.keys is not None and path not in OPEN_PATHS:
+            salt = self.keys.tenant_salt(request.headers.get("authorization"))
         gets = {"/health", "/v1/models", "/metrics", "/tokenizer_info"}
         posts = {"/v1/completions": parse_completion_request, "/v1/chat/completions": parse_chat_request,
                  "/tokenize": serving_tokenization.tokenize, "/detokenize": serving_tokenization.detokenize}
@@ -264,10 +345,10 @@ class _Frontend:
             sink.json(200, posts[path](self.served, request.body))
         else:
             if len(request.body) <= INLINE_PARSE_BYTES:
-                gen = posts[path](self.served, request.body)
+                gen = posts[path](self.served, request.body, salt)
             else:  # a large body is parsed off the loop, so that other clients' tokens keep flowing
                 gen = await asyncio.get_running_loop().run_in_executor(self._parser, posts[path], self.served,
-                                                                       request.body)
+                                                                       request.body, salt)
             self._log_ignored(gen.ignored)
             await self.openai.generate(gen, conn, sink)
 
@@ -311,7 +392,7 @@ def _has_fileno(stream) -> bool:
 
 def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
                  model_name: str | Sequence[str] | None = None, stream_interval: int = 1,
-                 max_n: int | None = None) -> CompletionServer:
+                 max_n: int | None = None, api_keys: Mapping[str, str] | None = None) -> CompletionServer:
     """Serve `engine` over HTTP from a background thread (port 0: any free port) and return the
     handle once it accepts connections. The server owns the engine until `close()`.
     `tokenizer`: encodes string prompts and decodes outputs (None: a ByteTokenizer of the model's
@@ -322,9 +403,16 @@ def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=No
     (None: half of the engine's max_num_seqs). Every field of the API is served whatever the
     engine was built with: the logits processors of `serving.sampling.logits_processors()` that
     it lacks (logprobs, min_tokens, logit_bias, penalties, min_p) are installed in it, ahead of
-    its own, until `close()` puts its own list back."""
+    its own, until `close()` puts its own list back.
+
+    `api_keys`: {key: tenant} (None: no keys, anyone may call, and one prefix cache is shared by
+    all). With it every route but /health and /metrics needs `Authorization: Bearer <key>`, else
+    401 in OpenAI's error shape; each tenant's prefix-cache salt is derived on the server from the
+    key that called (`APIKeys`), so no two tenants share a block, and a body's `cache_salt` narrows
+    its tenant's sharing, never reaches another's (`protocol.request_cache_salt`). Keys of one
+    tenant share its cache."""
     return CompletionServer(engine, host, port, tokenizer=tokenizer, model_name=model_name,
-                            stream_interval=stream_interval, max_n=max_n)
+                            stream_interval=stream_interval, max_n=max_n, api_keys=api_keys)
 
 
 def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None, note: str | None = None,
@@ -336,6 +424,13 @@ def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | N
         print(f"serving {', '.join(server.served.names)} at {server.url}  (POST /v1/completions "
               f"/v1/chat/completions /tokenize /detokenize, GET /v1/models /health /metrics /tokenizer_info; "
               f"Ctrl-C stops)", flush=True)
+        if server.keys is None:
+            print("warning: no API key (--api-key, --api-keys-file): any client may call this server, and every "
+                  "client shares one prefix cache, readable by timing (docs/serving.md#keys-and-tenants)",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"API keys: {server.keys.num_keys} key(s) of {server.keys.num_tenants} tenant(s); each tenant's "
+                  "prefix cache is its own; /health and /metrics need no key", flush=True)
         if note:
             print(f"note: {note}", flush=True)
         if threading.current_thread() is threading.main_thread():

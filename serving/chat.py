@@ -70,9 +70,11 @@ def _content(content: object, where: str) -> str:
     raise APIError(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
 
 
-def parse_chat_request(served: protocol.ServedModel, body: bytes | dict) -> GenerateRequest:
+def parse_chat_request(served: protocol.ServedModel, body: bytes | dict,
+                       tenant_salt: str | None = None) -> GenerateRequest:
     """A `/v1/chat/completions` body as a GenerateRequest (one prompt: the rendered messages);
-    an APIError otherwise (400 naming the field, 404 for another model)."""
+    an APIError otherwise (400 naming the field, 404 for another model). `tenant_salt`: as
+    `protocol.request_cache_salt` takes it."""
     payload = protocol.load_json(body) if isinstance(body, bytes) else body
     f = Fields(payload)
     model = protocol.check_model(f, served)
@@ -101,4 +103,4 @@ def parse_chat_request(served: protocol.ServedModel, body: bytes | dict) -> Gene
     prompt_logprobs = f.integer("prompt_logprobs", None, what="an int")
     return protocol.build_request(served, f, "chat", model, f"chatcmpl-{protocol.base_id(f)}", [prompt], [text],
                                   max_tokens, logprobs=(top or 0) if want_logprobs else None,
-                                  prompt_logprobs=prompt_logprobs, params=params)
+                                  prompt_logprobs=prompt_logprobs, params=params, tenant_salt=tenant_salt)

@@ -60,9 +60,10 @@ LINGER_MAX_BYTES = 4 << 20
 HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line after the head, CRLF or bare LF
 BLANK_LINES = re.compile(rb"(?:\r?\n)*")
 CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
-REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
-           500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
+REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+           405: "Method Not Allowed", 408: "Request Timeout", 413: "Content Too Large",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           503: "Service Unavailable"}
 # One encoder for every event: json.dumps with any non-default argument builds a new one per call.
 COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 

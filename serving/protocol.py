@@ -47,12 +47,13 @@ class APIError(Exception):
     """A request that ends in an error response: HTTP status and OpenAI's error body."""
 
     def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
-                 param: str | None = None):
+                 param: str | None = None, code: str | int | None = None):
         super().__init__(message)
         self.status, self.kind, self.param = status, kind, param
+        self.code = status if code is None else code  # vLLM's code is the status; OpenAI names some ("invalid_api_key")
 
     def body(self) -> dict:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.status}}
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
 
 
 def field_error(message: str, field: str | None, param: str | None) -> APIError:
@@ -181,6 +182,21 @@ NO_EFFECT = {"user": (str,), "metadata": (dict,), "safety_identifier": (str,), "
              "guided_whitespace_pattern": (str,), "include_reasoning": (bool,)}
 
 
+def request_cache_salt(tenant_salt: str | None, cache_salt: str | None) -> str | None:
+    """The engine's `cache_salt` for a request (the chapter's `hash_block` chains it into every
+    block's hash, so requests of different salts never share a block).
+
+    With API keys, `tenant_salt` is the caller's tenant's salt, derived by the server from the key
+    that authenticated the request (`api_server.APIKeys`), never read from the body. The body's
+    own `cache_salt` can only narrow it: it is appended to the tenant's salt, a fixed-length hex
+    string, so a body can split its tenant's cache into parts but never spell another tenant's
+    salt (vLLM PR 53347: a salt taken from the body lets an attacker send the victim's). Without
+    keys (`tenant_salt` None) the body's salt is used as it is, as vLLM does."""
+    if tenant_salt is None:
+        return cache_salt
+    return tenant_salt if cache_salt is None else f"{tenant_salt}/{cache_salt}"
+
+
 @dataclasses.dataclass
 class GenerateRequest:
     """What one completions or chat request asks for, ready for the engine and the output processor.
@@ -285,9 +301,10 @@ def _is_prompt_list(prompt: object) -> bool:
     return isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
 
 
-def parse_completion_request(served: ServedModel, body: bytes | dict) -> GenerateRequest:
+def parse_completion_request(served: ServedModel, body: bytes | dict,
+                             tenant_salt: str | None = None) -> GenerateRequest:
     """A `/v1/completions` body as a GenerateRequest; an APIError otherwise (400 naming the
-    field, 404 for another model)."""
+    field, 404 for another model). `tenant_salt`: the caller's, as `request_cache_salt` takes it."""
     payload = load_json(body) if isinstance(body, bytes) else body
     fields = Fields(payload)
     model = check_model(fields, served)
@@ -305,7 +322,8 @@ def parse_completion_request(served: ServedModel, body: bytes | dict) -> Generat
     texts = [p if isinstance(p, str) else None for p in (payload["prompt"] if _is_prompt_list(payload["prompt"])
                                                          else [payload["prompt"]])]
     return build_request(served, fields, "completion", model, f"cmpl-{base_id(fields)}", prompts, texts, max_tokens,
-                         echo=echo, logprobs=logprobs, prompt_logprobs=prompt_logprobs, params=params)
+                         echo=echo, logprobs=logprobs, prompt_logprobs=prompt_logprobs, params=params,
+                         tenant_salt=tenant_salt)
 
 
 def check_model(fields: Fields, served: ServedModel) -> str:
@@ -365,8 +383,9 @@ def _extra_args(served: ServedModel, fields: Fields, max_tokens: int, logprobs: 
 def build_request(served: ServedModel, fields: Fields, kind: str, model: str, response_id: str,
                   prompts: list[list[int]], texts: list[str | None], max_tokens: int | None, *, echo: bool = False,
                   logprobs: int | None = None, prompt_logprobs: int | None = None,
-                  params: dict | None = None) -> GenerateRequest:
-    """The fields both endpoints share, and the Requests: one per prompt and sample."""
+                  params: dict | None = None, tenant_salt: str | None = None) -> GenerateRequest:
+    """The fields both endpoints share, and the Requests: one per prompt and sample, each with the
+    prefix-cache salt of `request_cache_salt(tenant_salt, <the body's cache_salt>)`."""
     f, lab, config, params = fields, served.lab, served.config, dict(params or {})
     n = f.integer("n", 1, 1, what="an int >= 1")
     if n > served.max_n:
@@ -408,6 +427,7 @@ def build_request(served: ServedModel, fields: Fields, kind: str, model: str, re
         if not cache_salt:
             f.fail("cache_salt", "must be a non-empty string")
         check_text(cache_salt, "cache_salt")
+    cache_salt = request_cache_salt(tenant_salt, cache_salt)
     flags = {name: f.get(name, (bool,), default, "true or false") for name, default in (
         ("include_stop_str_in_output", False), ("skip_special_tokens", True), ("return_token_ids", False),
         ("return_tokens_as_token_ids", False))}

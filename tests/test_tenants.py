@@ -1,0 +1,380 @@
+"""test_tenants.py: API keys and tenants over real sockets (`start_server(..., api_keys={key: tenant})`,
+`serve --api-key`, `serve --api-keys-file`), and `attack prefix-cache`.
+
+Isolation is tested in pairs, as vLLM's PR 53347 asks: different tenants never share a block AND
+one tenant's requests do, or the test would pass with caching off too. What is shared is read from
+what the server publishes, `vllm:prefix_cache_hits_total` on /metrics (blocks), never from the
+engine's state. A wrong key must change nothing: /metrics is the same text before and after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import importlib.util
+import io
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import serving
+from conftest import lab
+from course import attack
+from tests.support import (
+    HTTP_TIMEOUT,
+    MODEL_CONFIGS,
+    ROOT,
+    api_engine,
+    needs_reference,
+    reraise_stub,
+    run_cli,
+    run_script,
+)
+
+KEYS = {"sk-acme-1": "acme", "sk-acme-2": "acme", "sk-globex": "globex"}
+BLOCK = 4  # api_engine's block size
+GUARDED = [("GET", "/v1/models", None), ("GET", "/v1/models/{model}", None), ("GET", "/tokenizer_info", None),
+           ("POST", "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 1}),
+           ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+           ("POST", "/tokenize", {"prompt": "hi"}), ("POST", "/detokenize", {"tokens": [1, 2]}),
+           ("GET", "/no-such-route", None)]
+
+
+def call(server, method, path, body=None, authorization=None, conn=None):
+    """(status, body bytes) of one request; `authorization`: the header's whole value."""
+    own = conn is None
+    conn = conn or http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    try:
+        conn.request(method, path, None if body is None else json.dumps(body), headers)
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        if own:
+            conn.close()
+    if resp.status == 500:
+        reraise_stub(data.decode())
+    return resp.status, data
+
+
+def metrics(server) -> str:
+    status, data = call(server, "GET", "/metrics")
+    assert status == 200, f"/metrics must stay open without a key; got HTTP {status}"
+    return data.decode()
+
+
+def hits(server) -> int:
+    return int(float(re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$", metrics(server), re.M).group(1)))
+
+
+def complete(server, key, prompt, **fields) -> dict:
+    status, data = call(server, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 1, "temperature": 0}
+                        | fields, f"Bearer {key}" if key else None)
+    assert status == 200, f"a completion with key {key!r}: HTTP {status} {data[:300]!r}"
+    return json.loads(data)
+
+
+def hits_of(server, key, prompt, **fields) -> int:
+    """The prefix-cache hits (blocks) that one request, sent alone, added."""
+    before = hits(server)
+    complete(server, key, prompt, **fields)
+    return hits(server) - before
+
+
+def fresh_prompt(seed: int, full_blocks: int = 5) -> list[int]:
+    """full_blocks full blocks and 2 tokens more (a partial block is never cached, and the full ones
+    never cover the whole prompt): a repeat of it reuses exactly full_blocks blocks."""
+    return [(seed * 7 + 3 * i) % 61 + 1 for i in range(full_blocks * BLOCK + 2)]
+
+
+@pytest.fixture(scope="module")
+def byte_model():
+    """A 256-token vocabulary: any ASCII text (a chat template, /tokenize's) is a prompt."""
+    return lab.ToyTransformer(lab.ModelConfig(**MODEL_CONFIGS["bytes"]), seed=1)
+
+
+@pytest.fixture(scope="module")
+def tenant_server(byte_model):
+    with serving.start_server(api_engine(byte_model, enable_prefix_caching=True), api_keys=KEYS) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def open_server(byte_model):
+    with serving.start_server(api_engine(byte_model, enable_prefix_caching=True)) as running:
+        yield running
+
+
+# --- keys: who may call ----------------------------------------------------------------------
+
+
+@pytest.mark.provided
+def test_without_a_key_every_route_but_health_and_metrics_is_401_in_openais_error_shape(tenant_server):
+    for method, path, body in GUARDED:
+        path = path.format(model=tenant_server.model_name)
+        status, data = call(tenant_server, method, path, body)
+        assert status == 401, f"{method} {path} without a key: HTTP {status}, must be 401 (only /health and /metrics " \
+                              "are open, as in vLLM; an unknown route too, so that the routes are not told)"
+        error = json.loads(data)["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error" and \
+            error["code"] == "invalid_api_key" and error["param"] is None and "API key" in error["message"], (
+                f"{method} {path}: a 401 carries OpenAI's error object (type invalid_request_error, code "
+                f"invalid_api_key), got {error}")
+    for path in ("/health", "/metrics"):
+        assert call(tenant_server, "GET", path)[0] == 200, f"GET {path} must stay open without a key, as in vLLM"
+
+
+@pytest.mark.provided
+def test_a_wrong_key_is_401_and_changes_nothing(tenant_server):
+    before = metrics(tenant_server)
+    wrong = ["Bearer sk-wrong", "Bearer sk-acme-", "Bearer sk-acme-1x", "Bearer SK-ACME-1", "Bearer sk-acme-1 extra",
+             "Basic sk-acme-1", "sk-acme-1", "Bearer", "Bearer ", ""]
+    conn = http.client.HTTPConnection("127.0.0.1", tenant_server.port, timeout=HTTP_TIMEOUT)
+    try:
+        for authorization in wrong:  # on one kept-alive connection: a 401 does not end it
+            status, data = call(tenant_server, "POST", "/v1/completions", {"prompt": [1, 2, 3, 4, 5], "max_tokens": 4},
+                                authorization, conn)
+            assert status == 401, f"Authorization: {authorization!r} must be refused with 401, got HTTP {status}"
+            assert json.loads(data)["error"]["code"] == "invalid_api_key"
+    finally:
+        conn.close()
+    assert metrics(tenant_server) == before, (
+        "a request with a wrong key must never reach the engine: /metrics changed (requests, tokens, prefix-cache "
+        "queries) after nothing but 401s")
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("api_keys", [{}, {"sk a": "t"}, {"": "t"}, {"sk-\u00e9": "t"}, {"sk-a": ""}, {"sk-a": 3},
+                                      ["sk-a"]], ids=["none", "space", "empty key", "non-ascii", "empty tenant",
+                                                      "tenant not a name", "a list"])
+def test_start_server_refuses_keys_it_cannot_check_before_it_listens(engine_model, api_keys):
+    with pytest.raises(ValueError, match="api_keys"):
+        serving.start_server(api_engine(engine_model), api_keys=api_keys)
+
+
+@pytest.mark.needs(5)
+def test_the_right_key_is_served_on_every_route_and_the_scheme_is_case_blind(tenant_server):
+    for method, path, body in GUARDED[:-1]:
+        path = path.format(model=tenant_server.model_name)
+        for authorization in ("Bearer sk-acme-1", "bearer sk-globex"):
+            status, data = call(tenant_server, method, path, body, authorization)
+            assert status == 200, f"{method} {path} with {authorization!r}: HTTP {status} {data[:200]!r}"
+    assert call(tenant_server, "GET", "/no-such-route", None, "Bearer sk-acme-2")[0] == 404, (
+        "with a key, an unknown route is a 404 (without one, a 401)")
+
+
+# --- tenants: who shares what, in pairs --------------------------------------------------------
+
+
+@pytest.mark.needs(5)
+def test_two_tenants_with_the_same_prompt_share_no_block_and_one_tenants_two_requests_do(tenant_server):
+    prompt = fresh_prompt(1)
+    first = hits_of(tenant_server, "sk-acme-1", prompt)
+    other_tenant = hits_of(tenant_server, "sk-globex", prompt)
+    same_tenant = hits_of(tenant_server, "sk-acme-2", prompt)  # another key of acme's
+    assert first == 0, f"a prompt no one had sent hit {first} cached blocks"
+    assert other_tenant == 0, (
+        f"globex's request reused {other_tenant} of the blocks acme's request cached: each tenant's prefix-cache "
+        "salt is derived on the server from its key, so no two tenants share a block")
+    assert same_tenant == 5, (
+        f"acme's second request (another of acme's keys) reused {same_tenant} blocks, not the 5 full blocks its "
+        "first request cached: the keys of one tenant share its cache (a test of isolation alone would pass with "
+        "caching off)")
+
+
+@pytest.mark.needs(5)
+def test_a_cache_salt_in_the_body_narrows_a_tenants_sharing_and_reaches_no_other_tenant(tenant_server):
+    prompt = fresh_prompt(2)
+    assert hits_of(tenant_server, "sk-acme-1", prompt, cache_salt="team-a") == 0
+    forged = hits_of(tenant_server, "sk-globex", prompt, cache_salt="team-a")
+    assert forged == 0, (f"globex sent acme's cache_salt in its body and reused {forged} of acme's blocks: a body's "
+                         "salt may narrow its own tenant's sharing, never reach another tenant's")
+    named = hits_of(tenant_server, "sk-globex", prompt, cache_salt="acme")
+    assert named == 0, f"globex sent cache_salt 'acme' (the tenant's name) and reused {named} of acme's blocks"
+    unsalted = hits_of(tenant_server, "sk-acme-2", prompt)
+    assert unsalted == 0, (f"acme's request without a cache_salt reused {unsalted} blocks cached under acme's "
+                           "cache_salt 'team-a': the body's salt narrows the tenant's sharing")
+    same = hits_of(tenant_server, "sk-acme-2", prompt, cache_salt="team-a")
+    assert same == 5, (f"acme's request with cache_salt 'team-a' again reused {same} blocks, not the 5 its first "
+                       "one cached: one tenant's requests under one salt share")
+
+
+@pytest.mark.needs(5)
+def test_without_keys_the_bodys_cache_salt_alone_decides_what_is_shared(open_server):
+    prompt = fresh_prompt(3)
+    assert hits_of(open_server, None, prompt) == 0
+    shared = hits_of(open_server, None, prompt)
+    salted = hits_of(open_server, None, prompt, cache_salt="x")
+    again = hits_of(open_server, None, prompt, cache_salt="x")
+    assert (shared, salted, again) == (5, 0, 5), (
+        f"without keys every client shares one cache and a body's cache_salt keeps its requests apart (vLLM's "
+        f"behaviour): the repeats reused {shared}, {salted} (another salt) and {again} (that salt again) blocks, "
+        "not 5, 0, 5")
+
+
+# --- the command line: serve's keys ----------------------------------------------------------
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("content, says", [
+    (None, "No such file"), ("{not json", "not JSON"), ('["sk-a"]', "JSON object"), ("{}", "JSON object"),
+    ('{"sk secret": "t"}', "visible ASCII"), ('{"sk-a": ""}', "tenant must be a non-empty name")],
+    ids=["missing", "not json", "a list", "empty", "a key with a space", "an empty tenant"])
+def test_serve_refuses_a_keys_file_it_cannot_use_with_exit_status_2(tmp_path, content, says):
+    path = tmp_path / "keys.json"
+    if content is not None:
+        path.write_text(content)
+    proc = run_cli("serve", "--port", "0", "--duration", "0.1", "--api-keys-file", str(path))
+    assert proc.returncode == 2 and f"--api-keys-file {path}" in proc.stderr and says in proc.stderr, proc.stderr
+    assert "serving " not in proc.stdout, "a bad keys file is refused before the server starts"
+    assert "secret" not in proc.stderr, "an error about a keys file never quotes a key"
+
+
+@pytest.mark.provided
+def test_serve_takes_api_key_or_a_keys_file_not_both(tmp_path):
+    proc = run_cli("serve", "--api-key", "sk-a", "--api-keys-file", str(tmp_path / "k.json"))
+    assert proc.returncode == 2 and "not allowed with" in proc.stderr, proc.stderr
+
+
+@pytest.mark.needs(1)
+def test_serve_warns_in_one_line_without_a_key_and_counts_its_keys_with_them():
+    bare = run_cli("serve", "--port", "0", "--duration", "0.1")
+    warning = [line for line in bare.stderr.splitlines() if "no API key" in line]
+    assert bare.returncode == 0 and len(warning) == 1, f"serve without a key warns, in one line: {bare.stderr!r}"
+    keyed = run_cli("serve", "--port", "0", "--duration", "0.1", "--api-key", "sk-a", "sk-b", "--api-key", "sk-c")
+    assert keyed.returncode == 0 and "no API key" not in keyed.stderr, keyed.stderr
+    assert "API keys: 3 key(s) of 3 tenant(s)" in keyed.stdout, (
+        f"each --api-key key (repeated or listed) is a tenant of its own: {keyed.stdout!r}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.needs(1)
+def test_serve_with_a_keys_file_answers_its_keys_and_refuses_the_rest(tmp_path):
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps(KEYS))
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, lab.__file__, "serve", "--port", str(port), "--api-keys-file", str(keys)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = type("Server", (), {"port": port})
+    try:
+        for _ in range(400):  # until it listens (bounded: 20 s), or has ended
+            try:
+                if call(server, "GET", "/health")[0] == 200:
+                    break
+            except OSError:
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+        if proc.poll() is not None:  # it ended before it listened: a stub it names, or an error
+            out, err = proc.communicate(timeout=30)
+            reraise_stub(err)
+            raise AssertionError(f"serve --api-keys-file ended before it listened: {out}{err}")
+        assert call(server, "GET", "/v1/models", None, "Bearer sk-globex")[0] == 200
+        assert call(server, "GET", "/v1/models", None, "Bearer sk-acme-2")[0] == 200
+        assert call(server, "GET", "/v1/models", None, "Bearer sk-initech")[0] == 401
+        assert call(server, "GET", "/v1/models")[0] == 401
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = proc.communicate(timeout=30)
+    reraise_stub(err)
+    assert proc.returncode == 0 and "API keys: 3 key(s) of 2 tenant(s)" in out, (proc.returncode, out, err)
+
+
+# --- attack prefix-cache -------------------------------------------------------------------------
+
+
+def expected_costs() -> dict[str, tuple[int, int, int]]:
+    """The cost table's hits by hand, from the workloads' shape (a system prompt of 4 blocks, then a
+    question that is new every time): every request after the first of its sharing group reuses the
+    4 blocks. Groups per policy: the tenant (shared: all tenants, if they send one prompt)."""
+    def hits(requests_per_group: list[int]) -> int:
+        return sum(4 * (n - 1) for n in requests_per_group)
+    return {
+        # 4 tenants x 1 user x 4 requests, each tenant its own prompt: the tenant is the group everywhere
+        "tenants share nothing": (hits([4] * 4), hits([4] * 4), hits([4] * 4)),
+        # 2 tenants x 4 users x 2 requests: the tenant shares (8 requests), a key only its own 2
+        "users of a tenant share a prompt": (hits([8] * 2), hits([8] * 2), hits([2] * 8)),
+        # 4 tenants x 1 user x 2 requests of one public prompt: shared by all 8, or by each tenant's 2
+        "tenants share a public prompt": (hits([8]), hits([2] * 4), hits([2] * 4)),
+    }
+
+
+@pytest.mark.needs(5)
+def test_attack_prefix_cache_prints_both_caches_figures_and_the_exact_cost_of_salting():
+    # A process of its own, as a user runs it: the command pins BLAS to one thread (in this process,
+    # two BLAS threads on a busy 2-core machine made the run 8x slower).
+    proc = run_script("attack", "prefix-cache", "--trials", "3", "--secrets", "1", "--candidates", "2", "--seed", "1")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for figure in ("one shared cache", "per-tenant salts", "ROC AUC", "blocks recovered", "secrets recovered whole",
+                   "first token, correct guess", "first token, wrong guess"):
+        assert figure in out, f"the review prints {figure!r}:\n{out}"
+    auc = re.search(r"ROC AUC.*?(\d\.\d\d) \((\d\.\d\d)-(\d\.\d\d)\)\s+(\d\.\d\d) \((\d\.\d\d)-(\d\.\d\d)\)", out)
+    assert auc and all(0 <= float(x) <= 1 for x in auc.groups()), f"two AUCs with their intervals:\n{out}"
+    for workload, want in expected_costs().items():
+        row = re.search(rf"^\s+{workload}\s+(\d+) / ([\d,]+)\s+(\d+) / ([\d,]+)\s+(\d+) / ([\d,]+)$", out, re.M)
+        assert row, f"the cost table has a row for {workload!r}:\n{out}"
+        got = tuple(int(row.group(i)) for i in (1, 3, 5))
+        assert got == want, (f"{workload}: prefix-cache hits under one shared cache, a salt per tenant and a salt "
+                             f"per key were {got}, by hand {want}")
+        prompts = {"tenants share nothing": 16, "users of a tenant share a prompt": 16,
+                   "tenants share a public prompt": 8}[workload] * (16 * 4 + 24)
+        prefill = tuple(int(row.group(i).replace(",", "")) for i in (2, 4, 6))
+        assert prefill == tuple(prompts - 16 * h for h in want), (
+            f"{workload}: tokens prefilled {prefill}, by hand every prompt token ({prompts}) less 16 per hit")
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("args", [["attack"], ["attack", "timing"], ["attack", "prefix-cache", "--trials", "0"],
+                                  ["attack", "prefix-cache", "--trials", "1"],
+                                  ["attack", "prefix-cache", "--candidates", "1"],
+                                  ["attack", "prefix-cache", "--seed", "-1"]],
+                         ids=["no channel", "unknown channel", "0 trials", "1 trial", "1 candidate", "negative seed"])
+def test_attack_refuses_bad_input_with_exit_status_2(args):
+    proc = run_cli(*args)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (args, proc.stderr)
+
+
+@pytest.mark.provided
+@needs_reference
+def test_attack_on_a_half_written_lab_names_the_stub_it_needs(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from make_lab import make_lab
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    script = tmp_path / "lab_half.py"
+    script.write_text(make_lab((ROOT / "solution.py").read_text(), only={"3", "6"}))
+    spec = importlib.util.spec_from_file_location("lab_half", script)
+    half = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "lab_half", half)  # its dataclasses look their module up there
+    spec.loader.exec_module(half)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as end:
+        serving.main(half, ["attack", "prefix-cache"])
+    assert end.value.code == 1 and "lab_half.py: Exercise 3: hash_block is still a stub" in err.getvalue(), (
+        end.value.code, err.getvalue())
+
+
+@pytest.mark.provided
+def test_the_reviews_auc_is_the_chance_a_correct_guess_scores_above_a_wrong_one():
+    assert attack.roc_auc([3, 4], [1, 2]) == 1.0 and attack.roc_auc([1, 2], [3, 4]) == 0.0
+    assert attack.roc_auc([1, 3], [2, 2]) == 0.5 and attack.roc_auc([2], [2]) == 0.5, "a tie counts half"
+    assert attack.roc_auc([1, 2, 3], [0, 2]) == (1 + 1.5 + 2) / 6  # 1 beats 0; 2 beats 0, ties 2; 3 beats both
+    low, high = attack.auc_interval(0.8, 40, 40)
+    assert 0.6 < low < 0.8 < high < 1.0, f"a 95% interval around 0.8 from 40 and 40 samples, got {low}-{high}"
+    assert attack.auc_interval(1.0, 40, 40) == (1.0, 1.0) and attack.auc_interval(0.5, 2, 2)[0] == 0.0
