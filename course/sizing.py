@@ -7,15 +7,40 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from types import ModuleType
 from typing import NamedTuple
 
 import numpy as np
 
+from loadtest.costmodel import NoProfile, measured_step_cost
 from loadtest.datasets import LENGTH_SIGMA, sample_request_lengths
+
+from .fleet import explain_difference
 
 # The curriculum's sizing scenario: "a 13B model, 80 GB GPU, 8k context".
 SEED_SIZING = {"model": "llama-2-13b", "gpu": "a100-80gb", "max_model_len": 8192}  # every default below
+
+
+class MeasuredPlan(NamedTuple):
+    """A plan's decode step, prefill and QPS with the measured step cost in place of the roofline."""
+
+    decode_step_s: float
+    prefill_s: float
+    qps: float
+
+
+def measure_plan(lab: ModuleType, plan) -> MeasuredPlan | None:
+    """`plan`'s Little's law on the measured step cost (costmodel.measured_step_cost): its seats'
+    decode step at the plan's context, one mean prompt's prefill step. None without a profile."""
+    try:
+        cost = measured_step_cost(lab, plan.model, plan.gpu, plan.tensor_parallel_size)
+    except NoProfile:
+        return None
+    seats, prompt = plan.max_concurrent_seqs, max(1, round(plan.mean_prompt_len))
+    step = cost.step_time(seats, round(seats * plan.mean_context_len))
+    prefill = cost.parts(prompt, prompt, prompt * (prompt + 1) // 2).total
+    return MeasuredPlan(step, prefill, seats / (plan.mean_output_len * step + seats * prefill))
 
 
 def format_plan(lab: ModuleType, plan, usd_per_gpu_hour: float | None = None) -> str:
@@ -57,6 +82,19 @@ def format_plan(lab: ModuleType, plan, usd_per_gpu_hour: float | None = None) ->
         f"{plan.qps:.2f} requests/s, {plan.output_tokens_per_s:.0f} output tokens/s"
         + (f" per {tp}-GPU group" if tp > 1 else " per GPU"),
     ]
+    measured = measure_plan(lab, plan)
+    if measured is None:
+        lines.append(f"  measured: no published profile for {g.name}: the roofline above (a floor) is the only "
+                     "answer here")
+    else:
+        lines.append(textwrap.fill(
+            f"measured (Vidur's operator profiles, fitted): decode step {measured.decode_step_s * 1e3:.1f} ms, "
+            f"prefill {measured.prefill_s * 1e3:.1f} ms; QPS = {plan.max_concurrent_seqs} / "
+            f"{plan.max_concurrent_seqs / measured.qps:.2f} s = {measured.qps:.2f} requests/s (the roofline's "
+            f"{plan.qps:.2f} is a floor's)", width=118, initial_indent="  ", subsequent_indent="    "))
+        lines.append(textwrap.fill(explain_difference(lab, m, g.name, tp, plan.max_concurrent_seqs,
+                                                      plan.mean_context_len),
+                                   width=118, initial_indent="    why: ", subsequent_indent="      "))
     lines += [f"  note: {note}" for note in plan.notes]
 
     no_weights = plan.replan(model=dataclasses.replace(m, num_params=1))
@@ -94,12 +132,22 @@ def format_plan(lab: ModuleType, plan, usd_per_gpu_hour: float | None = None) ->
         f"{typical.max_concurrent_seqs} at once ({typical.qps:.1f} QPS); "
         f"{plan.max_concurrent_seqs} is the guarantee if every request grows to {plan.max_model_len}.")
     if usd_per_gpu_hour is not None:
-        def per_million(p) -> float:
-            return usd_per_gpu_hour * tp / (p.output_tokens_per_s * 3600) * 1e6
-        lines.append(
-            f"  Cost at ${usd_per_gpu_hour:.2f} per GPU-hour: ${per_million(plan):.2f} per 1M output tokens at the "
-            f"guaranteed {plan.max_concurrent_seqs} sequences, ${per_million(typical):.2f} at the mean request's "
-            f"{typical.max_concurrent_seqs}: the KV ceiling is also the price.")
+        def per_million(qps: float) -> float:
+            return usd_per_gpu_hour * tp / (qps * plan.mean_output_len * 3600) * 1e6
+        typical_measured = measure_plan(lab, typical)
+        if measured is None or typical_measured is None:
+            lines.append(
+                f"  Cost at ${usd_per_gpu_hour:.2f} per GPU-hour (roofline): ${per_million(plan.qps):.2f} per 1M "
+                f"output tokens at the guaranteed {plan.max_concurrent_seqs} sequences, "
+                f"${per_million(typical.qps):.2f} at the mean request's {typical.max_concurrent_seqs}: the KV ceiling "
+                f"is also the price.")
+        else:
+            lines.append(
+                f"  Cost at ${usd_per_gpu_hour:.2f} per GPU-hour: ${per_million(measured.qps):.2f} per 1M output "
+                f"tokens measured, ${per_million(plan.qps):.2f} on the roofline, at the guaranteed "
+                f"{plan.max_concurrent_seqs} sequences; ${per_million(typical_measured.qps):.2f} and "
+                f"${per_million(typical.qps):.2f} at the mean request's {typical.max_concurrent_seqs}: the KV "
+                f"ceiling is also the price.")
     return "\n".join(lines)
 
 
