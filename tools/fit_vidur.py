@@ -32,6 +32,7 @@ import io
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 
@@ -121,7 +122,7 @@ def load_compute(vidur: Vidur, gpu: str, model: str) -> list[dict] | None:
         heads, hidden = int(first["n_head"]), int(first["n_embd"])
         shape = costmodel.LayerShape(hidden, heads, int(first["n_kv_head"]), hidden // heads,
                                      int(first["n_expanded_embd"]), first["use_gated_mlp"] == "True")
-        ops = {key[len("time_stats."):-len(".median")]: float(np.median([float(r[key]) for r in group])) * 1e-3
+        ops = {key[len("time_stats."):-len(".median")]: statistics.median(float(r[key]) for r in group) * 1e-3
                for key in first if key.startswith("time_stats.") and key.endswith(".median")}
         rows.append(dict(tokens=tokens, tp=tp, shape=shape, ops=ops))
     return rows
@@ -258,12 +259,13 @@ def fit(vidur: Vidur) -> dict:
 def linear_errors(gpu_coefficients: dict, rows: list[dict]) -> dict[int, np.ndarray]:
     """{tp: relative errors of the predicted layer (linear operators) against Vidur's sum of them},
     the prediction from the shape alone (two norms: a model with one, as phi-2, is charged two)."""
-    out: dict[int, list] = {}
-    for r in rows:
-        measured = sum(r["ops"].get(op, 0.0) for op in LAYER_OPS)
-        predicted = float(costmodel.layer_seconds(gpu_coefficients, r["shape"], r["tp"], r["tokens"]))
-        out.setdefault(r["tp"], []).append(predicted / measured - 1)
-    return {tp: np.array(v) for tp, v in out.items()}
+    out: dict[int, np.ndarray] = {}
+    for tp in sorted({r["tp"] for r in rows}):
+        group = [r for r in rows if r["tp"] == tp]  # one shape per file
+        measured = np.array([sum(r["ops"].get(op, 0.0) for op in LAYER_OPS) for r in group])
+        tokens = np.array([r["tokens"] for r in group])
+        out[tp] = costmodel.layer_seconds(gpu_coefficients, group[0]["shape"], tp, tokens) / measured - 1
+    return out
 
 
 def window_median(sizes: np.ndarray, times: np.ndarray, size: float) -> float:
