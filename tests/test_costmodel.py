@@ -90,6 +90,63 @@ def test_attention_pairs_charge_a_prefill_its_flops():
     assert prefill > decode_like, "a 2048-token prompt's causal attention (2M query-key pairs) costs its FLOPs"
 
 
+# --- the terms by hand, from the shipped coefficients -------------------------------------------
+
+
+def coefficients(gpu="a100-80gb"):
+    return costmodel.load_profile()["gpus"][gpu]
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("m", [1, 300])
+def test_a_gemm_costs_a_launch_then_the_p_norm_of_its_memory_and_compute_times(m):
+    g = coefficients()
+    c, n, k = g["gemm"], 6912, 5120
+    rows = -(-m // 64)                                  # the token rows a 64-row tile computes
+    tiles = rows * -(-n // 128)
+    efficiency = c["compute_efficiency"] * tiles / (tiles + c["tiles_per_sm_half"] * g["num_sms"])
+    compute = 2 * rows * 64 * n * k / (g["peak_flops"] * efficiency)
+    memory = 2 * (m * k + k * n + m * n) / (g["peak_bandwidth"] * c["bandwidth_efficiency"])
+    p = c["blend"]
+    expected = c["launch_s"] + (memory**p + compute**p) ** (1 / p)
+    assert float(costmodel.gemm_seconds(g, m, n, k)) == pytest.approx(expected, rel=1e-12), (
+        "a GEMM: its launch floor, then its memory and compute times (whole 64 x 128 tiles, at an efficiency rising "
+        "with the tiles per SM) blended by the fitted p-norm")
+
+
+@pytest.mark.provided
+def test_the_allreduce_term_is_two_per_layer_of_the_steps_hidden_states():
+    step = cost("llama-2-13b", "h100-80gb", 4)
+    ring = coefficients("h100-80gb")["allreduce"]["4"]
+    message = 48 * 5120 * 2                             # 48 tokens x hidden 5120 x 2 bytes
+    moved = 2 * 3 / 4 * message / ring["bus_bandwidth"]
+    one = (ring["latency_s"] ** ring["blend"] + moved ** ring["blend"]) ** (1 / ring["blend"])
+    assert step.parts(48, 48 * 300).allreduce == pytest.approx(2 * 40 * one, rel=1e-12), (
+        "Megatron's 2 all-reduces per layer (after attention, after the MLP), 40 layers, each of the step's hidden "
+        "states, as the DGX profile's latency and bus bandwidth give")
+
+
+@pytest.mark.provided
+def test_decode_attention_reads_each_gpus_share_of_the_kv_at_the_paged_kernels_bandwidth():
+    g = coefficients()
+    step = cost("llama-2-70b", "a100-80gb", 4)
+    kv = (64 * 1000 + 64) * 2 * (8 / 4) * 128 * 2       # the context read and the new tokens written, 2 of 8 KV heads
+    read = kv / (g["peak_bandwidth"] * g["gemv_bandwidth_efficiency"] * costmodel.PAGED_KV_BANDWIDTH_SHARE)
+    expected = 80 * (costmodel.ATTENTION_KERNELS_PER_LAYER * g["gemm"]["launch_s"] + read)
+    assert step.parts(64, 64 * 1000).attention == pytest.approx(expected, rel=1e-12), (
+        "a decode step's attention: per layer, its kernels' launch floors and the GPU's K/V read at the bandwidth a "
+        "GEMV reaches, less the block table's 10%")
+
+
+@pytest.mark.provided
+def test_each_gemm_shard_splits_its_outputs_or_its_inputs_over_tp():
+    shape = costmodel.layer_shape(lab.MODELS["llama-2-70b"])
+    assert shape.gemms(8) == {"attn_pre_proj": ((64 + 2 * 8) * 128 / 8, 8192), "attn_post_proj": (8192, 64 * 128 / 8),
+                              "mlp_up_proj": (2 * 28672 / 8, 8192), "mlp_down_proj": (8192, 28672 / 8)}, (
+        "(n, k) per GPU: QKV and the gated up projection split their outputs (column-parallel), O and down their "
+        "inputs (row-parallel)")
+
+
 # --- any model, and the fallback ---------------------------------------------------------------
 
 

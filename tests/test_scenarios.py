@@ -128,6 +128,22 @@ def test_format_plan_prices_a_million_output_tokens_from_the_plans_throughput():
 
 
 @pytest.mark.needs(8)
+def test_size_runs_littles_law_on_the_measured_step_beside_the_roofline():
+    from loadtest.costmodel import measured_step_cost
+    plan = lab.plan_deployment(**sizing.SEED_SIZING)
+    step = measured_step_cost(lab, plan.model, plan.gpu, 1)
+    seats, prompt = plan.max_concurrent_seqs, round(plan.mean_prompt_len)
+    decode = step.step_time(seats, round(seats * plan.mean_context_len))
+    prefill = step.parts(prompt, prompt, prompt * (prompt + 1) // 2).total
+    qps = seats / (plan.mean_output_len * decode + seats * prefill)
+    measured = sizing.measure_plan(lab, plan)
+    assert measured.qps == pytest.approx(qps, rel=1e-12), (
+        "size's measured QPS: Little's law with the measured decode step of the plan's seats and one mean prompt's "
+        "prefill step")
+    assert f"decode step {decode * 1e3:.1f} ms" in sizing.format_plan(lab, plan)
+
+
+@pytest.mark.needs(8)
 def test_format_plan_prices_a_tensor_parallel_group_at_every_gpu_it_holds():
     plan = lab.plan_deployment("llama-3-8b", "a100-40gb", 8192, tensor_parallel_size=2)
     text = sizing.format_plan(lab, plan, usd_per_gpu_hour=2.0)
