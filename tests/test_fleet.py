@@ -146,6 +146,7 @@ def test_fleet_size_rounds_replicas_up_but_not_past_an_exact_fit():
     (("--p99-ttft-ms", "-200"), "--p99-ttft-ms"),
     (("--p99-tpot-ms", "nan"), "--p99-tpot-ms"),
     (("--usd-per-gpu-hour", "2,-1"), "--usd-per-gpu-hour"),
+    (("--cpu-overhead-ms", "-1"), "--cpu-overhead-ms"),
 ])
 def test_cli_fleet_bad_input_exits_2_with_one_line(args, says):
     proc = run_cli("fleet", *args)
