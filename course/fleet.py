@@ -677,7 +677,8 @@ def run_fleet(lab: ModuleType, question: FleetQuestion, jobs: int = 1, log: Call
     slo = question.slo
     log(f"Fleet for {question.model} at {question.qps:g} req/s, p99 TTFT <= {slo.ttft_s * 1e3:g} ms and p99 TPOT "
         f"<= {slo.tpot_s * 1e3:g} ms, {question.workload} lengths (max_model_len {question.max_model_len}): "
-        f"{len(candidates)} candidates, each on the measured step cost and the roofline, "
+        f"{len(candidates)} candidates, each on the measured step cost and the roofline (the roofline alone for a "
+        f"GPU without a profile), "
         f"{question.num_requests} simulated requests per rate, the module's Scheduler")
     clock = time.perf_counter()
     # Every candidate on the measured cost, and again on the roofline where that differs (a GPU with a profile).
@@ -685,10 +686,9 @@ def run_fleet(lab: ModuleType, question: FleetQuestion, jobs: int = 1, log: Call
                              if c.cost == "measured" and has_profile(c.gpu)]
     results = _search_all(lab, question, searched, workload, jobs, log)
     log(f"searched in {time.perf_counter() - clock:.0f} s ({jobs} at a time)")
-    by_cost = {(c, c.cost): r for c, r in zip(searched, results)}
-    answers = [by_cost[(c, "measured")] for c in candidates]
-    floors = [by_cost.get((dataclasses.replace(c, cost="roofline"), "roofline"), answer)
-              for c, answer in zip(candidates, answers)]
+    found = dict(zip(searched, results))
+    answers = [found[c] for c in candidates]
+    floors = [found.get(dataclasses.replace(c, cost="roofline"), answer) for c, answer in zip(candidates, answers)]
     rows = _rows(question, candidates, answers, mean_output)
     roofline_rows = {r.key: r for r in _rows(question, candidates, floors, mean_output)}
     for row in rows:
