@@ -596,13 +596,14 @@ def format_fleet(question: FleetQuestion, rows: list[FleetRow], mean_output: flo
         lines.append("(* no published profile for this GPU: costed by the roofline alone, a floor)")
     if explain is not None:
         lines += ["", "Why measured and roofline differ, at each GPU and tp's decode step at its knee:"]
-        seen = set()
+        seen: set = set()
         for r in met:
             for s in r.searches:
                 c, run = s.candidate, s.best
-                if c.role == "prefill" or (c.gpu, c.tp) in seen or run is None or not run.mean_decode_batch:
+                key = (c.gpu, c.tp) if r.measured else c.gpu  # a GPU without a profile: one line says so
+                if c.role == "prefill" or key in seen or run is None or not run.mean_decode_batch:
                     continue
-                seen.add((c.gpu, c.tp))
+                seen.add(key)
                 lines.append(textwrap.fill(explain(c.gpu, c.tp, run.mean_decode_batch, run.mean_decode_context),
                                            width=118, initial_indent="  ", subsequent_indent="    "))
     pick = met[0]
@@ -611,6 +612,9 @@ def format_fleet(question: FleetQuestion, rows: list[FleetRow], mean_output: flo
                  f"${pick.usd_per_million:.2f} per 1M output tokens (mean output {mean_output:.0f} tokens).")
     floors = sorted((r.roofline for r in met + unmet if r.roofline is not None and r.roofline.gpus),
                     key=lambda r: (round(r.usd_per_million, 9), -r.capacity))
+    if not pick.measured:
+        lines.append("  Its GPU has no published profile: its figures are the roofline's, a floor, and the measured "
+                     "candidates' are not comparable with them.")
     if floors:
         lines.append(f"  The roofline alone would pick {floors[0].label}: {floors[0].gpus} GPUs, "
                      f"${floors[0].usd_per_million:.2f} per 1M output tokens: a floor, not a forecast.")
