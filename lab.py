@@ -1862,13 +1862,12 @@ def estimate_alpha(out: SpeculativeOutput, k: int) -> float:
 # figure, is what an engine such as vLLM multiplies by gpu_memory_utilization.
 
 
-GB = 10**9
-MiB = 2**20
+GB, MiB = 10**9, 2**20
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """What a decoder-only model costs to serve: parameters, and the shape of its KV cache.
+    """What a decoder-only model costs to serve: parameters, and the shape of its KV cache and MLP.
     `num_kv_heads` equals the query heads (`num_attention_heads`) for multi-head attention and is
     smaller under grouped-query attention (GQA), each KV head serving a group of query heads.
     `max_position_embeddings` is the context the model was trained for (0: unknown)."""
@@ -1882,10 +1881,13 @@ class ModelSpec:
     num_attention_heads: int | None = None
     max_position_embeddings: int = 0
     kv_dtype_bytes: int | None = None  # bytes per KV-cache element; None: dtype_bytes
+    intermediate_size: int | None = None  # the MLP's width (config.json's); None: unknown
+    gated_mlp: bool = True  # gate and up projections (SwiGLU: Llama, Mistral); False: one up (GPT-2)
 
     def __post_init__(self) -> None:
-        for field in ("num_params", "num_layers", "num_kv_heads", "head_dim", "dtype_bytes", "kv_dtype_bytes"):
-            if field != "kv_dtype_bytes" or self.kv_dtype_bytes is not None:
+        optional = ("kv_dtype_bytes", "intermediate_size")  # None: as dtype_bytes; unknown
+        for field in ("num_params", "num_layers", "num_kv_heads", "head_dim", "dtype_bytes", *optional):
+            if field not in optional or getattr(self, field) is not None:
                 check_int(f"ModelSpec {self.name!r}: {field}", getattr(self, field), minimum=1)
         heads = self.num_attention_heads
         if heads is not None and (heads < self.num_kv_heads or heads % self.num_kv_heads):
@@ -1926,25 +1928,25 @@ def kv_bytes_per_token(model: ModelSpec) -> int:
 
 
 # Presets. Model shapes from each Hugging Face config.json (num_hidden_layers, num_attention_heads,
-# num_key_value_heads, hidden_size / heads = head_dim, max_position_embeddings); parameter counts
+# num_key_value_heads, hidden_size / heads = head_dim, max_position_embeddings, intermediate_size); params
 # as the safetensors totals (test_model_presets_match_their_configs recomputes them).
 MODELS: dict[str, ModelSpec] = {
     # meta-llama/Llama-2-7b-hf: 32 layers, 32 heads = 32 KV heads, hidden 4096, 4096 positions.
     "llama-2-7b": ModelSpec("llama-2-7b", 6_738_415_616, 32, 32, 128,
-                            num_attention_heads=32, max_position_embeddings=4096),
+                            num_attention_heads=32, max_position_embeddings=4096, intermediate_size=11008),
     # meta-llama/Llama-2-13b-hf: 40 layers, 40 heads = 40 KV heads, hidden 5120, 4096 positions.
     "llama-2-13b": ModelSpec("llama-2-13b", 13_015_864_320, 40, 40, 128,
-                             num_attention_heads=40, max_position_embeddings=4096),
+                             num_attention_heads=40, max_position_embeddings=4096, intermediate_size=13824),
     # meta-llama/Llama-2-70b-hf: 80 layers, 64 heads, 8 KV heads (GQA), hidden 8192, 4096 positions.
     "llama-2-70b": ModelSpec("llama-2-70b", 68_976_648_192, 80, 8, 128,
-                             num_attention_heads=64, max_position_embeddings=4096),
+                             num_attention_heads=64, max_position_embeddings=4096, intermediate_size=28672),
     # meta-llama/Meta-Llama-3-8B: 32 layers, 32 heads, 8 KV heads (GQA), hidden 4096, 8192 positions.
     "llama-3-8b": ModelSpec("llama-3-8b", 8_030_261_248, 32, 8, 128,
-                            num_attention_heads=32, max_position_embeddings=8192),
+                            num_attention_heads=32, max_position_embeddings=8192, intermediate_size=14336),
     # mistralai/Mistral-7B-v0.1: 32 layers, 32 heads, 8 KV heads, hidden 4096, 32768 positions
     # (its 4096-token sliding window is ignored: the planner charges the full context, an upper bound).
     "mistral-7b": ModelSpec("mistral-7b", 7_241_732_096, 32, 8, 128,
-                            num_attention_heads=32, max_position_embeddings=32768),
+                            num_attention_heads=32, max_position_embeddings=32768, intermediate_size=14336),
 }
 
 
@@ -1987,10 +1989,8 @@ def with_kv_cache_dtype(model: ModelSpec | str, kv_cache_dtype: str) -> ModelSpe
     if not (isinstance(kv_cache_dtype, str) and kv_cache_dtype in PLAN_KV_CACHE_DTYPES):
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, PLAN_KV_CACHE_DTYPES))}, "
                          f"got {kv_cache_dtype!r}")
-    model = get_model(model)
-    if kv_cache_dtype == "auto":
-        return model
-    return dataclasses.replace(model, kv_dtype_bytes=PLAN_KV_CACHE_DTYPES[kv_cache_dtype])
+    model, element = get_model(model), PLAN_KV_CACHE_DTYPES[kv_cache_dtype]  # "auto": None, as is
+    return model if element is None else dataclasses.replace(model, kv_dtype_bytes=element)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from checkpoints.commands import checkpoint_engine, generate_text, speculate_checkpoints
 from loadtest.benchmark_serving import loadtest, server_model_card
+from loadtest.costmodel import CPU_OVERHEAD_S
 from loadtest.datasets import LOAD_WORKLOADS
 from serving.api_server import APIKeys, read_api_keys_file, serve
 
@@ -112,6 +113,10 @@ def _prices(text: str) -> tuple[float, ...]:
     return tuple(_positive(float)(p) for p in text.split(","))
 
 
+CPU_OVERHEAD_HELP = (f"the engine's CPU time per step in the measured cost (default {CPU_OVERHEAD_S * 1e3:g}: vLLM's "
+                     "synchronous loop; 0: an engine that overlaps it with the GPU)")
+
+
 def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="The design-review scenarios of the inference-serving lab. "
                                             "With no command: all four scenarios in order.")
@@ -131,6 +136,7 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     size.add_argument("--kv-cache-dtype", choices=list(lab.PLAN_KV_CACHE_DTYPES), default="auto",
                       help="KV-cache element type: auto (the model's), fp8 or int8 (1 byte)")
     size.add_argument("--usd-per-gpu-hour", type=_positive(float), help="GPU price: prints the cost per 1M tokens")
+    size.add_argument("--cpu-overhead-ms", type=_positive(float, allow_zero=True), help=CPU_OVERHEAD_HELP)
     fleet = commands.add_parser("fleet", help="the cheapest deployment meeting p99 TTFT and TPOT targets at a rate",
                                 description="Search GPU presets, tensor parallelism, max_num_seqs, the token "
                                             "budget and prefill/decode disaggregation in the simulator, with this "
@@ -152,6 +158,7 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
     fleet.add_argument("--kv-link-gb-per-s", type=_positive(float), default=25.0,
                        help="prefill -> decode K/V link per GPU, GB/s (default: 200 Gb/s InfiniBand)")
     fleet.add_argument("--no-disaggregation", action="store_true", help="leave out the prefill/decode pools")
+    fleet.add_argument("--cpu-overhead-ms", type=_positive(float, allow_zero=True), help=CPU_OVERHEAD_HELP)
     fleet.add_argument("--jobs", type=_positive(int), default=min(2, os.cpu_count() or 1),
                        help="searches at once, in forked processes (default: 2, or 1 on one core)")
     fleet.add_argument("--seed", type=_positive(int, allow_zero=True), default=0)
@@ -320,7 +327,8 @@ def _size(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`size`: one deployment sized by the module's plan_deployment."""
     print(scenario_size(lab, args.model, args.gpu, args.max_model_len, args.block_size,
                         args.gpu_memory_utilization, args.activation_gb, args.tp, args.prompt_len,
-                        args.output_len, args.kv_cache_dtype, args.usd_per_gpu_hour))
+                        args.output_len, args.kv_cache_dtype, args.usd_per_gpu_hour,
+                        None if args.cpu_overhead_ms is None else args.cpu_overhead_ms / 1e3))
 
 
 def _fleet(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
@@ -328,7 +336,8 @@ def _fleet(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     slo = SLO(args.p99_ttft_ms / 1e3, args.p99_tpot_ms / 1e3)
     question = FleetQuestion(args.model, args.gpu, args.qps, slo, args.workload, args.usd_per_gpu_hour,
                              args.max_model_len, args.num_requests, args.seed,
-                             args.kv_link_gb_per_s * 1e9, not args.no_disaggregation)
+                             args.kv_link_gb_per_s * 1e9, not args.no_disaggregation,
+                             None if args.cpu_overhead_ms is None else args.cpu_overhead_ms / 1e3)
     try:
         answer = run_fleet(lab, question, args.jobs, log=lambda line: print(line, flush=True))
     except NoCandidateMeets as exc:

@@ -8,9 +8,11 @@ then needs ceil(QPS / rate) replicas of tp GPUs each; the pick is the fewest GPU
 disaggregation (DistServe, OSDI'24) is one more candidate: a prefill pool sized for TTFT alone and a
 decode pool for TPOT alone, the prompt's K/V shipped between them at a stated link bandwidth.
 
-Each replica's steps are costed by costmodel.roofline_step_cost (peak figures: a lower bound on
-latency, so the GPU counts are a lower bound too). KV blocks per replica come from the module's
-plan_deployment (Exercise 8), the scheduling from its Scheduler (Exercise 5).
+Each replica's steps are costed twice: by costmodel.measured_step_cost (Vidur's measured operators,
+fitted: the answer) and by costmodel.roofline_step_cost (peak figures: a lower bound on latency, so
+its GPU counts are a floor), shown side by side with what makes them differ. A GPU with no published
+profile is costed by the roofline alone, and the table says so. KV blocks per replica come from the
+module's plan_deployment (Exercise 8), the scheduling from its Scheduler (Exercise 5).
 """
 
 from __future__ import annotations
@@ -19,13 +21,22 @@ import concurrent.futures
 import dataclasses
 import math
 import multiprocessing
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import numpy as np
 
-from loadtest.costmodel import RooflineStepCost, roofline_step_cost
+from loadtest.costmodel import (
+    ALLREDUCE_LATENCY_S,
+    INTERCONNECT_BYTES_PER_S,
+    MeasuredStepCost,
+    RooflineStepCost,
+    has_profile,
+    roofline_step_cost,
+    step_cost,
+)
 from loadtest.datasets import sample_request_lengths, workload_stats
 
 # The grid searched besides the tensor-parallel degree (vLLM's defaults are 256 and 8192 on a
@@ -56,6 +67,7 @@ class Candidate:
     max_num_seqs: int
     max_num_batched_tokens: int
     role: str = "both"
+    cost: str = "measured"  # the step cost searched with: "measured" (roofline without a profile) or "roofline"
 
     @property
     def label(self) -> str:
@@ -82,6 +94,8 @@ class LoadRun:
     bound_time: dict = dataclasses.field(default_factory=dict)  # step seconds by what bound the step
     mean_step: float = 0.0
     mean_decode_step: float = 0.0  # steps that ran no prefill
+    mean_decode_batch: float = 0.0    # ... their sequences
+    mean_decode_context: float = 0.0  # ... and the context tokens each read
     attainment: float = math.nan   # the share of counted requests inside both targets (a finished run)
 
 
@@ -134,7 +148,7 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
     clock, nxt = 0.0, 0
     run = LoadRun(rate, False, math.nan, math.nan, False)
     bound_time: dict[str, float] = {}
-    decode_time, decode_steps = 0.0, 0
+    decode_time, decode_steps, decode_seqs, decode_context = 0.0, 0, 0, 0
     while nxt < n or scheduler.has_unfinished():
         if not scheduler.has_unfinished() and arrivals[nxt] > clock:
             clock = arrivals[nxt]
@@ -149,21 +163,27 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
             continue
         plan = scheduler.plan_step()
         tokens = plan.total_num_scheduled_tokens
-        context, prefill = 0, False
+        context, pairs, prefill = 0, 0, False  # pairs: query-key pairs attention computes (causal)
         for s in plan.scheduled:
-            new = plan.num_scheduled_tokens[s.request_id]
-            context += s.num_computed_tokens + new
+            new, done = plan.num_scheduled_tokens[s.request_id], s.num_computed_tokens
+            context += done + new
             if new > 1:
                 prefill = True
-                if role == "decode" and s.num_computed_tokens == 0 and s.num_preemptions == 0:
+                if role == "decode" and done == 0 and s.num_preemptions == 0:
                     tokens -= new - 1  # the imported K/V: no FLOPs, only the last token's
-        parts = cost.parts(tokens, context) if isinstance(cost, RooflineStepCost) else None
+                    done, new = done + new - 1, 1
+            pairs += new * done + new * (new + 1) // 2
+        if isinstance(cost, MeasuredStepCost):
+            parts = cost.parts(tokens, context, pairs)
+        else:
+            parts = cost.parts(tokens, context) if isinstance(cost, RooflineStepCost) else None
         step = parts.total if parts is not None else cost.step_time(tokens, context)
         clock += step
         if parts is not None:
             bound_time[parts.bound] = bound_time.get(parts.bound, 0.0) + step
         if not prefill:
             decode_time, decode_steps = decode_time + step, decode_steps + 1
+            decode_seqs, decode_context = decode_seqs + len(plan.scheduled), decode_context + context
         run.num_steps += 1
         sampled = {s.request_id: 0 for s in plan.scheduled if plan.completes(s)}
         for s in scheduler.finish_step(plan, sampled, clock):
@@ -197,6 +217,8 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
     run.bound_time = bound_time
     run.mean_step = clock / max(run.num_steps, 1) if run.num_steps else math.nan
     run.mean_decode_step = decode_time / decode_steps if decode_steps else math.nan
+    if decode_steps:
+        run.mean_decode_batch, run.mean_decode_context = decode_seqs / decode_steps, decode_context / decode_seqs
     if run.finished:
         rejected = sum(s.finish_reason == "rejected" for s in seqs[first:])
         run.p99_ttft = nearest_rank(ttfts + [math.inf] * rejected)
@@ -276,6 +298,7 @@ class FleetQuestion:
     seed: int = 0
     kv_link_bytes_per_s: float = KV_LINK_BYTES_PER_S
     disaggregation: bool = True
+    cpu_overhead_s: float | None = None  # the engine's CPU time per step; None: costmodel.CPU_OVERHEAD_S
 
 
 @dataclasses.dataclass
@@ -289,6 +312,14 @@ class FleetRow:
     gpus: int | None = None
     usd_per_million: float = math.nan
     note: str = ""
+    key: tuple = ()                     # the configuration, whichever step cost searched it
+    roofline: FleetRow | None = None    # the same configuration searched on the roofline (the floor)
+
+    @property
+    def measured(self) -> bool:
+        """Searched with the measured step cost (False: its GPU has no published profile)."""
+        return bool(self.searches) and self.searches[0].candidate.cost == "measured" and has_profile(
+            self.searches[0].candidate.gpu)
 
     @property
     def max_rate(self) -> float:
@@ -342,6 +373,14 @@ def _start_rate(cost, num_blocks: int, block_size: int, candidate: Candidate, me
     return seqs / (mean_output * cost.step_time(int(seqs), int(seqs * context)))
 
 
+def candidate_step_cost(lab: ModuleType, question: FleetQuestion, candidate: Candidate):
+    """The step cost a candidate is searched with: the measured one (the roofline where the GPU has no
+    published profile), or the roofline."""
+    if candidate.cost == "roofline":
+        return roofline_step_cost(lab, question.model, candidate.gpu, candidate.tp)
+    return step_cost(lab, question.model, candidate.gpu, candidate.tp, question.cpu_overhead_s)
+
+
 def search_candidate(lab: ModuleType, question: FleetQuestion, candidate: Candidate, workload,
                      block_size: int = 16) -> Search | str:
     """The candidate's search, or why it cannot run (its weights do not fit, tp splits no KV head)."""
@@ -350,7 +389,7 @@ def search_candidate(lab: ModuleType, question: FleetQuestion, candidate: Candid
                                    block_size=block_size, tensor_parallel_size=candidate.tp)
     except ValueError as exc:
         return str(exc)
-    cost = roofline_step_cost(lab, question.model, candidate.gpu, candidate.tp)
+    cost = candidate_step_cost(lab, question, candidate)
     # Each GPU of the decode replica receives its 1/tp of the K/V over its own link.
     transfer = lab.kv_bytes_per_token(lab.get_model(question.model)) / (candidate.tp * question.kv_link_bytes_per_s)
     _, prompts, outputs = workload
@@ -385,7 +424,10 @@ def _search_all(lab: ModuleType, question: FleetQuestion, candidates: list[Candi
         what = result if isinstance(result, str) else (
             f"{result.max_rate:.1f} req/s per replica ({result.num_runs} runs)" if result.max_rate
             else f"misses at every rate tried ({result.num_runs} runs)")
-        log(f"  [{done:>2}/{len(candidates)} {time.perf_counter() - clock:5.1f} s] {candidates[i].label}: {what}")
+        on = "roofline" if candidates[i].cost == "roofline" else "measured" if has_profile(candidates[i].gpu) else \
+            "roofline, no profile"
+        elapsed = time.perf_counter() - clock
+        log(f"  [{done:>2}/{len(candidates)} {elapsed:5.1f} s] {candidates[i].label} ({on}): {what}")
 
     if jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
         _JOB["args"] = (lab, question, candidates, workload)
@@ -415,10 +457,11 @@ def _rows(question: FleetQuestion, candidates: list[Candidate], results: list, m
     for candidate, result in zip(candidates, results):
         if candidate.role != "both":
             continue
+        key = (candidate.gpu, candidate.tp, candidate.max_num_seqs, candidate.max_num_batched_tokens)
         if isinstance(result, str):
-            rows.append(FleetRow(candidate.label, [], note=f"does not fit: {result.split(':')[0]}"))
+            rows.append(FleetRow(candidate.label, [], note=f"does not fit: {result.split(':')[0]}", key=key))
             continue
-        row = FleetRow(candidate.label, [result])
+        row = FleetRow(candidate.label, [result], key=key)
         if result.max_rate > 0:
             row.replicas, row.gpus = (fleet_size(question.qps, result.max_rate, candidate.tp)[0],), \
                 fleet_size(question.qps, result.max_rate, candidate.tp)[1]
@@ -439,12 +482,14 @@ def _rows(question: FleetQuestion, candidates: list[Candidate], results: list, m
                  f"{sizes[1][0]} x tp{pools[1].candidate.tp}")
         gpus = sizes[0][1] + sizes[1][1]
         rows.append(FleetRow(label, pools, (sizes[0][0], sizes[1][0]), gpus,
-                             usd_per_million_output_tokens(gpus, _price(question, gpu), question.qps, mean_output)))
+                             usd_per_million_output_tokens(gpus, _price(question, gpu), question.qps, mean_output),
+                             key=("disaggregated", gpu)))
     return rows
 
 
 _BOUND_WORDS = {"weights": "reading the weights", "kv": "reading the K/V cache", "compute": "the FLOPs of prefill "
-                "chunks", "allreduce": "tensor parallelism's all-reduces"}
+                "chunks", "allreduce": "tensor parallelism's all-reduces", "linear": "the layers' matrix "
+                "multiplications", "attention": "attention's K/V reads", "overhead": "the engine's CPU time"}
 
 
 def binding_constraint(search: Search, slo: SLO) -> str:
@@ -483,32 +528,96 @@ def _ms(value: float) -> str:
     return f"{value * 1e3:.0f}" if value < math.inf else "miss"
 
 
-def format_fleet(question: FleetQuestion, rows: list[FleetRow], mean_output: float) -> tuple[str, FleetRow | None]:
-    """The table (cheapest first), the pick, the runner-up and what binds for each."""
+def _cell(row: FleetRow | None) -> str:
+    """A row's GPUs and $ on the roofline, for the columns beside the measured ones."""
+    if row is None or not row.gpus:
+        return f"{'-':>5} {'-':>9}"
+    return f"{row.gpus:>5} {row.usd_per_million:>9.2f}"
+
+
+def explain_difference(lab: ModuleType, model, gpu: str, tp: int, batch: float, context: float,
+                       cpu_overhead_s: float | None = None) -> str:
+    """In words, why a decode step of `batch` sequences of `context` tokens each costs more measured
+    than on the roofline on `tp` GPUs `gpu`: the GEMMs' efficiency at this shard size, attention,
+    the all-reduces' latency at this tp, the CPU."""
+    if not has_profile(gpu):
+        return f"{gpu}: no published profile, so the roofline (a floor) answers for it"
+    measured = step_cost(lab, model, gpu, tp, cpu_overhead_s)
+    roofline = roofline_step_cost(lab, model, gpu, tp)
+    seqs = max(1, round(batch))
+    m, r = measured.parts(seqs, round(seqs * context)), roofline.parts(seqs, round(seqs * context))
+    floor = max(r.weights, r.compute)
+    n, k = max(measured.shape.gemms(tp).values(), key=lambda nk: nk[0] * nk[1])
+    words = (f"{gpu} tp{tp}: a decode step of {seqs} sequences ({context:.0f} tokens of context each) takes "
+             f"{m.total * 1e3:.1f} ms measured, {r.total * 1e3:.1f} ms on the roofline. The layers' GEMMs (the "
+             f"largest {k:.0f} x {n:.0f} per GPU) with their norms and activations take {m.linear * 1e3:.1f} ms, "
+             f"{floor / m.linear:.0%} of the roofline's speed ({floor * 1e3:.1f} ms); attention "
+             f"{m.attention * 1e3:.1f} ms ({r.kv * 1e3:.1f})")
+    if tp > 1:
+        count = 2 * measured.num_layers
+        link = INTERCONNECT_BYTES_PER_S.get(gpu, 0) / 1e9
+        words += (f"; {count} all-reduces of {seqs * measured.shape.hidden * measured.shape.dtype_bytes / 1e6:.2f} MB "
+                  f"{m.allreduce * 1e3:.1f} ms, {m.allreduce / count * 1e6:.0f} us each as a DGX measured them "
+                  f"(the roofline assumes {ALLREDUCE_LATENCY_S * 1e6:.0f} us + {link:.0f} GB/s: "
+                  f"{r.allreduce * 1e3:.1f} ms)")
+    return words + f"; the engine's CPU {m.overhead * 1e3:.1f} ms a step (none on the roofline)."
+
+
+def format_fleet(question: FleetQuestion, rows: list[FleetRow], mean_output: float,
+                 explain: Callable[[str, int, float, float], str] | None = None) -> tuple[str, FleetRow | None]:
+    """The table (cheapest first) with each row's roofline GPUs and $ beside it, why the two differ
+    (`explain(gpu, tp, batch, context)` at each GPU and tp's decode step at its knee), the pick,
+    the runner-up and what binds for each."""
     # The cheapest first; at one price, the most headroom (capacity beyond the QPS) first.
     met = sorted((r for r in rows if r.gpus), key=lambda r: (round(r.usd_per_million, 9), -r.capacity))
     unmet = [r for r in rows if not r.gpus]
     head = (f"{'candidate':<58} {'req/s/replica':>13} {'replicas':>9} {'GPUs':>5} {'$/1M out':>9} "
-            f"{'p99 TTFT':>9} {'p99 TPOT':>9}")
+            f"{'p99 TTFT':>9} {'p99 TPOT':>9} | {'roofline: GPUs':>14} {'$':>5}")
     lines = [head, "-" * len(head)]
     for r in met + unmet:
         # A disaggregated row: TTFT is the prefill pool's, TPOT the decode pool's.
         best = {s.candidate.role: s.best for s in r.searches if s.best is not None}
         ttft = (best.get("both") or best.get("prefill")).p99_ttft if r.gpus else math.nan
         tpot = (best.get("both") or best.get("decode")).p99_tpot if r.gpus else math.nan
+        mark = "" if r.measured or not r.searches else " *"
         if r.gpus:
-            lines.append(f"{r.label:<58} {r.max_rate:>13.1f} {'+'.join(map(str, r.replicas)):>9} {r.gpus:>5} "
-                         f"{r.usd_per_million:>9.2f} {_ms(ttft):>6} ms {_ms(tpot):>6} ms")
+            lines.append(f"{r.label + mark:<58} {r.max_rate:>13.1f} {'+'.join(map(str, r.replicas)):>9} {r.gpus:>5} "
+                         f"{r.usd_per_million:>9.2f} {_ms(ttft):>6} ms {_ms(tpot):>6} ms | {_cell(r.roofline):>20}")
         else:
-            lines.append(f"{r.label:<58} {r.note or 'meets the targets at no rate tried'}")
+            lines.append(f"{r.label + mark:<58} {r.note or 'meets the targets at no rate tried'}"
+                         + (f" | roofline: {r.roofline.gpus} GPUs, ${r.roofline.usd_per_million:.2f}"
+                            if r.roofline is not None and r.roofline.gpus else ""))
     if not met:
         return "\n".join(lines), None
-    lines.append("(p99s at the replica's largest rate; replicas = ceil(QPS / that rate); $ = GPUs x price per "
-                 "hour / output tokens per hour at the QPS)")
+    lines.append("(measured: Vidur's operator profiles, fitted; roofline: peak figures, a floor. p99s at the "
+                 "replica's largest rate; replicas = ceil(QPS / that rate); $ = GPUs x price per hour / output "
+                 "tokens per hour at the QPS)")
+    if any(not r.measured for r in met + unmet if r.searches):
+        lines.append("(* no published profile for this GPU: costed by the roofline alone, a floor)")
+    if explain is not None:
+        lines += ["", "Why measured and roofline differ, at each GPU and tp's decode step at its knee:"]
+        seen: set = set()
+        for r in met:
+            for s in r.searches:
+                c, run = s.candidate, s.best
+                key = (c.gpu, c.tp) if r.measured else c.gpu  # a GPU without a profile: one line says so
+                if c.role == "prefill" or key in seen or run is None or not run.mean_decode_batch:
+                    continue
+                seen.add(key)
+                lines.append(textwrap.fill(explain(c.gpu, c.tp, run.mean_decode_batch, run.mean_decode_context),
+                                           width=118, initial_indent="  ", subsequent_indent="    "))
     pick = met[0]
     lines.append("")
     lines.append(f"Pick: {pick.label}: {pick.gpus} GPUs for {question.qps:g} req/s, "
                  f"${pick.usd_per_million:.2f} per 1M output tokens (mean output {mean_output:.0f} tokens).")
+    floors = sorted((r.roofline for r in met + unmet if r.roofline is not None and r.roofline.gpus),
+                    key=lambda r: (round(r.usd_per_million, 9), -r.capacity))
+    if not pick.measured:
+        lines.append("  Its GPU has no published profile: its figures are the roofline's, a floor, and the measured "
+                     "candidates' are not comparable with them.")
+    if floors:
+        lines.append(f"  The roofline alone would pick {floors[0].label}: {floors[0].gpus} GPUs, "
+                     f"${floors[0].usd_per_million:.2f} per 1M output tokens: a floor, not a forecast.")
     for title, row in (("Pick", pick), ("Runner-up", met[1] if len(met) > 1 else None)):
         if row is None:
             continue
@@ -538,6 +647,9 @@ def check_question(lab: ModuleType, question: FleetQuestion) -> None:
         for value in values if isinstance(values, tuple) else (values,):
             if not (lab.is_number(value) and 0 < value < math.inf):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    overhead = question.cpu_overhead_s
+    if overhead is not None and not (lab.is_number(overhead) and 0 <= overhead < math.inf):
+        raise ValueError(f"cpu_overhead_s must be a finite number of seconds >= 0, got {overhead!r}")
     for name, value in (("p99 TTFT target", question.slo.ttft_s), ("p99 TPOT target", question.slo.tpot_s)):
         if not (lab.is_number(value) and 0 < value < math.inf):
             raise ValueError(f"the {name} must be a finite number of seconds > 0, got {value!r}")
@@ -569,16 +681,30 @@ def run_fleet(lab: ModuleType, question: FleetQuestion, jobs: int = 1, log: Call
     slo = question.slo
     log(f"Fleet for {question.model} at {question.qps:g} req/s, p99 TTFT <= {slo.ttft_s * 1e3:g} ms and p99 TPOT "
         f"<= {slo.tpot_s * 1e3:g} ms, {question.workload} lengths (max_model_len {question.max_model_len}): "
-        f"{len(candidates)} searches, {question.num_requests} simulated requests per rate, the module's Scheduler")
+        f"{len(candidates)} candidates, each on the measured step cost and the roofline (the roofline alone for a "
+        f"GPU without a profile), "
+        f"{question.num_requests} simulated requests per rate, the module's Scheduler")
     clock = time.perf_counter()
-    results = _search_all(lab, question, candidates, workload, jobs, log)
+    # Every candidate on the measured cost, and again on the roofline where that differs (a GPU with a profile).
+    searched = candidates + [dataclasses.replace(c, cost="roofline") for c in candidates
+                             if c.cost == "measured" and has_profile(c.gpu)]
+    results = _search_all(lab, question, searched, workload, jobs, log)
     log(f"searched in {time.perf_counter() - clock:.0f} s ({jobs} at a time)")
-    rows = _rows(question, candidates, results, mean_output)
-    text, pick = format_fleet(question, rows, mean_output)
+    found = dict(zip(searched, results))
+    answers = [found[c] for c in candidates]
+    floors = [found.get(dataclasses.replace(c, cost="roofline"), answer) for c, answer in zip(candidates, answers)]
+    rows = _rows(question, candidates, answers, mean_output)
+    roofline_rows = {r.key: r for r in _rows(question, candidates, floors, mean_output)}
+    for row in rows:
+        row.roofline = roofline_rows.get(row.key)
+
+    def explain(gpu: str, tp: int, batch: float, context: float) -> str:
+        return explain_difference(lab, question.model, gpu, tp, batch, context, question.cpu_overhead_s)
+    text, pick = format_fleet(question, rows, mean_output, explain)
     if pick is None:
-        searches = [r for r in results if not isinstance(r, str) and r.max_rate == 0]
+        searches = [r for r in answers if not isinstance(r, str) and r.max_rate == 0]
         if not searches:
-            raise NoCandidateMeets(text, f"no candidate fits: {results[0]}")
+            raise NoCandidateMeets(text, f"no candidate fits: {answers[0]}")
 
         def shortfall(s: Search) -> float:
             ratios = {"prefill": [s.miss.p99_ttft / slo.ttft_s], "decode": [s.miss.p99_tpot / slo.tpot_s]}

@@ -13,9 +13,7 @@ from types import ModuleType
 
 import numpy as np
 
-from loadtest.costmodel import roofline_step_cost
-
-from .fleet import FleetAnswer, FleetQuestion, FleetRow, fleet_workload, simulate_rate
+from .fleet import FleetAnswer, FleetQuestion, FleetRow, candidate_step_cost, fleet_workload, simulate_rate
 from .svg import BLUE, INK, VERMILLION, figure, legend, line, nice_ticks, now, page, polyline, svg, text, xscale
 
 NUM_RATES = 9
@@ -27,7 +25,7 @@ def goodput_curve(lab: ModuleType, question: FleetQuestion, row: FleetRow) -> tu
     search = row.searches[-1]
     c = search.candidate
     workload = fleet_workload(lab, question.workload, question.num_requests, question.seed, question.max_model_len)
-    cost = roofline_step_cost(lab, question.model, c.gpu, c.tp)
+    cost = candidate_step_cost(lab, question, c)  # the step cost the row was searched with
     blocks = lab.plan_deployment(question.model, c.gpu, question.max_model_len, tensor_parallel_size=c.tp)
     transfer = lab.kv_bytes_per_token(lab.get_model(question.model)) / (c.tp * question.kv_link_bytes_per_s)
     rates = list(np.geomspace(search.max_rate / 4, search.max_rate * 2, NUM_RATES))

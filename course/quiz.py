@@ -30,7 +30,7 @@ from types import ModuleType
 
 import numpy as np
 
-from loadtest.costmodel import roofline_step_cost
+from loadtest.costmodel import has_profile, measured_step_cost, roofline_step_cost
 
 
 class QuizError(Exception):
@@ -607,7 +607,7 @@ def quiz_capacity(lab: ModuleType, rng: np.random.Generator) -> list[Question]:
         f"W = {plan.mean_output_len:g} x {step * 1e3:.3f} ms + {seats} x {prefill * 1e3:.3f} ms = "
         f"{held * 1e3:.1f} ms; QPS = L / W = {seats} / {held:.4f} s = {_fmt(seats / held)}. TPOT is the decode "
         f"step; TTFT waits for a prefill.", tolerance=0.02, relative=True)
-    return [q1, q2, q3, q4, _quiz_tp_cost(lab, plan), _quiz_token_budget(lab, rng, plan)]
+    return [q1, q2, q3, q4, _quiz_tp_cost(lab, plan), _quiz_tp8_vs_tp2(lab, plan), _quiz_token_budget(lab, rng, plan)]
 
 
 def _quiz_tp_cost(lab: ModuleType, plan) -> Question:
@@ -627,6 +627,33 @@ def _quiz_tp_cost(lab: ModuleType, plan) -> Question:
         f"costs the same per token plus the all-reduces. What tp can buy is room: half the weights per GPU leaves "
         f"more memory for K/V, so more sequences fit; when the KV blocks bound the batch, that lowers the cost "
         f"(`python {os.path.basename(lab.__file__)} fleet` shows when).", tolerance=0.02, relative=True)
+
+
+def _quiz_tp8_vs_tp2(lab: ModuleType, plan, batch: int = 64) -> Question:
+    """Why tp 8 costs more per token than tp 2 on the same GPU, on the measured step cost."""
+    gpu = plan.gpu.name if has_profile(plan.gpu.name) else "a100-80gb"
+    context = round(batch * plan.mean_context_len)
+    two, eight = (measured_step_cost(lab, plan.model, gpu, tp).parts(batch, context) for tp in (2, 8))
+
+    def per_token(tp: int, seconds: float) -> str:  # GPU-milliseconds per output token
+        return f"{tp * seconds * 1e3 / batch:.3f}"
+    ratio = 8 * eight.total / (2 * two.total)
+    layers = 2 * plan.model.num_layers
+    return _question(
+        f"On {gpu}, a decode step of {batch} sequences of {plan.model.name} ({plan.mean_context_len:.0f} tokens of "
+        f"context each) takes {two.total * 1e3:.2f} ms at tp 2 and {eight.total * 1e3:.2f} ms at tp 8 by the measured "
+        f"step cost (Vidur's profiles, fitted). How many times the GPU-milliseconds per output token of tp 2 does "
+        f"tp 8 cost?", 8 * eight.total / (2 * two.total), ratio,
+        f"8 x {eight.total * 1e3:.2f} / (2 x {two.total * 1e3:.2f}) = {ratio:.2f}. Per output token, tp 2 -> tp 8: the "
+        f"GEMMs with their norms {per_token(2, two.linear)} -> {per_token(8, eight.linear)} GPU-ms (a quarter of each "
+        f"shard runs further from peak: a launch floor per kernel, fewer tiles than SMs, and the norms and residual "
+        f"adds are not split at all); attention {per_token(2, two.attention)} -> {per_token(8, eight.attention)} (its "
+        f"K/V reads split over tp, its kernel launches do not); the {layers} all-reduces "
+        f"{per_token(2, two.allreduce)} -> {per_token(8, eight.allreduce)} ({two.allreduce / layers * 1e6:.0f} -> "
+        f"{eight.allreduce / layers * 1e6:.0f} us each: latency, whatever the shard); the engine's CPU "
+        f"{per_token(2, two.overhead)} -> {per_token(8, eight.overhead)} ({two.overhead * 1e3:.0f} ms a step, with 8 "
+        f"GPUs waiting through it). tp buys a shorter step (TPOT) and room for K/V, not cheaper tokens.",
+        tolerance=0.02, relative=True)
 
 
 def _quiz_token_budget(lab: ModuleType, rng: np.random.Generator, plan) -> Question:

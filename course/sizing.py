@@ -7,23 +7,50 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from types import ModuleType
 from typing import NamedTuple
 
 import numpy as np
 
+from loadtest.costmodel import NoProfile, measured_step_cost
 from loadtest.datasets import LENGTH_SIGMA, sample_request_lengths
+
+from .fleet import explain_difference
 
 # The curriculum's sizing scenario: "a 13B model, 80 GB GPU, 8k context".
 SEED_SIZING = {"model": "llama-2-13b", "gpu": "a100-80gb", "max_model_len": 8192}  # every default below
 
 
-def format_plan(lab: ModuleType, plan, usd_per_gpu_hour: float | None = None) -> str:
+class MeasuredPlan(NamedTuple):
+    """A plan's decode step, prefill and QPS with the measured step cost in place of the roofline."""
+
+    decode_step_s: float
+    prefill_s: float
+    qps: float
+
+
+def measure_plan(lab: ModuleType, plan, cpu_overhead_s: float | None = None) -> MeasuredPlan | None:
+    """`plan`'s Little's law on the measured step cost (costmodel.measured_step_cost): its seats'
+    decode step at the plan's context, one mean prompt's prefill step. None without a profile."""
+    try:
+        cost = measured_step_cost(lab, plan.model, plan.gpu, plan.tensor_parallel_size, cpu_overhead_s)
+    except NoProfile:
+        return None
+    seats, prompt = plan.max_concurrent_seqs, max(1, round(plan.mean_prompt_len))
+    step = cost.step_time(seats, round(seats * plan.mean_context_len))
+    prefill = cost.parts(prompt, prompt, prompt * (prompt + 1) // 2).total
+    return MeasuredPlan(step, prefill, seats / (plan.mean_output_len * step + seats * prefill))
+
+
+def format_plan(lab: ModuleType, plan, usd_per_gpu_hour: float | None = None,
+                cpu_overhead_s: float | None = None) -> str:
     """A design-review printout of `plan`: the memory split, the concurrency and the QPS, and
     the evidence for which consumer sets the concurrency ceiling (re-planned variants: zero
     weights, half the context, the mean request's length, an 8-KV-head GQA twin). With a GPU
     price, the cost per million output tokens: the tp GPUs' price per hour over the output
-    tokens the group makes in an hour."""
+    tokens the group makes in an hour; measured (costmodel.measured_step_cost, the engine's CPU time
+    `cpu_overhead_s` per step) beside the roofline where the GPU has a published profile."""
     m, g, tp = plan.model, plan.gpu, plan.tensor_parallel_size
     per_seq = lab.blocks_needed(plan.max_model_len, plan.block_size)
     kv_element = m.dtype_bytes if m.kv_dtype_bytes is None else m.kv_dtype_bytes
@@ -57,6 +84,19 @@ def format_plan(lab: ModuleType, plan, usd_per_gpu_hour: float | None = None) ->
         f"{plan.qps:.2f} requests/s, {plan.output_tokens_per_s:.0f} output tokens/s"
         + (f" per {tp}-GPU group" if tp > 1 else " per GPU"),
     ]
+    measured = measure_plan(lab, plan, cpu_overhead_s)
+    if measured is None:
+        lines.append(f"  measured: no published profile for {g.name}: the roofline above (a floor) is the only "
+                     "answer here")
+    else:
+        lines.append(textwrap.fill(
+            f"measured (Vidur's operator profiles, fitted): decode step {measured.decode_step_s * 1e3:.1f} ms, "
+            f"prefill {measured.prefill_s * 1e3:.1f} ms; QPS = {plan.max_concurrent_seqs} / "
+            f"{plan.max_concurrent_seqs / measured.qps:.2f} s = {measured.qps:.2f} requests/s (the roofline's "
+            f"{plan.qps:.2f} is a floor's)", width=118, initial_indent="  ", subsequent_indent="    "))
+        lines.append(textwrap.fill(explain_difference(lab, m, g.name, tp, plan.max_concurrent_seqs,
+                                                      plan.mean_context_len, cpu_overhead_s),
+                                   width=118, initial_indent="    why: ", subsequent_indent="      "))
     lines += [f"  note: {note}" for note in plan.notes]
 
     no_weights = plan.replan(model=dataclasses.replace(m, num_params=1))
@@ -94,12 +134,22 @@ def format_plan(lab: ModuleType, plan, usd_per_gpu_hour: float | None = None) ->
         f"{typical.max_concurrent_seqs} at once ({typical.qps:.1f} QPS); "
         f"{plan.max_concurrent_seqs} is the guarantee if every request grows to {plan.max_model_len}.")
     if usd_per_gpu_hour is not None:
-        def per_million(p) -> float:
-            return usd_per_gpu_hour * tp / (p.output_tokens_per_s * 3600) * 1e6
-        lines.append(
-            f"  Cost at ${usd_per_gpu_hour:.2f} per GPU-hour: ${per_million(plan):.2f} per 1M output tokens at the "
-            f"guaranteed {plan.max_concurrent_seqs} sequences, ${per_million(typical):.2f} at the mean request's "
-            f"{typical.max_concurrent_seqs}: the KV ceiling is also the price.")
+        def per_million(qps: float) -> float:
+            return usd_per_gpu_hour * tp / (qps * plan.mean_output_len * 3600) * 1e6
+        typical_measured = measure_plan(lab, typical, cpu_overhead_s)
+        if measured is None or typical_measured is None:
+            lines.append(
+                f"  Cost at ${usd_per_gpu_hour:.2f} per GPU-hour (roofline): ${per_million(plan.qps):.2f} per 1M "
+                f"output tokens at the guaranteed {plan.max_concurrent_seqs} sequences, "
+                f"${per_million(typical.qps):.2f} at the mean request's {typical.max_concurrent_seqs}: the KV ceiling "
+                f"is also the price.")
+        else:
+            lines.append(
+                f"  Cost at ${usd_per_gpu_hour:.2f} per GPU-hour: ${per_million(measured.qps):.2f} per 1M output "
+                f"tokens measured, ${per_million(plan.qps):.2f} on the roofline, at the guaranteed "
+                f"{plan.max_concurrent_seqs} sequences; ${per_million(typical_measured.qps):.2f} and "
+                f"${per_million(typical.qps):.2f} at the mean request's {typical.max_concurrent_seqs}: the KV "
+                f"ceiling is also the price.")
     return "\n".join(lines)
 
 
@@ -156,7 +206,7 @@ def scenario_size(lab: ModuleType, model: str = SEED_SIZING["model"], gpu: str =
                   block_size: int = 16, gpu_memory_utilization: float = 0.9, activation_gb: float = 0.0,
                   tensor_parallel_size: int = 1, prompt_len: float | None = None,
                   output_len: float | None = None, kv_cache_dtype: str = "auto",
-                  usd_per_gpu_hour: float | None = None) -> str:
+                  usd_per_gpu_hour: float | None = None, cpu_overhead_s: float | None = None) -> str:
     """Size a vLLM deployment (by default the curriculum's: a 13B model on an 80 GB GPU at 8k context),
     then the KV waste a paged cache removes."""
     lengths = {k: v for k, v in (("mean_prompt_len", prompt_len), ("mean_output_len", output_len)) if v is not None}
@@ -164,4 +214,4 @@ def scenario_size(lab: ModuleType, model: str = SEED_SIZING["model"], gpu: str =
                                gpu_memory_utilization=gpu_memory_utilization,
                                activation_bytes=int(activation_gb * lab.GB),
                                tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype, **lengths)
-    return format_plan(lab, plan, usd_per_gpu_hour) + "\n\n" + format_waste(lab, block_size=block_size)
+    return format_plan(lab, plan, usd_per_gpu_hour, cpu_overhead_s) + "\n\n" + format_waste(lab, block_size=block_size)

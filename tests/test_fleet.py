@@ -84,7 +84,8 @@ def test_nearest_rank_p99_is_met_exactly_when_99_percent_are_within_the_target()
 
 @pytest.mark.needs(8)
 def test_fleet_arithmetic_of_one_configuration_matches_the_hand_calculation():
-    question = fleet.FleetQuestion("llama-2-7b", ("h100-80gb",), qps=70.0, slo=SLO, workload="alpaca",
+    slo = fleet.SLO(ttft_s=0.1, tpot_s=0.02)  # within reach of the measured step (~9 ms at tp 2 with the CPU's)
+    question = fleet.FleetQuestion("llama-2-7b", ("h100-80gb",), qps=70.0, slo=slo, workload="alpaca",
                                    usd_per_gpu_hour=(3.0,), max_model_len=512, num_requests=40)
     candidate = fleet.Candidate("h100-80gb", 2, 16, 256)
     answer = fleet.run_fleet(lab, question, jobs=1, log=lambda line: None, candidates=[candidate])
@@ -96,6 +97,36 @@ def test_fleet_arithmetic_of_one_configuration_matches_the_hand_calculation():
     assert (row.replicas, row.gpus) == ((replicas,), replicas * 2), "replicas = ceil(QPS / rate), GPUs = replicas x tp"
     assert row.usd_per_million == pytest.approx(usd), "$ per 1M output tokens = GPUs x $/h / output tokens per hour"
     assert f"{row.gpus} GPUs for 70 req/s, ${usd:.2f} per 1M output tokens" in answer.text
+
+
+@pytest.mark.needs(8)
+def test_fleet_answers_with_the_measured_cost_and_shows_the_roofline_beside_it():
+    slo = fleet.SLO(ttft_s=0.1, tpot_s=0.02)
+    question = fleet.FleetQuestion("llama-2-7b", ("h100-80gb",), qps=70.0, slo=slo, workload="alpaca",
+                                   max_model_len=512, num_requests=40)
+    answer = fleet.run_fleet(lab, question, jobs=1, log=lambda line: None,
+                             candidates=[fleet.Candidate("h100-80gb", 2, 16, 256)])
+    row = answer.pick
+    assert row.measured and row.roofline is not None and row.roofline.gpus < row.gpus, (
+        f"the pick is searched on the measured step cost ({row.gpus} GPUs), which needs more GPUs than the "
+        f"roofline, a floor at peak ({row.roofline and row.roofline.gpus})")
+    line = next(t for t in answer.text.splitlines() if t.startswith(row.label))
+    assert line.split("|")[-1].split() == [str(row.roofline.gpus), f"{row.roofline.usd_per_million:.2f}"], (
+        f"each row shows the roofline's GPUs and $ beside the measured ones: {line!r}")
+    assert "h100-80gb tp2: a decode step of" in answer.text and "all-reduces" in answer.text, (
+        "the words say why they differ at this tp: the GEMMs' efficiency at this shard size, the all-reduces")
+
+
+@pytest.mark.needs(8)
+def test_a_gpu_without_a_published_profile_is_costed_by_the_roofline_and_the_table_says_so():
+    question = fleet.FleetQuestion("llama-2-7b", ("l4",), qps=10.0, slo=fleet.SLO(ttft_s=1.0, tpot_s=0.2),
+                                   workload="alpaca", max_model_len=512, num_requests=40)
+    answer = fleet.run_fleet(lab, question, jobs=1, log=lambda line: None,
+                             candidates=[fleet.Candidate("l4", 1, 16, 256)])
+    row = answer.pick
+    assert not row.measured and row.roofline.gpus == row.gpus, "no profile: one search, on the roofline"
+    assert f"{row.label} *" in answer.text and "no published profile" in answer.text, (
+        "the table marks a GPU without a profile and says its answer is the roofline's")
 
 
 @pytest.mark.provided
@@ -115,6 +146,7 @@ def test_fleet_size_rounds_replicas_up_but_not_past_an_exact_fit():
     (("--p99-ttft-ms", "-200"), "--p99-ttft-ms"),
     (("--p99-tpot-ms", "nan"), "--p99-tpot-ms"),
     (("--usd-per-gpu-hour", "2,-1"), "--usd-per-gpu-hour"),
+    (("--cpu-overhead-ms", "-1"), "--cpu-overhead-ms"),
 ])
 def test_cli_fleet_bad_input_exits_2_with_one_line(args, says):
     proc = run_cli("fleet", *args)

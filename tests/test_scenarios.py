@@ -120,9 +120,27 @@ def test_format_plan_shows_the_kv_blocks_set_the_ceiling():
 def test_format_plan_prices_a_million_output_tokens_from_the_plans_throughput():
     plan = lab.plan_deployment(**sizing.SEED_SIZING)
     text = sizing.format_plan(lab, plan, usd_per_gpu_hour=2.0)
-    per_million = 2.0 / (plan.output_tokens_per_s * 3600) * 1e6   # one GPU's hour over its tokens
-    assert f"${per_million:.2f} per 1M output tokens" in text, (
-        f"expected ${per_million:.2f} per 1M output tokens (price per hour / output tokens per hour):\n{text}")
+    roofline = 2.0 / (plan.output_tokens_per_s * 3600) * 1e6   # one GPU's hour over its tokens
+    measured = 2.0 / (sizing.measure_plan(lab, plan).qps * plan.mean_output_len * 3600) * 1e6
+    assert f"${measured:.2f} per 1M output tokens measured, ${roofline:.2f} on the roofline" in text, (
+        f"expected ${measured:.2f} per 1M output tokens measured and ${roofline:.2f} on the roofline (price per hour "
+        f"/ output tokens per hour at each's throughput):\n{text}")
+
+
+@pytest.mark.needs(8)
+def test_size_runs_littles_law_on_the_measured_step_beside_the_roofline():
+    from loadtest.costmodel import measured_step_cost
+    plan = lab.plan_deployment(**sizing.SEED_SIZING)
+    step = measured_step_cost(lab, plan.model, plan.gpu, 1)
+    seats, prompt = plan.max_concurrent_seqs, round(plan.mean_prompt_len)
+    decode = step.step_time(seats, round(seats * plan.mean_context_len))
+    prefill = step.parts(prompt, prompt, prompt * (prompt + 1) // 2).total
+    qps = seats / (plan.mean_output_len * decode + seats * prefill)
+    measured = sizing.measure_plan(lab, plan)
+    assert measured.qps == pytest.approx(qps, rel=1e-12), (
+        "size's measured QPS: Little's law with the measured decode step of the plan's seats and one mean prompt's "
+        "prefill step")
+    assert f"decode step {decode * 1e3:.1f} ms" in sizing.format_plan(lab, plan)
 
 
 @pytest.mark.needs(8)
