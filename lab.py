@@ -17,7 +17,7 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
-design reviews): `python solution.py ARGS` hands this module to `serving.main`. The benchmarks
+design reviews): `python solution.py ARGS` hands this module to `course.main`. The benchmarks
 live in tools/. `lab.py` is generated from this file by `tools/make_lab.py`: every region between
 `# BEGIN SOLUTION: Exercise N` and `# END SOLUTION` becomes a stub for the student to write.
 """
@@ -2159,8 +2159,8 @@ def plan_deployment(
 # 6. The exercises, and the command line
 # =====================================================================================
 #
-# `python solution.py ARGS` (and `python lab.py ARGS`) hand this module to `serving.main`: what
-# runs it lives in serving/, which is handed the module and never imports it by name.
+# `python solution.py ARGS` (and `python lab.py ARGS`) hand this module to `course.main`: what
+# runs it lives in course/ and the packages below it, handed the module, never importing it.
 
 
 EXERCISES = {
@@ -2176,6 +2176,6 @@ EXERCISES = {
 
 
 if __name__ == "__main__":
-    import serving
+    import course
 
-    raise SystemExit(serving.main(sys.modules[__name__]))
+    raise SystemExit(course.main(sys.modules[__name__]))

@@ -166,7 +166,7 @@ def imported_packages(path: Path) -> set[str]:
 
 
 @pytest.mark.provided
-def test_serving_is_handed_the_module_and_the_chapter_imports_serving_only_in_main():
+def test_the_packages_are_handed_the_module_and_the_chapter_imports_the_course_only_in_main():
     for package in PACKAGES:
         for path in sorted((ROOT / package).glob("*.py")):
             found = imported_packages(path) & {"solution", "lab"}
@@ -174,9 +174,9 @@ def test_serving_is_handed_the_module_and_the_chapter_imports_serving_only_in_ma
     solution = (ROOT / "solution.py").read_text()
     main = solution[solution.index('if __name__ == "__main__":'):]
     before = solution[: solution.index('if __name__ == "__main__":')]
-    assert not re.search(r"^\s*(from|import) serving\b", before, re.M), (
-        "solution.py imports serving/ outside `__main__`: the chapter stands below what runs it")
-    assert "serving.main(" in main, "`python solution.py` must hand the module to serving.main"
+    assert not re.search(rf"^\s*(from|import) ({'|'.join(PACKAGES)})\b", before, re.M), (
+        "solution.py imports a package beside it outside `__main__`: the chapter stands below what runs it")
+    assert "course.main(" in main, "`python solution.py` must hand the module to course.main, the command line's home"
 
 
 @pytest.mark.provided
@@ -190,6 +190,55 @@ def test_imports_run_one_way_the_course_above_the_server_load_and_checkpoints():
     for path in sorted((ROOT / "checkpoints").glob("*.py")):
         assert not imported_packages(path) & {"serving", "loadtest"}, (
             f"checkpoints/{path.name} imports the server or the load generator: a checkpoint stands below both")
+
+
+def import_tricks(source: str) -> list[str]:
+    """What in a module imports past its `import` lines, where the import graph (and a reader) cannot
+    see it: `importlib` or `runpy`, `__import__`, `sys.modules` looked up under a name written out,
+    or a module-level `__getattr__` / `__dir__` (names handed out from elsewhere when asked for)."""
+    tree, found = ast.parse(source), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: import {a.name}" for a in node.names
+                      if a.name.split(".")[0] in ("importlib", "runpy")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("importlib", "runpy"):
+            found.append(f"line {node.lineno}: from {node.module} import ...")
+        elif isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", "")) in (
+                "__import__", "import_module"):
+            found.append(f"line {node.lineno}: {getattr(node, 'id', getattr(node, 'attr', ''))}")
+        elif (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+              and isinstance(node.value, ast.Attribute) and node.value.attr == "modules"):
+            found.append(f"line {node.lineno}: sys.modules[{node.slice.value!r}]")
+    found += [f"line {node.lineno}: a module-level {node.name}" for node in tree.body
+              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("__getattr__", "__dir__")]
+    return found
+
+
+PLANTED_IMPORT_TRICKS = {
+    "importlib": "import importlib\n\nmain = importlib.import_module('course.cli').main\n",
+    "from importlib": "from importlib import import_module\n",
+    "__import__": "main = __import__('course').main\n",
+    "sys.modules by name": "import sys\n\nmain = sys.modules['course'].main\n",
+    "module __getattr__": "def __getattr__(name):\n    from course import cli\n    return getattr(cli, name)\n",
+}
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("name", PLANTED_IMPORT_TRICKS)
+def test_the_import_check_sees_an_import_planted_past_the_import_lines(name):
+    assert import_tricks(PLANTED_IMPORT_TRICKS[name]), f"a planted {name} import went unseen"
+    assert not import_tricks("import sys\n\nfrom .cli import main\n\nlab = sys.modules[type(engine).__module__]\n")
+
+
+@pytest.mark.provided
+def test_no_package_nor_the_chapter_imports_past_its_import_lines():
+    # A name handed out through importlib or a module __getattr__ is an arrow the import graph
+    # cannot draw: serving/ once handed out the course's `main` that way, and the chapter ran
+    # chapter -> server -> course. Every import is an `import` line, so the direction checks above see it.
+    paths = [ROOT / "solution.py", *(path for package in PACKAGES for path in sorted((ROOT / package).glob("*.py")))]
+    for path in paths:
+        tricks = import_tricks(path.read_text())
+        assert not tricks, f"{path.relative_to(ROOT)} imports where the import graph cannot see it: {tricks}"
 
 
 @pytest.mark.provided
