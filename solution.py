@@ -6,16 +6,16 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
 
    section                                     lines        what it holds
    0. Conventions                              39-152       checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          153-503      blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   504-1118     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1119-1795    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1796-2131    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2132-2476    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2477-2500    the list of exercises, and `__main__`
+   1. Paged KV-cache (PagedAttention)          153-505      blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   506-1133     a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      1134-1917    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1918-2253    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2254-2598    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2599-2622    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
-design reviews): `python solution.py ARGS` hands this module to `serving.main`. The benchmarks
+design reviews): `python solution.py ARGS` hands this module to `course.main`. The benchmarks
 live in tools/. `lab.py` is generated from this file by `tools/make_lab.py`: every region between
 `# BEGIN SOLUTION: Exercise N` and `# END SOLUTION` becomes a stub for the student to write.
 """
@@ -74,7 +74,7 @@ def is_number(value: object) -> bool:
 def check_int(name: str, value: object, minimum: int | None = None) -> int:
     """`value` as a Python int. Python and NumPy integers are accepted; a bool, a float (even
     2.0) or a string is a NotAnIntError naming `name`; below `minimum` an ArgumentError."""
-    if type(value) is not int and not is_int(value):  # the first test alone passes most calls, fast
+    if type(value) is not int and not is_int(value):  # the first test settles most calls (docs/performance.md)
         raise NotAnIntError(name, f"{name} must be an int, got {type(value).__name__} {value!r}")
     if minimum is not None and value < minimum:
         raise ArgumentError(name, f"{name} must be >= {minimum}, got {value}")
@@ -86,7 +86,7 @@ def check_token_ids(name: str, token_ids: object) -> list[int]:
     if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, (Sequence, np.ndarray)):
         raise NotAnIntError(name, f"{name} must be a list of token ids (ints), got {type(token_ids).__name__}")
     ids = list(token_ids)
-    if all(type(t) is int and t >= 0 for t in ids):  # the common case, checked at a tenth of the cost
+    if all(type(t) is int and t >= 0 for t in ids):  # the common case, in one pass (docs/performance.md)
         return ids
     return [check_int(f"{name}[{i}]", t, minimum=0) for i, t in enumerate(ids)]
 
@@ -169,7 +169,8 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     2 for block_size + 1, ..., exact for every count however large. The paged cache's one boundary
     rule: every other place asks it. (Checked before your code: two ints, num_tokens >= 0,
     block_size >= 1.)"""
-    num_tokens, block_size = check_int("num_tokens", num_tokens, 0), check_int("block_size", block_size, 1)
+    num_tokens = check_int("num_tokens", num_tokens, 0)
+    block_size = check_int("block_size", block_size, 1)
     # BEGIN SOLUTION: Exercise 1
     return (num_tokens + block_size - 1) // block_size
     # END SOLUTION
@@ -485,7 +486,8 @@ class BlockTable:
     def slots(self, start: int, stop: int) -> np.ndarray:
         """Physical slot ids `block * block_size + offset` of positions `start..stop-1`, an int64
         array. (Checked before your code: ints with 0 <= start <= stop <= num_tokens.)"""
-        start, stop = check_int("start", start), check_int("stop", stop)
+        start = check_int("start", start)
+        stop = check_int("stop", stop)
         if not 0 <= start <= stop <= self.num_tokens:
             raise ValueError(f"positions {start}..{stop} are outside the table's 0..{self.num_tokens}")
         # BEGIN SOLUTION: Exercise 2
@@ -575,7 +577,7 @@ def init_gpt2_weights(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarra
 
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * weight + bias, (T, C) -> (T, C)."""
-    # Mean and variance as sums: x.mean and x.var cost more than the arithmetic on a decode's few rows.
+    # Mean and variance as sums, not x.mean and x.var: docs/performance.md, section 6, says why.
     centred = x - x.sum(axis=-1, keepdims=True) / x.shape[-1]
     var = np.square(centred).sum(axis=-1, keepdims=True) / x.shape[-1]
     return centred / np.sqrt(var + eps) * weight + bias
@@ -583,7 +585,7 @@ def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float)
 
 def _gelu(x: np.ndarray) -> np.ndarray:
     """GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    # x * x * x, not x**3: NumPy's float32 power is a pow() call per element, ~20x slower.
+    # x * x * x, not x**3: docs/performance.md, section 6, says why.
     return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
 
@@ -640,7 +642,9 @@ class KVCache:
         if not (isinstance(dtype, str) and dtype in KV_CACHE_DTYPES):
             raise ValueError(f"dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, got {dtype!r}")
         shape = (config.n_layer, num_blocks, block_size, config.n_head, config.head_dim)
-        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.dtype = dtype
         element = np.int8 if dtype == "int8" else np.float32
         self.k = np.zeros(shape, dtype=element)
         self.v = np.zeros(shape, dtype=element)
@@ -668,10 +672,15 @@ class KVCache:
             raise ValueError(f"the KV-cache takes float32 K/V, got {k.dtype} and {v.dtype}")
         views = self._flat(layer)
         if self.dtype == "float32":
-            views[0][slots], views[1][slots] = k, v
+            views[0][slots] = k
+            views[1][slots] = v
             return
-        (kq, ks), (vq, vs) = quantize_int8(k), quantize_int8(v)
-        views[0][slots], views[1][slots], views[2][slots], views[3][slots] = kq, vq, ks, vs
+        k_values, k_scales = quantize_int8(k)
+        v_values, v_scales = quantize_int8(v)
+        views[0][slots] = k_values
+        views[1][slots] = v_values
+        views[2][slots] = k_scales
+        views[3][slots] = v_scales
 
     def read(self, layer: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Float32 K/V (T, H, D) of `slots` in `layer`: a gathered copy, dequantised for int8."""
@@ -732,7 +741,7 @@ def _check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens,
                                  f"head of the int8 cache), got {getattr(scale, 'dtype', '?')} {np.shape(scale)}")
     block_tables = np.asarray(block_tables)
     context_lens = np.asarray(context_lens)
-    # dtype.kind "i"/"u" is np.issubdtype(dtype, np.integer) (bool is "b"), at a fraction of its cost.
+    # dtype.kind "i"/"u" is np.issubdtype(dtype, np.integer) (bool is "b"; docs/performance.md).
     if not (block_tables.ndim == 2 and block_tables.shape[0] == batch and block_tables.dtype.kind in "iu"):
         raise ValueError(f"block_tables must be an integer array ({batch}, max_blocks), got "
                          f"{block_tables.dtype} {block_tables.shape}")
@@ -792,13 +801,15 @@ class BlockGather:
 
     def __init__(self, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
                  v_scale: np.ndarray | None, batch: int, max_blocks: int):
-        self.caches, self.scales = (k_cache, v_cache), (k_scale, v_scale)
-        self.batch, self.max_blocks = batch, max_blocks
+        self.caches = (k_cache, v_cache)
+        self.scales = (k_scale, v_scale)
+        self.batch = batch
+        self.max_blocks = max_blocks
         _, block_size, n_head, head_dim = k_cache.shape
         shape = (batch, max_blocks, block_size, n_head, head_dim)
         self.values = [_reused_buffer((kv, "values"), shape, np.float32) for kv in "kv"]
         self.quantized = k_scale is not None
-        if self.quantized:  # int8 into a staging buffer, then one cast (at copy speed) into `values`
+        if self.quantized:  # int8 into a staging buffer, then one cast into `values`
             self.staging = [_reused_buffer((kv, "staging"), shape, np.int8) for kv in "kv"]
             self.scale_buffers = [_reused_buffer((kv, "scales"), shape[:-1], np.float32) for kv in "kv"]
 
@@ -807,10 +818,11 @@ class BlockGather:
         if n > self.batch or c > self.max_blocks:
             raise ValueError(f"ids {ids.shape} exceed the buffers for {self.batch} sequences x "
                              f"{self.max_blocks} blocks this BlockGather was made with")
-        values, scales = [], [None, None]
+        values = []
+        scales = [None, None]
         for i, cache in enumerate(self.caches):
             shape = (n, c, *cache.shape[1:])
-            # np.take writes straight into the buffer's front; "clip" as "raise" copies `out` again.
+            # np.take writes straight into the buffer's front; "clip", not "raise": docs/performance.md.
             out = _front(self.values[i], shape)
             if not self.quantized:
                 np.take(cache, ids, axis=0, out=out, mode="clip")
@@ -932,7 +944,7 @@ def _checked_gpt2_weights(config: ModelConfig, weights: dict[str, np.ndarray]) -
         value = np.asarray(value)
         if value.shape != expected[key]:
             raise ValueError(f"weight {name!r} has shape {value.shape}, expected {expected[key]}")
-        # wte column-major: the tied head's wte.T is then (in, out) row-major, 1.6-1.8x faster in BLAS.
+        # wte column-major: the tied head's wte.T is then (in, out) row-major (docs/performance.md).
         found[key] = np.asarray(value, dtype=np.float32, order="F" if key == "wte.weight" else "C")
     missing = sorted(set(expected) - set(found))
     if missing:
@@ -1052,7 +1064,7 @@ class ToyTransformer:
                         q[batch.decode_rows], *caches, batch.decode_tables, batch.decode_lens, **scales)
                 for prefill_rows, context_slots, mask in batch.prefills:
                     k_ctx, v_ctx = kv_cache.read(i, context_slots)
-                    # Per head (q, D) @ (D, k), then (q, k) @ (k, D): BLAS, ~10x einsum's own loops.
+                    # Per head (q, D) @ (D, k), then (q, k) @ (k, D), as matmuls (docs/performance.md).
                     scores = np.matmul(q[prefill_rows].transpose(1, 0, 2), k_ctx.transpose(1, 2, 0)) * scale
                     probs = _softmax(np.where(mask, scores, -np.inf))  # (H, n, context)
                     attn[prefill_rows] = np.matmul(probs, v_ctx.transpose(1, 0, 2)).transpose(1, 0, 2)
@@ -1085,10 +1097,13 @@ class _PagedBatch:
     def __init__(self, config: ModelConfig, block_tables, start_positions, num_tokens):
         if not (len(block_tables) == len(start_positions) == len(num_tokens)) or not block_tables:
             raise ValueError("forward needs one start position and one token count per block table")
-        tokens, positions, slots, decode = [], [], [], []
-        self.prefills, row = [], 0
+        tokens, positions, slots = [], [], []  # of each sequence's new tokens, in batch order
+        decode = []  # (row, table, context length) of each decode
+        self.prefills = []  # (rows, context slots, causal mask) of each prefill chunk
+        row = 0
         for table, start, n in zip(block_tables, start_positions, num_tokens):
-            start, n = check_int("start position", start, 0), check_int("num_tokens", n, 1)
+            start = check_int("start position", start, 0)
+            n = check_int("num_tokens", n, 1)
             stop = start + n
             if stop > table.num_tokens:
                 raise ValueError(f"cannot process positions {start}..{stop - 1} of {table.num_tokens} tokens")
@@ -1180,7 +1195,8 @@ class RequestMetrics:
         if not token_times:  # rejected: no token was ever produced
             return cls(math.nan, math.nan, [], finish - arrival)
         num_tokens = len(token_times) if num_tokens is None else num_tokens
-        ttft, e2e = token_times[0] - arrival, finish - arrival
+        ttft = token_times[0] - arrival
+        e2e = finish - arrival
         tpot = (e2e - ttft) / (num_tokens - 1) if num_tokens > 1 else math.nan
         return cls(ttft, tpot, list(np.diff(token_times).tolist()), e2e)
 
@@ -1278,7 +1294,9 @@ class SequenceState:
     def block_hashes(self) -> list[int]:
         """The chained hashes of its full blocks (prompt, then outputs), each hashed once and kept, as
         vLLM keeps them on the Request, for admission and caching; none without a prefix cache."""
-        table, hashes, size = self.block_table, self._block_hashes, self.block_table.block_size
+        table = self.block_table
+        hashes = self._block_hashes
+        size = table.block_size
         while table.allocator.enable_prefix_caching and (len(hashes) + 1) * size <= self.num_tokens:
             block = self.token_ids_slice(len(hashes) * size, (len(hashes) + 1) * size)
             hashes.append(hash_block(hashes[-1] if hashes else None, block, table.cache_salt))
@@ -1287,8 +1305,10 @@ class SequenceState:
     def fork(self, request: Request) -> SequenceState:
         """A sample of `request` (same prompt) sharing this one's blocks, hashes and progress."""
         child = SequenceState(request, self.block_table.allocator)
-        child.block_table, child._block_hashes = self.block_table.fork(), list(self._block_hashes)
-        child.num_computed_tokens, child.status = self.num_computed_tokens, self.status
+        child.block_table = self.block_table.fork()
+        child._block_hashes = list(self._block_hashes)
+        child.num_computed_tokens = self.num_computed_tokens
+        child.status = self.status
         return child
 
     def check_stop(self) -> str | None:
@@ -1329,6 +1349,83 @@ class SchedulerOutput:
         return seq.num_computed_tokens + self.num_scheduled_tokens[seq.request_id] == seq.num_tokens
 
 
+# --- what the engine reports: events, for whoever listens ------------------------------------
+#
+# An engine built with an observer (`LLMEngine(observer=...)`) tells it what happens, as it happens:
+# each step's plan, each preemption and why, and every change to the block pool. The exercises
+# know nothing of it: the events are sent by the provided code around them, and read from what
+# they return and from public state, so every correct implementation reports the same. Without
+# an observer nothing is sent and nothing is paid (vLLM likewise records its engine-core events
+# only with `log_stats`, and its KV-cache events only when `kv_events_config` enables them).
+
+
+class EngineEventType(enum.Enum):
+    """What happened. The scheduler's (vLLM's `EngineCoreEventType`) name a request; the pool's
+    (vLLM's KV-cache events `BlockStored`, `BlockRemoved`) name a block."""
+
+    SCHEDULED = "scheduled"          # a sequence runs `num_tokens` new tokens in this step
+    OUT_OF_BLOCKS = "out_of_blocks"  # a running sequence's next `num_tokens` tokens found no free block
+    PREEMPTED = "preempted"          # a running sequence gives its blocks back, to recompute later
+    COPIED = "copied"                # copy-on-write: `block_ids` (src, dst), copied before the forward pass
+    ALLOCATED = "allocated"          # a block left the pool for a table (`allocate`)
+    PREFIX_HIT = "prefix_hit"        # a cached block was found and taken (`lookup`)
+    CACHED = "cached"                # a full block became findable under its hash (`register`)
+    EVICTED = "evicted"              # a cached block lost its hash, to hold other tokens
+    FREED = "freed"                  # a block's last reference went: it is back in the pool
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineEvent:
+    """One event: what happened, and to which request or blocks."""
+
+    type: EngineEventType
+    request_id: str | None = None
+    block_ids: tuple[int, ...] = ()
+    num_tokens: int = 0
+
+
+EngineObserver = Callable[[EngineEvent], None]
+
+
+class ObservedBlockAllocator(BlockAllocator):
+    """A BlockAllocator that tells `observer` of each change to its pool, one event per block, once
+    the call that made it returns. The exercise's methods run as they are: each event is read from
+    what they return and from public state (`stats`, `ref_count`, `is_cached`)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, *,
+                 observer: EngineObserver):
+        super().__init__(num_blocks, block_size, enable_prefix_caching)
+        self.observer = observer
+
+    def _report(self, kind: EngineEventType, block_id: int) -> None:
+        self.observer(EngineEvent(kind, block_ids=(int(block_id),)))
+
+    def allocate(self) -> int:
+        evictions = self.stats.evictions
+        block_id = super().allocate()
+        if self.stats.evictions > evictions:  # the block handed out was a cached one
+            self._report(EngineEventType.EVICTED, block_id)
+        self._report(EngineEventType.ALLOCATED, block_id)
+        return block_id
+
+    def lookup(self, block_hash: int) -> int | None:
+        block_id = super().lookup(block_hash)
+        if block_id is not None:
+            self._report(EngineEventType.PREFIX_HIT, block_id)
+        return block_id
+
+    def register(self, block_id: int, block_hash: int) -> None:
+        was_cached = self.is_cached(block_id)
+        super().register(block_id, block_hash)
+        if not was_cached and self.is_cached(block_id):
+            self._report(EngineEventType.CACHED, block_id)
+
+    def free(self, block_id: int) -> None:
+        super().free(block_id)
+        if self.ref_count(block_id) == 0:
+            self._report(EngineEventType.FREED, block_id)
+
+
 class Scheduler:
     """Iteration-level (continuous) batching with vLLM v1's policy.
 
@@ -1351,6 +1448,7 @@ class Scheduler:
         self.waiting: collections.deque[SequenceState] = collections.deque()
         self.running: list[SequenceState] = []  # in admission order: the newest is last
         self.num_preemptions = 0
+        self.observer: EngineObserver | None = None  # told of each step's plan and each preemption
 
     def add_request(self, request: Request) -> SequenceState:
         """Queue a request; one that can never run is finished at once as "rejected", the reason in
@@ -1360,7 +1458,9 @@ class Scheduler:
         seq = SequenceState(request, self.allocator)
         reason = self._rejection(seq)
         if reason:
-            seq.status, seq.finish_reason, seq.finish_detail = SequenceStatus.FINISHED, "rejected", reason
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = "rejected"
+            seq.finish_detail = reason
         else:
             self.waiting.append(seq)
         return seq
@@ -1387,6 +1487,8 @@ class Scheduler:
         try:
             plan.blocks_to_copy += seq.block_table.append_tokens(seq.token_ids_slice(seq.block_table.num_tokens, stop))
         except OutOfBlocksError:
+            if self.observer is not None:
+                self.observer(EngineEvent(EngineEventType.OUT_OF_BLOCKS, seq.request_id, num_tokens=num_new_tokens))
             return False
         return True
 
@@ -1409,6 +1511,8 @@ class Scheduler:
 
     def _preempt(self, seq: SequenceState) -> None:
         """Preemption by recompute (see the class docstring)."""
+        if self.observer is not None:  # provided: whoever listens hears of it before it happens
+            self.observer(EngineEvent(EngineEventType.PREEMPTED, seq.request_id))
         # BEGIN SOLUTION: Exercise 5
         seq.block_table.free()
         seq.num_computed_tokens = 0
@@ -1457,10 +1561,17 @@ class Scheduler:
     # --- one step, for whoever drives the scheduler (the engine, the simulator) -----------
 
     def plan_step(self) -> SchedulerOutput:
-        """`schedule()`, checked: an empty step while requests wait would repeat forever."""
+        """`schedule()`, checked: an empty step while requests wait would repeat forever. An observer
+        is told the plan: each sequence it runs (SCHEDULED, in batch order), then each block copy."""
         plan = self.schedule()
         if not plan.scheduled and self.has_unfinished():
             raise RuntimeError("the scheduler planned an empty step while requests are waiting")
+        if self.observer is not None:
+            for seq in plan.scheduled:
+                num_tokens = plan.num_scheduled_tokens[seq.request_id]
+                self.observer(EngineEvent(EngineEventType.SCHEDULED, seq.request_id, num_tokens=num_tokens))
+            for pair in plan.blocks_to_copy:
+                self.observer(EngineEvent(EngineEventType.COPIED, block_ids=tuple(int(b) for b in pair)))
         return plan
 
     def finish_step(self, plan: SchedulerOutput, sampled_token_ids: dict[str, int], now: float) -> list[SequenceState]:
@@ -1475,7 +1586,8 @@ class Scheduler:
 
     def _finish(self, seq: SequenceState, reason: str) -> None:
         """Retire `seq` from whichever queue holds it, its blocks back to the pool now."""
-        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
         seq.block_table.free()
         (self.running if seq in self.running else self.waiting).remove(seq)
 
@@ -1533,7 +1645,8 @@ class StaticBatchScheduler(Scheduler):
         return plan
 
     def _start_batch(self, plan: SchedulerOutput) -> None:
-        free, reserved = self.allocator.num_free_blocks, 0
+        free = self.allocator.num_free_blocks
+        reserved = 0  # blocks promised to the batch's worst cases so far
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             worst = blocks_needed(len(seq.prompt_token_ids) + seq.sampling.max_tokens, self.allocator.block_size)
@@ -1612,22 +1725,31 @@ class LLMEngine:
     a sequence about to sample and its raw logits row (or the previous one's result), and
     returns the row to sample from (it may change the row in place: the row is the sequence's
     own). vLLM's API extras (penalties, ...) are processors that the serving package supplies.
+
+    `observer` is called with each EngineEvent as it happens: the step's plan and preemptions from
+    the scheduler, every change to the pool from an ObservedBlockAllocator. None (the default)
+    builds the plain BlockAllocator and sends nothing.
     """
 
     def __init__(self, model: ToyTransformer, num_blocks: int | None = None, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512, scheduling: str = "continuous",
                  enable_prefix_caching: bool = False, enable_chunked_prefill: bool = True,
-                 kv_cache_dtype: str = "float32", logits_processors: Sequence[LogitsProcessor] = ()):
+                 kv_cache_dtype: str = "float32", logits_processors: Sequence[LogitsProcessor] = (),
+                 observer: EngineObserver | None = None):
         if not (isinstance(kv_cache_dtype, str) and kv_cache_dtype in KV_CACHE_DTYPES):
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
                              f"got {kv_cache_dtype!r}")
         if num_blocks is None:
             num_blocks = max_num_seqs * blocks_needed(model.config.n_positions, block_size)
         self.model = model
-        self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
+        if observer is None:
+            self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
+        else:
+            self.allocator = ObservedBlockAllocator(num_blocks, block_size, enable_prefix_caching, observer=observer)
         self.kv_cache = KVCache(model.config, num_blocks, block_size, dtype=kv_cache_dtype)
         self.scheduler = make_scheduler(scheduling, self.allocator, max_num_seqs, max_num_batched_tokens,
                                          enable_chunked_prefill)
+        self.scheduler.observer = observer
         self.logits_processors = list(logits_processors)
         self.num_steps = 0
         self._next_id = 0
@@ -1649,7 +1771,9 @@ class LLMEngine:
                           sampling: Sequence[SamplingParams | None]) -> list[Request]:
         """Requests for these prompts, every field checked, ids fresh and unique: a ValueError
         for any bad one, and then nothing is queued (a batch is all or nothing)."""
-        taken, requests, next_id = self._in_flight(), [], self._next_id
+        taken = self._in_flight()
+        requests = []
+        next_id = self._next_id
         for prompt, params in zip(prompts, sampling):
             if isinstance(prompt, Request):
                 request = prompt
@@ -1687,7 +1811,8 @@ class LLMEngine:
 
     def _add(self, request: Request) -> SequenceState:
         seq = self.scheduler.add_request(request)
-        seq.arrival_time, seq.rng = time.perf_counter(), np.random.default_rng(request.sampling.seed)
+        seq.arrival_time = time.perf_counter()
+        seq.rng = np.random.default_rng(request.sampling.seed)
         self.requests[request.request_id] = seq
         seq.finish_time = seq.arrival_time if seq.finish_reason else seq.finish_time  # rejected now
         return seq
@@ -1719,7 +1844,8 @@ class LLMEngine:
         except Exception as exc:
             for seq in plan.scheduled:
                 self.abort_request(seq.request_id)
-                seq.finish_reason, seq.finish_detail = "error", f"{type(exc).__name__}: {exc}"
+                seq.finish_reason = "error"
+                seq.finish_detail = f"{type(exc).__name__}: {exc}"
             raise
         self.num_steps += bool(plan.scheduled)
         return sampled
@@ -1755,7 +1881,8 @@ class LLMEngine:
         """The samples of `seq` (`add_request`), its prompt's K/V written: they run on as it does."""
         children = [seq.fork(request) for request in self._forks.pop(seq.request_id, ())]
         for child in children:
-            child.arrival_time, child.rng = seq.arrival_time, np.random.default_rng(child.sampling.seed)
+            child.arrival_time = seq.arrival_time
+            child.rng = np.random.default_rng(child.sampling.seed)
             self.requests[child.request_id] = child
             self.scheduler.running.append(child)
             plan.add(child, plan.num_scheduled_tokens[seq.request_id])
@@ -1768,29 +1895,24 @@ class LLMEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Offline: every prompt run to completion, one RequestOutput per prompt, in order (`generate_offline`)."""
-        return generate_offline(self, prompts, sampling)
-
-
-def generate_offline(engine: LLMEngine, prompts: Sequence[Sequence[int]],
-                     sampling: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-    """`LLMEngine.generate`, apart from online stepping (vLLM's offline `LLM`): steps, nothing emitted.
-    `sampling`: one for all or one per prompt, all checked first (a ValueError, nothing runs). Requests
-    added with `add_request` run alongside, reported by the next `step()`, as is this batch if a step raises."""
-    if sampling is None or isinstance(sampling, SamplingParams):
-        sampling = [sampling or SamplingParams()] * len(prompts)
-    if len(sampling) != len(prompts):
-        raise ValueError(f"got {len(prompts)} prompts but {len(sampling)} SamplingParams")
-    seqs = [engine._add(request) for request in engine._checked_requests(prompts, sampling)]
-    try:
-        while not all(seq.finish_reason for seq in seqs):
-            plan = engine.scheduler.plan_step()
-            engine.scheduler.finish_step(plan, engine._execute(plan), time.perf_counter())
-    except BaseException:
-        for seq in seqs:
-            engine.abort_request(seq.request_id)
-        raise
-    return [engine.requests.pop(seq.request_id).to_output() for seq in seqs]  # reported here, not by step()
+        """Offline (vLLM's `LLM.generate`): every prompt run to completion, one RequestOutput per prompt,
+        in order, and not reported again by `step()`. `sampling`: one for all or one per prompt, all
+        checked first (a ValueError, nothing runs). Requests added with `add_request` run alongside,
+        reported by the next `step()`, as is this batch if a step raises (aborted, or "error")."""
+        if sampling is None or isinstance(sampling, SamplingParams):
+            sampling = [sampling or SamplingParams()] * len(prompts)
+        if len(sampling) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(sampling)} SamplingParams")
+        seqs = [self._add(request) for request in self._checked_requests(prompts, sampling)]
+        try:
+            while not all(seq.finish_reason for seq in seqs):
+                plan = self.scheduler.plan_step()
+                self.scheduler.finish_step(plan, self._execute(plan), time.perf_counter())
+        except BaseException:
+            for seq in seqs:
+                self.abort_request(seq.request_id)
+            raise
+        return [self.requests.pop(seq.request_id).to_output() for seq in seqs]  # reported here, not by step()
 
 
 # =====================================================================================
@@ -2478,8 +2600,8 @@ def plan_deployment(
 # 6. The exercises, and the command line
 # =====================================================================================
 #
-# `python solution.py ARGS` (and `python lab.py ARGS`) hand this module to `serving.main`: what
-# runs it lives in serving/, which is handed the module and never imports it by name.
+# `python solution.py ARGS` (and `python lab.py ARGS`) hand this module to `course.main`: what
+# runs it lives in course/ and the packages below it, handed the module, never importing it.
 
 
 EXERCISES = {
@@ -2495,6 +2617,6 @@ EXERCISES = {
 
 
 if __name__ == "__main__":
-    import serving
+    import course
 
-    raise SystemExit(serving.main(sys.modules[__name__]))
+    raise SystemExit(course.main(sys.modules[__name__]))

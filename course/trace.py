@@ -5,21 +5,21 @@ scheduler, block tables and allocator), records every step, and writes ONE self-
 page: the recording as inline JSON, the CSS and the script that draws a step inline, nothing
 fetched, so it works from `file://`.
 
-Recording changes nothing in the chapter. The trace builds its own engine and wraps three
-methods of THAT instance's scheduler (instance attributes shadow the class's): `schedule`, to
-keep each step's plan and each scheduled sequence's `num_computed_tokens` before the step (for a
-sequence admitted in the step that is its prefix-cache hit); `_allocate_slots` and `_preempt`,
-to say who ran out of blocks when a sequence is preempted. After each `engine.step()` it reads
-the queues, the block pool and the block tables through their public attributes (and the
-allocator's two queues, to check that every block is in exactly one state). An engine that is
-not traced runs exactly the chapter's code: tracing costs nothing when it is not asked for
-(`python solution.py bench trace` measures the traced run against the plain one).
+Recording wraps nothing and reads nothing private. The trace builds its own engine with a
+`Recorder` as its observer (`LLMEngine(observer=...)`): the engine sends it an event for each
+sequence a step runs, each preemption and the request that was short of a block, each
+copy-on-write, and every block the pool allocates, finds in the prefix cache, caches, evicts and
+frees. After each `engine.step()` it reads the queues, the block pool and the block tables through
+public attributes and methods, and checks them against its own account of the pool, kept from the
+events. An engine built without an observer sends nothing and runs the plain BlockAllocator:
+tracing costs nothing when it is not asked for (`python solution.py bench trace` measures both).
 
 The page's frame N is the state after step N (frame 0: before the first step), with what step N
 did: the requests it ran (a prefill chunk, a decode step, or the recompute of a preempted one),
-the prefix-cache hits of the ones it admitted, its preemptions and why, the tokens it sampled.
-Every number the page draws at step N is read from frame N; the script derives nothing but the
-slot ranges of a table's rows (from the recorded slot runs) and each request's tokens so far.
+the prefix-cache hits of the ones it admitted, its preemptions and why, its copies, the pool's
+events and the tokens it sampled. Every number the page draws at step N is read from frame N; the
+script derives nothing but the slot ranges of a table's rows (from the recorded slot runs) and
+each request's tokens so far.
 """
 
 from __future__ import annotations
@@ -235,9 +235,12 @@ def get_workload(name_or_path: str) -> Workload:
 # =====================================================================================
 
 
-def build_engine(lab: ModuleType, workload: Workload):
+def build_engine(lab: ModuleType, workload: Workload, observer=None):
+    """The workload's engine on the module's toy GPT-2; with `observer`, an engine that reports to it."""
     model = lab.ToyTransformer(lab.ModelConfig(**workload.model), seed=MODEL_SEED)
-    return lab.LLMEngine(model, **workload.engine)
+    if observer is None:
+        return lab.LLMEngine(model, **workload.engine)
+    return lab.LLMEngine(model, **workload.engine, observer=observer)
 
 
 def drive(engine, lab: ModuleType, workload: Workload, recorder: Recorder | None = None,
@@ -278,69 +281,89 @@ def _slot_runs(slots: Sequence[int]) -> list[list[int]]:
 
 
 STATES = {".": "free", "e": "cached", "h": "held", "H": "held+cached", "!": "inconsistent"}
+POOL_EVENTS = ("allocated", "prefix_hit", "cached", "evicted", "freed")  # EngineEventType values, the pool's
 
 
 class Recorder:
-    """Records one engine's steps as frames (plain dicts, the page's JSON). Wraps methods of the
-    engine's own scheduler instance; see the module docstring."""
+    """Records one engine's steps as frames (plain dicts, the page's JSON). It listens: it is the
+    engine's observer (`build_engine(lab, workload, observer=recorder)`, then `watch(engine)`), and
+    what a step did comes from the events the engine sent during it; the state after the step is
+    read through public attributes and methods. It keeps its own account of the pool from the
+    events (which blocks are out of the pool, which are cached) and reports every block where the
+    allocator's own answers (`ref_count`, `is_cached`) disagree with it."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, lab: ModuleType):
+        self.types = lab.EngineEventType
+        self.engine = None
         self.frames: list[dict] = []
-        self._plan: list[dict] = []
+        self._held: set[int] = set()  # blocks the events took out of the pool and did not give back
+        self._cached: set[int] = set()  # blocks the events made findable and did not evict
+        self._arrived: list[str] = []
+        self._begin_step()
+
+    def watch(self, engine) -> None:
+        """Start recording `engine`, built with this recorder as its observer: frame 0."""
+        self.engine = engine
+        self._begin_step()
+        self.frames.append(self._frame(0, [], []))
+
+    def _begin_step(self) -> None:
+        """Forget the last step's events; the queues as the next step starts (public attributes)."""
+        scheduler = self.engine.scheduler if self.engine is not None else None
+        self._waiting_before = {seq.request_id for seq in scheduler.waiting} if scheduler else set()
+        self._running_before = [seq.request_id for seq in scheduler.running] if scheduler else []
+        self._ran: list[dict] = []
         self._admitted: dict[str, int] = {}
         self._preempted: list[dict] = []
         self._copies: list[list[int]] = []
+        self._blocks: dict[str, list[int]] = {kind: [] for kind in POOL_EVENTS}
         self._short: tuple[str, int, int] | None = None  # the last sequence that found no free block
-        self._running_before: list[str] = []  # the running queue when the step was planned
-        scheduler = engine.scheduler
-        schedule, allocate_slots, preempt = scheduler.schedule, scheduler._allocate_slots, scheduler._preempt
 
-        def recording_schedule():
-            waiting = {id(seq) for seq in scheduler.waiting}
-            self._running_before = [seq.request_id for seq in scheduler.running]
-            self._preempted, self._short = [], None
-            plan = schedule()
-            self._plan = [self._scheduled(seq, plan.num_scheduled_tokens[seq.request_id]) for seq in plan.scheduled]
-            self._admitted = {seq.request_id: seq.num_computed_tokens for seq in plan.scheduled if id(seq) in waiting}
-            self._copies = [[int(src), int(dst)] for src, dst in plan.blocks_to_copy]
-            recorded = {p["id"] for p in self._preempted}
-            self._preempted += [{"id": seq.request_id, "reason": "preempted (the scheduler did not say why)"}
-                                for seq in plan.preempted if seq.request_id not in recorded]
-            return plan
+    def __call__(self, event) -> None:
+        """One event from the engine, as it happens."""
+        kind = event.type
+        if kind is self.types.SCHEDULED:
+            seq = self.engine.requests[event.request_id]
+            self._ran.append(self._scheduled(seq, event.num_tokens))
+            if seq.request_id in self._waiting_before:  # admitted now: what it starts from is its cache hit
+                self._admitted[seq.request_id] = seq.num_computed_tokens
+        elif kind is self.types.OUT_OF_BLOCKS:
+            self._short = (event.request_id, event.num_tokens, self.engine.allocator.num_free_blocks)
+        elif kind is self.types.PREEMPTED:
+            self._preempted.append({"id": event.request_id, "reason": self._reason(event.request_id)})
+        elif kind is self.types.COPIED:
+            self._copies.append([int(b) for b in event.block_ids])
+        else:
+            self._account(kind.value, [int(b) for b in event.block_ids])
 
-        def recording_allocate_slots(seq, num_new_tokens, plan):
-            ok = allocate_slots(seq, num_new_tokens, plan)
-            if not ok:
-                self._short = (seq.request_id, num_new_tokens, engine.allocator.num_free_blocks)
-            return ok
+    def _account(self, kind: str, block_ids: list[int]) -> None:
+        """A pool event, into this step's list and the recorder's own account of the pool."""
+        self._blocks[kind] += block_ids
+        for b in block_ids:
+            if kind in ("allocated", "prefix_hit"):
+                self._held.add(b)
+            elif kind == "freed":
+                self._held.discard(b)
+            elif kind == "cached":
+                self._cached.add(b)
+            else:  # evicted
+                self._cached.discard(b)
 
-        def recording_preempt(seq):
-            self._preempted.append({"id": seq.request_id, "reason": self._reason(seq)})
-            return preempt(seq)
-
-        scheduler.schedule = recording_schedule
-        scheduler._allocate_slots = recording_allocate_slots
-        scheduler._preempt = recording_preempt
-        self._arrived: list[str] = []
-        self.frames.append(self._frame(0, [], []))
-
-    def _reason(self, victim) -> str:
+    def _reason(self, victim: str) -> str:
         """Why `victim` is being preempted, in words: who was short of a block, and whether the
         victim is the newest request still running (the one the chapter's scheduler picks)."""
         gone = {p["id"] for p in self._preempted}
         left = [rid for rid in self._running_before if rid not in gone]
         newest = left[-1] if left else None
-        rid = victim.request_id
-        which = ("the newest running request" if rid == newest else
+        which = ("the newest running request" if victim == newest else
                  f"not the newest running request ({newest})" if newest else "a request that was not running")
         if self._short is None:
-            return f"the pool had no free block for the running requests' next tokens; {rid} is {which}"
+            return f"the pool had no free block for the running requests' next tokens; {victim} is {which}"
         who, n, free = self._short
         need = f"{who} needed a new block for its next {n} token{'s' if n != 1 else ''} and {free} were free"
-        if who == rid:
-            return f"{need}; {rid}, {which}, gave up its own blocks (it will recompute)"
-        return f"{need}: {rid}, {which}, gave its blocks back (it will recompute)"
+        if who == victim:
+            return f"{need}; {victim}, {which}, gave up its own blocks (it will recompute)"
+        return f"{need}: {victim}, {which}, gave its blocks back (it will recompute)"
 
     @staticmethod
     def _scheduled(seq, n: int) -> dict:
@@ -357,34 +380,30 @@ class Recorder:
             self.frames[0] = self._frame(0, request_ids, [])
         else:
             self._arrived = list(request_ids)
+        self._begin_step()
 
     def stepped(self, outputs: list) -> None:
-        """After `engine.step()` returned `outputs`: frame N."""
+        """After `engine.step()` returned `outputs`: frame N, from the events of the step."""
         frame = self._frame(len(self.frames), self._arrived, outputs)
         self._arrived = []
         self.frames.append(frame)
+        self._begin_step()
 
     def _pool(self) -> tuple[str, list[int], list[str]]:
-        """Each block's state code (STATES) and reference count, read from the allocator, and
-        the problems of the blocks that are not in exactly one state."""
+        """Each block's state code (STATES) and reference count, as the allocator answers, and
+        where those answers disagree with what the events said happened to the block."""
         alloc = self.engine.allocator
-        free, evictable = getattr(alloc, "_free", None), getattr(alloc, "_evictable", None)
         codes, refs, problems = [], [], []
         for b in range(alloc.num_blocks):
             ref, cached = alloc.ref_count(b), alloc.is_cached(b)
-            in_free, in_evictable = (free is not None and b in free), (evictable is not None and b in evictable)
-            if ref > 0 and not in_free and not in_evictable:
-                code = "H" if cached else "h"
-            elif ref == 0 and in_free != in_evictable and in_evictable == cached:
-                code = "e" if cached else "."
-            elif ref == 0 and free is None and evictable is None:  # an allocator without the two queues
-                code = "e" if cached else "."
+            held = b in self._held
+            if (ref > 0) != held or cached != (b in self._cached):
+                codes.append("!")
+                told = f"{'held' if held else 'free'}{', cached' if b in self._cached else ''}"
+                problems.append(f"block {b}: the engine's events left it {told}, but the allocator says "
+                                f"reference count {ref}{', cached' if cached else ''}")
             else:
-                code = "!"
-                problems.append(f"block {b} is in more than one state or in none: reference count {ref}, "
-                                f"in the free queue: {in_free}, in the evictable queue: {in_evictable}, "
-                                f"in the prefix cache: {cached}")
-            codes.append(code)
+                codes.append(("H" if cached else "h") if ref else ("e" if cached else "."))
             refs.append(ref)
         return "".join(codes), refs, problems
 
@@ -415,14 +434,14 @@ class Recorder:
         holders = collections.Counter(b for t in tables.values() for b in t["blocks"])
         problems += [f"block {b} has reference count {r} but {holders[b]} block table(s) hold it"
                      for b, r in enumerate(ref) if r != holders[b]]
-        ran = self._plan if step else []
         return {
             "step": step,
             "arrived": list(arrived),
-            "ran": ran,
+            "ran": self._ran if step else [],
             "admitted": self._admitted if step else {},
             "preempted": self._preempted if step else [],
             "copies": self._copies if step else [],
+            "blocks": self._blocks if step else {kind: [] for kind in POOL_EVENTS},
             "sampled": {out.request_id: [int(t) for t in out.new_token_ids] for out in outputs if out.new_token_ids},
             "finished": {out.request_id: out.finish_reason for out in outputs if out.finish_reason},
             "waiting": [seq.request_id for seq in scheduler.waiting],
@@ -488,8 +507,9 @@ def record(lab: ModuleType, workload: Workload, max_steps: int = MAX_STEPS) -> T
     """Run the workload on a fresh engine of the module, recording every step. A stub raises its
     NotImplementedError (there is nothing to draw); any other error of a step ends the recording
     there, and the trace keeps the steps before it and says what raised."""
-    engine = build_engine(lab, workload)
-    recorder = Recorder(engine)
+    recorder = Recorder(lab)
+    engine = build_engine(lab, workload, observer=recorder)
+    recorder.watch(engine)
     trace = Trace(workload, os.path.basename(lab.__file__), recorder.frames)
     try:
         drive(engine, lab, workload, recorder, max_steps)
@@ -769,6 +789,9 @@ function drawPlan(f) {
   }
   const copies = f.copies.map((c) => `block ${c[0]} &rarr; ${c[1]}`).join(", ");
   ev.push(`<li data-event="copies">copy-on-write: ${copies || "none"}</li>`);
+  const pool = Object.entries(f.blocks).filter(([, ids]) => ids.length)
+    .map(([kind, ids]) => `${kind.replace("_", " ")} ${ids.join(", ")}`).join("; ");
+  ev.push(`<li data-event="blocks">the pool's events: ${pool || "none"}</li>`);
   const c = f.cache;
   if (T.engine.enable_prefix_caching) ev.push(`<li data-event="cache">prefix cache so far: ${c[1]} hits of ${c[0]} ` +
     `lookups, ${plural(c[2], "eviction")}</li>`);

@@ -24,17 +24,4 @@ the chapter module each is handed.
 
 from .api_server import start_server
 
-# The contract names three more entry points `serving.<name>`; their homes are the packages of
-# their jobs, reached only when asked for, so that importing the server never imports the course.
-_ELSEWHERE = {"main": "course.cli", "load_gpt2": "checkpoints.model_loader", "simulate_serving": "loadtest.simulator"}
-
-
-def __getattr__(name: str):
-    if name in _ELSEWHERE:
-        import importlib
-
-        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
-    raise AttributeError(f"module 'serving' has no attribute {name!r}")
-
-
-__all__ = ["start_server", "main", "load_gpt2", "simulate_serving"]
+__all__ = ["start_server"]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import course
 import serving
 import test_lab
 from conftest import lab
@@ -147,12 +148,12 @@ def server(engine_model):
 
 def run_cli(*args) -> subprocess.CompletedProcess:
     """The command line on the module under test, run in this process as `python lab.py ARGS` runs
-    it (`serving.main(lab, ARGS)`): its exit status, stdout and stderr. A stub it names is
+    it (`course.main(lab, ARGS)`): its exit status, stdout and stderr. A stub it names is
     re-raised here as the same NotImplementedError, so the scoreboard names the exercise to write."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = serving.main(lab, list(args))
+            code = course.main(lab, list(args))
         except SystemExit as exc:  # argparse and the command line exit with a status
             code = exc.code if isinstance(exc.code, int) else 1
     proc = subprocess.CompletedProcess(["lab", *args], code, out.getvalue(), err.getvalue())

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+import loadtest
 import loadtest.simulator
 import serving
 from conftest import lab
@@ -149,7 +150,7 @@ def test_report_batching_numbers_are_the_simulators():
     p = run["params"]
     workload = loadtest.simulator.skewed_workload(p["num_short"], p["long_len"], p["short_len"], p["prompt_len"])
     for scheduling in ("static", "continuous"):
-        sim = serving.simulate_serving(lab, workload, scheduling, max_num_seqs=p["slots"])
+        sim = loadtest.simulate_serving(lab, workload, scheduling, max_num_seqs=p["slots"])
         labels = {k.split("-", 1)[1]: v for k, v in fig["labels"].items() if k.startswith(scheduling + "-")}
         assert labels == {"steps": f"{sim.num_steps} steps", "throughput": f"{sim.throughput:.0f} tokens/s",
                           "mean-ttft": f"{sim.summary()['mean_ttft']:.2f} s", "wasted": str(sim.wasted_slot_steps)}, (
@@ -214,7 +215,7 @@ def test_report_latency_numbers_are_the_simulators_at_each_rate():
     p, last = run["params"], len(run["rates"]) - 1
     workload = loadtest.simulator.recurring_workload(p["num_requests"], p["long_len"], p["short_len"],
                                                     p["prompt_len"], run["rates"][last])
-    summary = serving.simulate_serving(lab, workload, "continuous", max_num_seqs=p["slots"],
+    summary = loadtest.simulate_serving(lab, workload, "continuous", max_num_seqs=p["slots"],
                                        record_timeline=False).summary()
     for key in ("p50_ttft", "p99_ttft", "p50_tpot", "p99_tpot"):
         assert fig["labels"][f"{key}-{last}"] == f"{summary[key] * 1e3:.1f}", f"{key} at {run['rates'][last]} req/s"

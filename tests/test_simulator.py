@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+import loadtest
 import loadtest.simulator
-import serving
 from conftest import lab
 from course import scenarios
 from serving import metrics
@@ -18,8 +18,8 @@ from serving import metrics
 @pytest.mark.needs(5)
 def test_simulator_without_a_timeline_measures_the_same():
     workload = [(0.1 * i, 8, 4 + i % 5) for i in range(20)]
-    full = serving.simulate_serving(lab, workload, max_num_seqs=4)
-    lean = serving.simulate_serving(lab, workload, max_num_seqs=4, record_timeline=False)
+    full = loadtest.simulate_serving(lab, workload, max_num_seqs=4)
+    lean = loadtest.simulate_serving(lab, workload, max_num_seqs=4, record_timeline=False)
     assert lean.timeline == [] and len(full.timeline) == full.num_steps
     assert (lean.num_steps, lean.duration, lean.wasted_slot_steps) == (full.num_steps, full.duration,
                                                                        full.wasted_slot_steps)
@@ -27,7 +27,7 @@ def test_simulator_without_a_timeline_measures_the_same():
 
 @pytest.mark.needs(5)
 def test_simulator_reports_a_request_that_can_never_fit_as_rejected():
-    sim = serving.simulate_serving(lab, [(0.0, 8, 8), (0.0, 200, 8), (1.0, 8, 8)], num_blocks=4, block_size=8)
+    sim = loadtest.simulate_serving(lab, [(0.0, 8, 8), (0.0, 200, 8), (1.0, 8, 8)], num_blocks=4, block_size=8)
     reasons = [o.finish_reason for o in sim.outputs]
     assert reasons[1] == "rejected" and reasons[0] == reasons[2] == "length", (
         f"finish reasons {reasons}: like the engine, the simulator must reject a request larger than the "
@@ -37,8 +37,8 @@ def test_simulator_reports_a_request_that_can_never_fit_as_rejected():
 @pytest.mark.needs(5)
 def test_simulator_counts_steps_and_wasted_slot_steps_of_a_hand_traced_workload():
     workload = [(0.0, 4, 1), (0.0, 4, 3), (0.0, 4, 1)]
-    static = serving.simulate_serving(lab, workload, "static", max_num_seqs=2)
-    continuous = serving.simulate_serving(lab, workload, "continuous", max_num_seqs=2)
+    static = loadtest.simulate_serving(lab, workload, "static", max_num_seqs=2)
+    continuous = loadtest.simulate_serving(lab, workload, "continuous", max_num_seqs=2)
     # static: {0,1} prefill (0 done) | 1 | 1 (done) | {2} -- slot of 0 idle for 2 steps while 2 waits
     assert (static.num_steps, static.wasted_slot_steps) == (4, 2)
     # continuous: {0,1} (0 done) | 1 + 2's prefill (2 done) | 1 (done)
@@ -51,7 +51,7 @@ def test_simulator_counts_steps_and_wasted_slot_steps_of_a_hand_traced_workload(
 def test_simulated_time_of_a_hand_traced_workload():
     cost = loadtest.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
                                            compute_time_per_token=0.3)
-    sim = serving.simulate_serving(lab, [(0.0, 4, 1), (0.0, 4, 3)], max_num_seqs=2, cost=cost)
+    sim = loadtest.simulate_serving(lab, [(0.0, 4, 1), (0.0, 4, 3)], max_num_seqs=2, cost=cost)
     # step 1: both prefills, 8 tokens, 8 context: max(1.8, 2.4) | step 2: decode at context 5: 1.5 | 6: 1.6
     assert sim.num_steps == 3
     assert sim.duration == pytest.approx(2.4 + 1.5 + 1.6), (
@@ -65,7 +65,7 @@ def test_simulated_time_of_a_hand_traced_workload():
 def test_simulated_ttft_of_a_chunked_prefill_is_the_end_of_its_last_chunk():
     cost = loadtest.simulator.StepCostModel(weight_read_time=1.0, kv_read_time_per_token=0.1,
                                            compute_time_per_token=0.3)
-    sim = serving.simulate_serving(lab, [(0.0, 8, 2)], max_num_batched_tokens=4, cost=cost)
+    sim = loadtest.simulate_serving(lab, [(0.0, 8, 2)], max_num_batched_tokens=4, cost=cost)
     # chunk 0..3: max(1.4, 1.2) | chunk 4..7, first token: max(1.8, 1.2) | decode at context 9: 1.9
     metrics = sim.outputs[0].metrics
     assert (metrics.ttft, metrics.e2e_latency) == (pytest.approx(1.4 + 1.8), pytest.approx(5.1)), (
@@ -77,8 +77,8 @@ def test_simulated_ttft_of_a_chunked_prefill_is_the_end_of_its_last_chunk():
 @pytest.mark.needs(5)
 def test_simulator_shows_head_of_line_blocking_on_the_skewed_workload():
     workload = [(0.0, 16, 400)] + [(0.0, 16, 10)] * 31
-    static = serving.simulate_serving(lab, workload, "static", max_num_seqs=8)
-    continuous = serving.simulate_serving(lab, workload, "continuous", max_num_seqs=8)
+    static = loadtest.simulate_serving(lab, workload, "static", max_num_seqs=8)
+    continuous = loadtest.simulate_serving(lab, workload, "continuous", max_num_seqs=8)
     assert static.wasted_slot_steps > 50 * continuous.wasted_slot_steps + 1000
     assert continuous.summary()["mean_ttft"] < static.summary()["mean_ttft"] / 5
     picture = scenarios.format_timeline(static, width=40)
@@ -100,7 +100,7 @@ def test_simulator_shows_head_of_line_blocking_on_the_skewed_workload():
 ])
 def test_simulator_rejects_a_bad_workload_by_name(workload, says):
     with pytest.raises(ValueError, match=says):
-        serving.simulate_serving(lab, workload)
+        loadtest.simulate_serving(lab, workload)
 
 
 @pytest.mark.provided

@@ -208,29 +208,41 @@ def plain_run(workload):
     return [[(o.request_id, o.new_token_ids, o.finish_reason) for o in out] for out in steps], engine
 
 
+def shadowed_methods(obj) -> set[str]:
+    """Instance attributes that hide a method of the object's class: what wrapping at run time leaves."""
+    return {name for name in vars(obj) if callable(getattr(type(obj), name, None))}
+
+
+def traced_engine(workload):
+    """(recorder, engine): an engine of the module with a recorder as its observer, as `trace.record` builds it."""
+    recorder = trace.Recorder(lab)
+    engine = trace.build_engine(lab, workload, observer=recorder)
+    recorder.watch(engine)
+    return recorder, engine
+
+
 @pytest.mark.needs(5)
 def test_recording_changes_nothing_the_engine_does():
     workload = trace.get_workload("memory-pressure")
     plain, engine = plain_run(workload)
-    traced_engine = trace.build_engine(lab, workload)
-    recorder = trace.Recorder(traced_engine)
-    traced = [[(o.request_id, o.new_token_ids, o.finish_reason) for o in out]
-              for out in trace.drive(traced_engine, lab, workload, recorder)]
-    assert traced == plain, "the same outputs, step by step, with and without the recorder"
-    assert traced_engine.num_preemptions == engine.num_preemptions > 0
-    assert "schedule" not in vars(engine.scheduler), "an engine that is not traced runs the chapter's own methods"
+    recorder, traced = traced_engine(workload)
+    steps = [[(o.request_id, o.new_token_ids, o.finish_reason) for o in out]
+             for out in trace.drive(traced, lab, workload, recorder)]
+    assert steps == plain, "the same outputs, step by step, with and without the recorder"
+    assert traced.num_preemptions == engine.num_preemptions > 0
 
 
 @pytest.mark.provided
-def test_the_recorder_wraps_only_its_own_engine():
-    model = lab.ToyTransformer(lab.ModelConfig(**trace.TRACE_MODEL))
-    traced, other = (lab.LLMEngine(model, num_blocks=8, block_size=4) for _ in range(2))
-    methods = {name: vars(type(other.scheduler)).get(name) for name in ("schedule", "_allocate_slots", "_preempt")}
-    trace.Recorder(traced)
-    assert {"schedule", "_allocate_slots", "_preempt"} <= set(vars(traced.scheduler))
-    assert not {"schedule", "_allocate_slots", "_preempt"} & set(vars(other.scheduler)), (
-        "another engine's scheduler keeps the class's methods")
-    assert methods == {name: vars(type(other.scheduler)).get(name) for name in methods}, "no class is patched"
+def test_the_recorder_only_listens_and_an_engine_without_it_sends_nothing():
+    workload = trace.get_workload("shared-prefix")
+    _, traced = traced_engine(workload)
+    plain = trace.build_engine(lab, workload)
+    assert type(plain.allocator) is lab.BlockAllocator and plain.scheduler.observer is None, (
+        "an engine built without an observer runs the plain allocator and reports to no one")
+    assert isinstance(traced.allocator, lab.ObservedBlockAllocator), "the traced engine's pool reports its events"
+    for engine in (traced, plain):
+        for part in (engine, engine.scheduler, engine.allocator):
+            assert not shadowed_methods(part), f"{type(part).__name__}'s methods are replaced on the instance"
 
 
 @pytest.mark.needs(5)
@@ -311,18 +323,18 @@ def test_a_run_that_raises_or_does_not_finish_still_gets_the_steps_before(monkey
     workload = trace.get_workload("memory-pressure")
     build = trace.build_engine
 
-    def failing_engine(lab_module, w):
-        engine = build(lab_module, w)
-        forward, calls = engine.model.forward, []
+    class ModelThatFailsAtTheFifthStep(lab.ToyTransformer):
+        calls = 0
 
-        def forward_that_fails_at_the_fifth_step(*args, **kwargs):
-            calls.append(1)
-            if len(calls) == 5:
+        def forward(self, *args, **kwargs):
+            self.calls += 1
+            if self.calls == 5:
                 raise RuntimeError("a bug in step 5")
-            return forward(*args, **kwargs)
+            return super().forward(*args, **kwargs)
 
-        engine.model.forward = forward_that_fails_at_the_fifth_step
-        return engine
+    def failing_engine(lab_module, w, observer=None):
+        model = ModelThatFailsAtTheFifthStep(lab_module.ModelConfig(**w.model), seed=trace.MODEL_SEED)
+        return lab_module.LLMEngine(model, **w.engine, observer=observer)
 
     monkeypatch.setattr(trace, "build_engine", failing_engine)
     rec = trace.record(lab, workload)
@@ -357,26 +369,33 @@ def test_the_trace_of_a_scheduler_that_preempts_the_wrong_request_says_so(tmp_pa
 
 
 @pytest.mark.provided
-def test_the_recorder_reports_a_block_in_two_states_and_a_reference_no_table_holds():
-    model = lab.ToyTransformer(lab.ModelConfig(**trace.TRACE_MODEL))
-    engine = lab.LLMEngine(model, num_blocks=6, block_size=4)
-    recorder = trace.Recorder(engine)
-    assert recorder.frames[0]["state"] == "......" and not recorder.frames[0]["problems"]
-    engine.allocator._ref_counts[3] = 1  # held, yet still in the free queue: a broken allocator
+def test_the_recorder_reports_a_block_the_allocator_and_the_events_disagree_on():
+    recorder, engine = traced_engine(trace.get_workload("skewed"))
+    assert set(recorder.frames[0]["state"]) == {"."} and not recorder.frames[0]["problems"]
+    recorder(lab.EngineEvent(lab.EngineEventType.ALLOCATED, block_ids=(3,)))  # an event the pool never sent
     recorder.stepped([])
     frame = recorder.frames[-1]
-    assert frame["state"] == "...!.." and frame["ref"][3] == 1
-    assert any(p.startswith("block 3 is in more than one state") for p in frame["problems"])
-    assert "block 3 has reference count 1 but 0 block table(s) hold it" in frame["problems"]
+    assert frame["state"][3] == "!" and frame["state"].count("!") == 1 and frame["blocks"]["allocated"] == [3]
+    assert frame["problems"] == ["block 3: the engine's events left it held, but the allocator says reference count 0"]
+
+
+@pytest.mark.needs(1)
+def test_the_recorder_reports_a_reference_no_table_holds():
+    recorder, engine = traced_engine(trace.get_workload("skewed"))
+    block = engine.allocator.allocate()  # taken from the pool, by no block table
+    recorder.stepped([])
+    frame = recorder.frames[-1]
+    assert frame["state"][block] == "h" and frame["blocks"]["allocated"] == [block]
+    assert frame["problems"] == [f"block {block} has reference count 1 but 0 block table(s) hold it"]
 
 
 # --- the page itself: no engine needed ---------------------------------------------------
 
 
 def hand_made_trace(request_id="r0"):
-    frame = dict(step=0, arrived=[request_id], ran=[], admitted={}, preempted=[], copies=[], sampled={}, finished={},
-                 waiting=[request_id], running=[], state="..", ref=[0, 0], tables={}, grew={}, cache=[0, 0, 0],
-                 problems=[])
+    frame = dict(step=0, arrived=[request_id], ran=[], admitted={}, preempted=[], copies=[],
+                 blocks={kind: [] for kind in trace.POOL_EVENTS}, sampled={}, finished={}, waiting=[request_id],
+                 running=[], state="..", ref=[0, 0], tables={}, grew={}, cache=[0, 0, 0], problems=[])
     workload = trace.Workload("hand", "made by hand", "nothing", dict(num_blocks=2, block_size=4),
                               (trace.Arrival(0, request_id, (1, 2, 3), 2),))
     return trace.Trace(workload, "lab.py", [frame])

@@ -4,8 +4,8 @@ tools/ (bench_attention.py, bench_decode.py, ...), run from this table.
 
     python tools/bench.py                      # all of them, on solution.py
     python tools/bench.py attention            # one: attention, decode, kv-int8, batching, speculative, serving,
-                                               #   trace, request-trip, vs-transformers (needs torch +
-                                               #   transformers, never a dependency)
+                                               #   trace, events, shortcuts, request-trip, vs-transformers
+                                               #   (needs torch + transformers, never a dependency)
     python tools/bench.py blas-threads         # not in "all": 1 vs 2 OpenBLAS threads; serving-threads likewise
     python tools/bench.py attention --module lab   # time YOUR kernel (lab.py) instead
 
@@ -33,12 +33,13 @@ import bench_decode  # noqa: E402
 import bench_kv_int8  # noqa: E402
 import bench_request_trip  # noqa: E402
 import bench_serving  # noqa: E402
+import bench_shortcuts  # noqa: E402
 import bench_speculative  # noqa: E402
 import bench_trace  # noqa: E402
 import bench_vs_transformers  # noqa: E402
 
 MODULES = (bench_common, bench_attention, bench_decode, bench_kv_int8, bench_batching, bench_speculative,
-           bench_serving, bench_blas_threads, bench_vs_transformers, bench_trace)
+           bench_serving, bench_blas_threads, bench_vs_transformers, bench_trace, bench_shortcuts)
 
 
 def use_module(name: str, clock=time.perf_counter) -> None:
@@ -57,6 +58,8 @@ BENCHMARKS = {
     "speculative": lambda args: print(bench_speculative.bench_speculative()),
     "serving": lambda args: bench_serving.bench_serving(log=print),
     "trace": lambda args: bench_trace.bench_trace(log=print),
+    "events": lambda args: bench_trace.bench_events(log=print),
+    "shortcuts": lambda args: bench_shortcuts.bench_shortcuts(log=print),
     "request-trip": lambda args: bench_request_trip.main(["--module", args.module]),
     "vs-transformers": lambda args: bench_vs_transformers.bench_vs_transformers(log=print),
     "blas-threads": lambda args: print(bench_blas_threads.bench_blas_threads()),

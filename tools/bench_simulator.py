@@ -13,10 +13,10 @@ For each model:
    a time. Their TTFT and TPOT minus what the fit predicts for the same shapes are the server's
    own terms: a fixed hop per request (the front end's process, HTTP, the pipes) and a cost per
    step (streaming each token out, the engine thread's wake-ups).
-3. Predict with `serving.simulate_serving` (the module's Scheduler, the fitted cost; with and
+3. Predict with `loadtest.simulate_serving` (the module's Scheduler, the fitted cost; with and
    without the server's terms) what `loadtest` will measure at each rate: p50/p99 TTFT, p50/p99
    TPOT and output tokens/s, for the very requests and Poisson arrivals loadtest sends.
-4. Measure with the load generator (`serving.benchmark_serving.run_load`), and print both and
+4. Measure with the load generator (`loadtest.benchmark_serving.run_load`), and print both and
    the error (predicted / measured - 1), and the knee (find_knee) of each.
 
 Timings are wall-clock on whatever else the machine runs: on a shared 2-core VM other processes

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check `serving.load_gpt2` and `GPT2Tokenizer` against Hugging Face's own code, offline.
+"""Check `checkpoints.load_gpt2` and `GPT2Tokenizer` against Hugging Face's own code, offline.
 
 Needs torch, transformers and tokenizers, which the lab never depends on: run it from a scratch
 venv (`python -m venv /tmp/hf && /tmp/hf/bin/pip install torch transformers`), from the

@@ -6,6 +6,7 @@ editing (whether lab.py is that text is CI's `python tools/make_lab.py --check`)
 from __future__ import annotations
 
 import ast
+import collections
 import importlib
 import importlib.util
 import inspect
@@ -51,15 +52,16 @@ def generated_lab_text() -> str:
     return make_lab.refresh_reading_map(make_lab.make_lab(solution))
 
 
-def generated_lab_module():
-    """The generated lab text, imported as a module of its own (its `__main__` block does not run)."""
-    spec = importlib.util.spec_from_loader("generated_lab", loader=None)
+def generated_lab_module(text: str | None = None, name: str = "generated_lab"):
+    """The generated lab text (or `text`), imported as a module of its own (its `__main__` block does not run)."""
+    spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["generated_lab"] = module  # dataclasses look their module up while the class is made
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
     try:
-        exec(compile(generated_lab_text(), str(ROOT / "lab.py"), "exec"), module.__dict__)
+        exec(compile(generated_lab_text() if text is None else text, str(ROOT / f"{name}.py"), "exec"),
+             module.__dict__)
     finally:
-        del sys.modules["generated_lab"]
+        del sys.modules[name]
     return module
 
 
@@ -125,19 +127,25 @@ def test_the_chapter_stays_a_chapter_and_each_reading_map_says_where():
     assert titles == sorted(titles), f"sections must come in their numbered order, found {titles}"
     # The fence: the mechanisms and their checks. What vLLM's API adds (serving/sampling.py), what
     # runs the chapter (server, simulator, scenarios, command line) and what measures it live beside.
-    assert solution.count("\n") <= 2500 and lab_text.count("\n") <= 2200, (
-        f"solution.py has {solution.count(chr(10))} lines (at most 2,500) and lab.py {lab_text.count(chr(10))} "
-        "(at most 2,200): what a student need not read belongs in serving/ or tools/")
+    # Raised from 2,500 and 2,200 by 150 and 130 (issue 44): the engine's events (96 lines: what an
+    # observer is told, the allocator that reports, the scheduler's and the engine's part) and the
+    # assignments that packed unrelated values into one line, unpacked (27); it was 2,622 then.
+    assert solution.count("\n") <= 2650 and lab_text.count("\n") <= 2330, (
+        f"solution.py has {solution.count(chr(10))} lines (at most 2,650) and lab.py {lab_text.count(chr(10))} "
+        "(at most 2,330): what a student need not read belongs in serving/ or tools/")
     lines = solution.split("\n")
     starts = [i for i, line in enumerate(lines) if re.match(r"# \d+\. ", line)]
     batching = next(i for i in starts if lines[i].startswith("# 3. "))
     section3 = starts[starts.index(batching) + 1] - batching
-    assert section3 <= 700, f"section 3 (continuous batching) is {section3} lines, at most 700"
+    # 700 until issue 44 added the engine's events to it (784 lines then).
+    assert section3 <= 800, f"section 3 (continuous batching) is {section3} lines, at most 800"
     tree = ast.parse(solution)
     for name in ("Scheduler", "LLMEngine"):
         node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
         size = node.end_lineno - node.lineno + 1
-        assert size < 180, f"{name} is {size} lines: under 180 (nano-vllm's is under 100)"
+        # Under 180 until issue 44: the scheduler's and the engine's part in the events, `generate`
+        # as the engine's own method, and unpacked assignments took them to 193 and 200 lines.
+        assert size < 210, f"{name} is {size} lines: under 210 (nano-vllm's is under 100)"
     for name, text in (("solution.py", solution), ("lab.py", lab_text)):
         assert load_tool("make_lab").refresh_reading_map(text) == text, (
             f"the reading map in {name}'s docstring names stale line ranges: run python tools/make_lab.py")
@@ -166,7 +174,7 @@ def imported_packages(path: Path) -> set[str]:
 
 
 @pytest.mark.provided
-def test_serving_is_handed_the_module_and_the_chapter_imports_serving_only_in_main():
+def test_the_packages_are_handed_the_module_and_the_chapter_imports_the_course_only_in_main():
     for package in PACKAGES:
         for path in sorted((ROOT / package).glob("*.py")):
             found = imported_packages(path) & {"solution", "lab"}
@@ -174,9 +182,9 @@ def test_serving_is_handed_the_module_and_the_chapter_imports_serving_only_in_ma
     solution = (ROOT / "solution.py").read_text()
     main = solution[solution.index('if __name__ == "__main__":'):]
     before = solution[: solution.index('if __name__ == "__main__":')]
-    assert not re.search(r"^\s*(from|import) serving\b", before, re.M), (
-        "solution.py imports serving/ outside `__main__`: the chapter stands below what runs it")
-    assert "serving.main(" in main, "`python solution.py` must hand the module to serving.main"
+    assert not re.search(rf"^\s*(from|import) ({'|'.join(PACKAGES)})\b", before, re.M), (
+        "solution.py imports a package beside it outside `__main__`: the chapter stands below what runs it")
+    assert "course.main(" in main, "`python solution.py` must hand the module to course.main, the command line's home"
 
 
 @pytest.mark.provided
@@ -190,6 +198,117 @@ def test_imports_run_one_way_the_course_above_the_server_load_and_checkpoints():
     for path in sorted((ROOT / "checkpoints").glob("*.py")):
         assert not imported_packages(path) & {"serving", "loadtest"}, (
             f"checkpoints/{path.name} imports the server or the load generator: a checkpoint stands below both")
+
+
+def import_tricks(source: str) -> list[str]:
+    """What in a module imports past its `import` lines, where the import graph (and a reader) cannot
+    see it: `importlib` or `runpy`, `__import__`, `sys.modules` looked up under a name written out,
+    or a module-level `__getattr__` / `__dir__` (names handed out from elsewhere when asked for)."""
+    tree, found = ast.parse(source), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: import {a.name}" for a in node.names
+                      if a.name.split(".")[0] in ("importlib", "runpy")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("importlib", "runpy"):
+            found.append(f"line {node.lineno}: from {node.module} import ...")
+        elif isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", "")) in (
+                "__import__", "import_module"):
+            found.append(f"line {node.lineno}: {getattr(node, 'id', getattr(node, 'attr', ''))}")
+        elif (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+              and isinstance(node.value, ast.Attribute) and node.value.attr == "modules"):
+            found.append(f"line {node.lineno}: sys.modules[{node.slice.value!r}]")
+    found += [f"line {node.lineno}: a module-level {node.name}" for node in tree.body
+              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("__getattr__", "__dir__")]
+    return found
+
+
+PLANTED_IMPORT_TRICKS = {
+    "importlib": "import importlib\n\nmain = importlib.import_module('course.cli').main\n",
+    "from importlib": "from importlib import import_module\n",
+    "__import__": "main = __import__('course').main\n",
+    "sys.modules by name": "import sys\n\nmain = sys.modules['course'].main\n",
+    "module __getattr__": "def __getattr__(name):\n    from course import cli\n    return getattr(cli, name)\n",
+}
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("name", PLANTED_IMPORT_TRICKS)
+def test_the_import_check_sees_an_import_planted_past_the_import_lines(name):
+    assert import_tricks(PLANTED_IMPORT_TRICKS[name]), f"a planted {name} import went unseen"
+    assert not import_tricks("import sys\n\nfrom .cli import main\n\nlab = sys.modules[type(engine).__module__]\n")
+
+
+@pytest.mark.provided
+def test_no_package_nor_the_chapter_imports_past_its_import_lines():
+    # A name handed out through importlib or a module __getattr__ is an arrow the import graph
+    # cannot draw: serving/ once handed out the course's `main` that way, and the chapter ran
+    # chapter -> server -> course. Every import is an `import` line, so the direction checks above see it.
+    paths = [ROOT / "solution.py", *(path for package in PACKAGES for path in sorted((ROOT / package).glob("*.py")))]
+    for path in paths:
+        tricks = import_tricks(path.read_text())
+        assert not tricks, f"{path.relative_to(ROOT)} imports where the import graph cannot see it: {tricks}"
+
+
+def chapter_private_names() -> set[str]:
+    """The private names the chapter defines: functions, classes and attributes named `_x` (not
+    dunders), module-level or in a class or on `self`."""
+    names = set()
+    for node in ast.walk(ast.parse((ROOT / "solution.py").read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            name = node.name
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            name = node.attr
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            name = node.id
+        else:
+            continue
+        if name.startswith("_") and name.strip("_") and not name.endswith("__"):
+            names.add(name)
+    return names
+
+
+def private_uses(source: str, private: set[str]) -> list[str]:
+    """Where a module touches one of `private`: as an attribute of anything but its own `self` or
+    `cls` (`engine.scheduler._preempt`, `lab._softmax`), or as a string (`getattr(x, "_free")`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in private and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            found.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in private:
+            found.append(f"line {node.lineno}: {node.value!r}")
+    return found
+
+
+# What listens to the chapter from beside it: the course (the trace above all) and the trace's tests.
+LISTENERS = [*sorted((ROOT / "course").glob("*.py")), ROOT / "tests" / "test_trace.py",
+             ROOT / "tests" / "test_events.py"]
+
+PLANTED_PRIVATE_USES = {
+    "a private method wrapped": "scheduler._preempt = recording_preempt\n",
+    "a private queue read by name": "free = getattr(engine.allocator, '_free', None)\n",
+    "private state written": "engine.allocator._ref_counts[3] = 1\n",
+    "a private helper of the module": "probs = lab._softmax(scores)\n",
+}
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("name", PLANTED_PRIVATE_USES)
+def test_the_private_name_check_sees_a_planted_use(name):
+    private = chapter_private_names()
+    assert {"_free", "_evictable", "_allocate_slots", "_preempt", "_ref_counts"} <= private
+    assert private_uses(PLANTED_PRIVATE_USES[name], private), f"{name} went unseen"
+    assert not private_uses("self._free = []\nengine.allocator.ref_count(3)\n", private), "its own attributes are its"
+
+
+@pytest.mark.provided
+def test_the_course_and_the_trace_use_only_the_chapters_public_names():
+    # The trace listens to the engine's events and reads public state: a private name of the
+    # chapter renamed or rewritten (as a student may) must not break a page silently.
+    private = chapter_private_names()
+    for path in LISTENERS:
+        uses = private_uses(path.read_text(), private)
+        assert not uses, f"{path.relative_to(ROOT)} touches private names of the chapter: {uses}"
 
 
 @pytest.mark.provided
@@ -372,3 +491,44 @@ def test_the_snippet_runner_fails_a_failing_or_incomplete_command_and_keeps_a_bl
     assert [o.status for s in shown for o in check_docs.run_snippet(s, tmp_path, env, seen)] == ["ok", "same"]
     after_cd = check_docs.Snippet("x.md", 3, "bash", ["cd sub", "python -c 'print(1)'"])
     assert [o.status for o in check_docs.run_snippet(after_cd, tmp_path, env, seen)] == ["ok", "ok"]
+
+
+def event_steps(module, workload) -> list[list]:
+    """The events an engine of `module` sends running `workload`, step by step."""
+    from course import trace
+
+    class Steps(list):
+        def __call__(self, event):
+            self[-1].append(event)
+
+        def arrived(self, request_ids):
+            self.append([])
+
+        def stepped(self, outputs):
+            pass
+
+    steps = Steps()
+    trace.drive(trace.build_engine(module, workload, observer=steps), module, workload, steps)
+    return steps
+
+
+@pytest.mark.provided
+def test_the_second_implementation_reports_the_same_events():
+    # The events come from provided code, so a correct implementation written another way reports
+    # the same: the scheduler's events exactly, and as many of each kind of the pool's every step
+    # (which physical block a table gets may differ: the second lab allocates in another order).
+    from course import trace
+
+    solution = importlib.import_module("solution")
+    second = generated_lab_module(load_tool("second_lab").second_lab(generated_lab_text()), "second_lab_events")
+    scheduler = ("SCHEDULED", "OUT_OF_BLOCKS", "PREEMPTED")
+    for name in trace.WORKLOADS:
+        workload = trace.get_workload(name)
+        ours, theirs = event_steps(solution, workload), event_steps(second, workload)
+        assert len(ours) == len(theirs), f"{name}: {len(theirs)} steps, the reference {len(ours)}"
+        for k, (a, b) in enumerate(zip(ours, theirs), 1):
+            told = [[(e.type.name, e.request_id, e.num_tokens) for e in events if e.type.name in scheduler]
+                    for events in (a, b)]
+            assert told[0] == told[1], f"{name}, step {k}: the scheduler's events differ"
+            counts = [sorted(collections.Counter(e.type.name for e in events).items()) for events in (a, b)]
+            assert counts[0] == counts[1], f"{name}, step {k}: the pool's events differ"
