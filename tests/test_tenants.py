@@ -23,6 +23,7 @@ import time
 
 import pytest
 
+import course
 import serving
 from conftest import lab
 from course import attack
@@ -365,7 +366,7 @@ def test_attack_on_a_half_written_lab_names_the_stub_it_needs(tmp_path, monkeypa
     spec.loader.exec_module(half)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as end:
-        serving.main(half, ["attack", "prefix-cache"])
+        course.main(half, ["attack", "prefix-cache"])
     assert end.value.code == 1 and "lab_half.py: Exercise 3: hash_block is still a stub" in err.getvalue(), (
         end.value.code, err.getvalue())
 
