@@ -363,7 +363,7 @@ MUTANTS: list[tuple[str, ...]] = [
     ('simulator: a step costs memory time plus compute time', 'provided',
      'return max(memory, self.compute_time_per_token * num_tokens)', 'return memory + self.compute_time_per_token * num_tokens', 'loadtest/simulator.py'),
     ('format_plan prices a tensor-parallel group as one GPU', 'exercise8',
-     'return usd_per_gpu_hour * tp / (p.output_tokens_per_s * 3600) * 1e6', 'return usd_per_gpu_hour / (p.output_tokens_per_s * 3600) * 1e6', 'course/sizing.py'),
+     'return usd_per_gpu_hour * tp / (qps * plan.mean_output_len * 3600) * 1e6', 'return usd_per_gpu_hour / (qps * plan.mean_output_len * 3600) * 1e6', 'course/sizing.py'),
     ('TTFT histogram buckets count values below the bound, not up to it', 'provided',
      'self.counts[i] += value <= bound', 'self.counts[i] += value < bound', 'serving/metrics.py'),
     ("a static batch reserves each request's prompt, not its worst case", 'exercise5',
