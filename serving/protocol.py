@@ -430,11 +430,11 @@ def build_request(served: ServedModel, fields: Fields, kind: str, model: str, re
         ("include_stop_str_in_output", False), ("skip_special_tokens", True), ("return_token_ids", False),
         ("return_tokens_as_token_ids", False))}
     engine_stops = tuple(stop_ids) + ((eos,) if eos is not None and eos not in stop_ids else ())
-    params_all = lab.SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed,
-                                    stop_token_ids=engine_stops, top_k=0 if top_k == -1 else top_k, top_p=top_p,
-                                    extra_args=args)
-    requests = [lab.Request(f"{response_id}-{i}-{uuid.uuid4().hex[:8]}", prompt, params_all, cache_salt=cache_salt)
-                for i, prompt in enumerate(prompts)]
+    sampling_params = lab.SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed,
+                                         stop_token_ids=engine_stops, top_k=0 if top_k == -1 else top_k, top_p=top_p,
+                                         extra_args=args)
+    requests = [lab.Request(f"{response_id}-{i}-{uuid.uuid4().hex[:8]}", prompt, sampling_params,
+                            cache_salt=cache_salt) for i, prompt in enumerate(prompts)]
     # Every field is read by now: what no one read is in no table.
     ignored = sorted(set(f.payload) - f.read) + sorted(f"stream_options.{k}" for k in set(opts.payload) - opts.read)
     return GenerateRequest(
