@@ -10,10 +10,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              41-154       checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          155-395      blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   396-964      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      965-1695     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1696-1977    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1978-2281    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2282-2305    the list of exercises, and `__main__`
+   3. Continuous batching                      965-1710     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1711-1992    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1993-2296    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2297-2320    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -1094,6 +1094,7 @@ class SequenceState:
         self.finish_reason: str | None = None
         self.finish_detail: str | None = None
         self.num_preemptions = 0
+        self.num_samples = 1  # it and the samples it forks (LLMEngine.add_request's n)
         self.stop_token_set = frozenset(request.sampling.stop_token_ids)  # each token's check is O(1)
         # Filled in by whoever runs the steps (engine or simulator): its clock, its sampler.
         self.arrival_time = request.arrival_time
@@ -1281,12 +1282,14 @@ class Scheduler:
         self.num_preemptions = 0
         self.observer: EngineObserver | None = None  # told of each step's plan and each preemption
 
-    def add_request(self, request: Request) -> SequenceState:
-        """Queue a request; one that can never run is finished at once as "rejected", the reason in
-        `finish_detail`. An empty prompt, or max_tokens < 1, is a ValueError (nothing to run)."""
+    def add_request(self, request: Request, num_samples: int = 1) -> SequenceState:
+        """Queue a request (that will fork `num_samples - 1` samples); one that can never run is finished
+        at once as "rejected", the reason in `finish_detail`. An empty prompt, or max_tokens < 1, is a
+        ValueError (nothing to run)."""
         if len(request.prompt_token_ids) == 0 or check_int("max_tokens", request.sampling.max_tokens) < 1:
             raise ValueError(f"request {request.request_id!r} needs a non-empty prompt and max_tokens >= 1")
         seq = SequenceState(request, self.allocator)
+        seq.num_samples = num_samples
         reason = self._rejection(seq)
         if reason:
             seq.status = SequenceStatus.FINISHED
@@ -1404,11 +1407,23 @@ class StaticBatchScheduler(Scheduler):
     """The baseline: a batch of up to `batch_size` requests runs until ALL of them finished, and
     only then does the next batch start: a finished sequence's slot stays empty until the whole
     batch is done (head-of-line blocking). Like the static servers it stands for, it reserves each
-    request's worst case (prompt + max_tokens) at admission, so it never preempts."""
+    request's worst case (prompt + max_tokens, and its samples') at admission, so it never preempts."""
 
     def __init__(self, allocator: BlockAllocator, batch_size: int):
         super().__init__(allocator, max_num_seqs=batch_size, max_num_batched_tokens=sys.maxsize,
                          enable_chunked_prefill=False)
+
+    def _worst_case(self, seq: SequenceState) -> int:
+        """Blocks a request and the samples it forks may take: they share the prompt's full blocks."""
+        prompt, size = len(seq.prompt_token_ids), self.allocator.block_size
+        worst = blocks_needed(prompt + seq.sampling.max_tokens, size)
+        return worst + (seq.num_samples - 1) * (worst - prompt // size)
+
+    def _rejection(self, seq: SequenceState) -> str | None:
+        if self._worst_case(seq) > self.allocator.num_blocks:  # a batch holds a request's samples together
+            return (f"{seq.num_samples} samples of prompt + max_tokens need {self._worst_case(seq)} KV blocks at "
+                    f"once in a static batch, the whole cache has {self.allocator.num_blocks}")
+        return super()._rejection(seq)
 
     def schedule(self) -> SchedulerOutput:
         plan = SchedulerOutput()
@@ -1427,7 +1442,7 @@ class StaticBatchScheduler(Scheduler):
         reserved = 0  # blocks promised to the batch's worst cases so far
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            worst = blocks_needed(len(seq.prompt_token_ids) + seq.sampling.max_tokens, self.allocator.block_size)
+            worst = self._worst_case(seq)
             if reserved + worst > free:
                 break
             num_new = self._try_admit(seq, self.max_num_batched_tokens)
@@ -1572,9 +1587,9 @@ class LLMEngine:
     def add_request(self, prompt: Request | Sequence[int], sampling: SamplingParams | None = None, n: int = 1) -> str:
         """Queue a Request (or a prompt with its SamplingParams); returns its request id. Its arrival is
         now on the engine's clock. A bad field or an id in flight is an ArgumentError, nothing queued.
-        `n > 1` is parallel sampling by fork (the PagedAttention paper's; continuous scheduling): the
-        prompt runs once, then samples "ID.1" .. "ID.{n-1}" (seed + i) fork its block table and draw
-        their first tokens from its logits; a shared partial last block is copied at each one's first write."""
+        `n > 1` is parallel sampling by fork (the PagedAttention paper's): the prompt runs once, then
+        samples "ID.1" .. "ID.{n-1}" (seed + i) fork its block table and draw their first tokens from its
+        logits; a shared partial last block is copied at each one's first write."""
         n = check_int("n", n, 1)
         request = self._checked_requests([prompt], [sampling])[0]
         seed = request.sampling.seed
@@ -1582,13 +1597,13 @@ class LLMEngine:
             request.sampling, seed=None if seed is None else seed + i)) for i in range(1, n)]
         if {f.request_id for f in forks} & self._in_flight():
             raise ArgumentError("request_id", f"the ids of the {n} samples of {request.request_id!r} are in flight")
-        seq = self._add(request)
+        seq = self._add(request, n)
         if forks and not seq.finish_reason:  # a rejected request forks nothing
             self._forks[request.request_id] = forks
         return seq.request_id
 
-    def _add(self, request: Request) -> SequenceState:
-        seq = self.scheduler.add_request(request)
+    def _add(self, request: Request, n: int = 1) -> SequenceState:
+        seq = self.scheduler.add_request(request, n)
         seq.arrival_time = time.perf_counter()
         seq.rng = np.random.default_rng(request.sampling.seed)
         self.requests[request.request_id] = seq

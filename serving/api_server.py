@@ -42,7 +42,7 @@ from multiprocessing.connection import Connection
 from checkpoints.tokenizer import ByteTokenizer
 
 from . import sampling, serving_tokenization
-from .async_llm import AsyncLLM, CommandWriter, EngineCore, command_pipe
+from .async_llm import AsyncLLM, CommandWriter, EngineCore, Ready, Shutdown, StartupError, command_pipe
 from .chat import parse_chat_request
 from .http_server import Connection as ClientConnection
 from .http_server import Connections, HTTPRequest, Sink
@@ -156,8 +156,7 @@ class CompletionServer:
         self.model_name = names[0]
         # One request's n takes at most half of the running seats (each sample is a sequence).
         max_n = max(1, engine.scheduler.max_num_seqs // 2) if max_n is None else max_n
-        self.served = ServedModel(sys.modules[type(engine).__module__], config, self.tokenizer, tuple(names), max_n,
-                                  engine.allocator.enable_prefix_caching)
+        self.served = ServedModel(sys.modules[type(engine).__module__], config, self.tokenizer, tuple(names), max_n)
         self._closed, self._close_lock = False, threading.Lock()
         sock = socket.create_server((host, port))  # a port in use fails here, in the caller
         self.port = sock.getsockname()[1]
@@ -214,7 +213,7 @@ class CompletionServer:
             self._closed = True
         # From a thread: a front end that has stopped reading (stuck, or stopped by a signal)
         # would block the write; killing it after the timeout below ends the write too.
-        threading.Thread(target=self._core.send, args=(("close",),), name="lab-close", daemon=True).start()
+        threading.Thread(target=self._core.send, args=(Shutdown(),), name="lab-close", daemon=True).start()
         self._frontend.join(SHUTDOWN_TIMEOUT_S * 3)
         if self._core.join(SHUTDOWN_TIMEOUT_S):  # the engine's thread has ended: the engine is the caller's again
             self.engine.logits_processors = self._own_processors
@@ -287,7 +286,7 @@ class _Frontend:
         except BaseException as exc:  # noqa: BLE001 - reported to the caller of start_server
             try:
                 commands.detach()
-                commands.send(("startup_error", f"{type(exc).__name__}: {exc}"))
+                commands.send(StartupError(f"{type(exc).__name__}: {exc}"))
             except (OSError, EOFError):
                 pass
         finally:
@@ -302,7 +301,7 @@ class _Frontend:
         self.bridge.start(asyncio.get_running_loop())
         self.openai = OpenAIServing(self.served, self.bridge, self.stats, self.stream_interval)
         server = await asyncio.start_server(self.connections.serve, sock=sock)
-        self.bridge.send(("ready",))
+        self.bridge.send(Ready())
         await self._stop.wait()
         server.close()  # stop accepting
         self.connections.stop()

@@ -18,12 +18,15 @@ and can look at it afterwards), and the front end is the forked child:
   send commands; the event loop reads the step outputs as they arrive and hands each to its
   request's queue, where the request's handler (`output.ChoiceState`) accumulates the text.
 
-Front end -> engine, through a `command_pipe`: ("ready",), ("add", [Request, ...]) (one
-response's choices, added in the same step), ("abort", request_id), ("answered", [request_id,
-...]) after a failure, ("bye",) at the end.
-Engine -> front end, through a multiprocessing Connection: ("outputs", {rejected id: (field,
-message)}, [StepOutput, ...], gauges), ("failed", message) when a step raised, ("close",) to
-shut down.
+What crosses the boundary is the messages below, one small dataclass per kind: the front end
+sends `Ready`, `StartupError`, `AddRequests`, `AbortRequest`, `Answered` and `Bye` through a
+`command_pipe`; the engine sends `StepReport`, `EngineFailed` and `Shutdown` through a
+multiprocessing Connection. Both sides pickle them.
+
+`n` has one home, the engine: `AddRequests` carries each prompt once, with its `n`, and
+`LLMEngine.add_request(request, n=n)` runs the prompt once and forks its block table for the
+other samples, which the engine names `sample_ids` (docs/sampling.md says why here and not in
+the front end, as vLLM V1 does it).
 """
 
 from __future__ import annotations
@@ -46,6 +49,81 @@ from .protocol import APIError
 READ_BATCH = 16  # engine messages handled per wakeup of the front end's loop
 _LENGTH = struct.Struct("!Q")  # a command's frame: its pickle's length, then the pickle
 GAUGES = {"running": 0, "waiting": 0, "kv_usage": 0.0, "preemptions": 0, "queries": 0, "hits": 0}
+
+
+def sample_ids(request_id: str, n: int) -> list[str]:
+    """The ids of a request's `n` samples, as the engine names them (`LLMEngine.add_request`): the
+    request's own id for sample 0, then "ID.1" .. "ID.{n-1}", the forks. Choice j of a prompt is
+    sample j."""
+    return [request_id] + [f"{request_id}.{j}" for j in range(1, n)]
+
+
+# --- what crosses the boundary: front end -> engine ----------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class Ready:
+    """The front end accepts connections."""
+
+
+@dataclasses.dataclass(slots=True)
+class StartupError:
+    """The front end could not start: why."""
+
+    message: str
+
+
+@dataclasses.dataclass(slots=True)
+class AddRequests:
+    """Requests to queue, in one step: one response's prompts, a Request each. The engine runs each
+    prompt once and forks it into `n` samples (`sample_ids`)."""
+
+    requests: list
+    n: int = 1
+
+
+@dataclasses.dataclass(slots=True)
+class AbortRequest:
+    """Stop a sample now (its client went, a stop string ended it, or the front end failed it)."""
+
+    request_id: str
+
+
+@dataclasses.dataclass(slots=True)
+class Answered:
+    """After `EngineFailed`: the samples the front end failed; the engine drops or aborts them."""
+
+    request_ids: list[str]
+
+
+@dataclasses.dataclass(slots=True)
+class Bye:
+    """The front end is done: nothing after this."""
+
+
+# --- what crosses the boundary: engine -> front end ----------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class StepReport:
+    """What one engine step did: the samples the engine's checks refused ({id: (field, message)}),
+    each sample's output, and the gauges of /metrics after the step."""
+
+    rejected: dict[str, tuple[str | None, str]]
+    outputs: list[StepOutput]
+    gauges: dict[str, float]
+
+
+@dataclasses.dataclass(slots=True)
+class EngineFailed:
+    """A step raised: every request in flight fails with `message`; the engine waits for `Answered`."""
+
+    message: str
+
+
+@dataclasses.dataclass(slots=True)
+class Shutdown:
+    """The server is closing: the front end stops taking requests and ends those in flight."""
 
 
 def command_pipe() -> tuple[CommandReader, CommandWriter]:
@@ -85,7 +163,7 @@ class CommandReader(_PipeEnd):
         """A command (or the end of the pipe) is there to read."""
         return bool(self._poller.poll(0))
 
-    def recv(self) -> tuple:
+    def recv(self) -> object:
         (length,) = _LENGTH.unpack(self._read(_LENGTH.size))
         return pickle.loads(self._read(length))
 
@@ -122,7 +200,7 @@ class CommandWriter(_PipeEnd):
             os.set_blocking(self.fd, True)
         self._loop = None
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: object) -> None:
         if self.fd < 0:  # the engine has gone: nobody reads commands any more
             return
         data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
@@ -199,10 +277,11 @@ class EngineCore:
         self.engine, self.commands, self.outputs = engine, commands, outputs
         self.ready = threading.Event()  # the front end accepts connections (or has died)
         self.frontend_error: str | None = None
-        self._inbox: list[tuple] = []  # ("add", Request) / ("abort", request_id), in order
+        self._inbox: list[AddRequests | AbortRequest] = []  # in order
         self._to_abort: set[str] = set()  # failed by the front end, still in the engine
-        self._args: dict[str, dict] = {}  # extra_args of each request in the engine
+        self._args: dict[str, dict] = {}  # extra_args of each sample in the engine
         self._prompt_logprobs: dict[str, list] = {}  # to go with a request's first output
+        self._forks: dict[str, list[str]] = {}  # request id -> its samples' ids, until its first output
         self._logprobs = sampling.logprobs_of(engine)
         self._lab = sys.modules[type(engine).__module__]  # the module whose checks the engine runs
         self._answered = self._gone = False
@@ -217,7 +296,7 @@ class EngineCore:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def send(self, message: tuple) -> bool:
+    def send(self, message: StepReport | EngineFailed | Shutdown) -> bool:
         """To the front end; False once it has gone."""
         try:
             with self._send_lock:
@@ -235,34 +314,41 @@ class EngineCore:
         except (OSError, EOFError):  # the front end has gone
             self._gone = True
 
-    def _on_message(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "ready":
-            self.ready.set()
-        elif kind == "startup_error":
-            self.frontend_error = message[1]
-            self.ready.set()
-        elif kind == "answered":
-            self._drop_failed(set(message[1]))
-            self._answered = True
-        elif kind == "bye":
-            self._gone = True
-        elif kind == "add":  # the choices of one response: all in the same step
-            self._inbox += [("add", request) for request in message[1]]
-        else:
+    def _on_message(self, message) -> None:
+        if isinstance(message, (AddRequests, AbortRequest)):  # the engine's, in order, between steps
             self._inbox.append(message)
+        elif isinstance(message, Ready):
+            self.ready.set()
+        elif isinstance(message, StartupError):
+            self.frontend_error = message.message
+            self.ready.set()
+        elif isinstance(message, Answered):
+            self._drop_failed(set(message.request_ids))
+            self._answered = True
+        elif isinstance(message, Bye):
+            self._gone = True
 
     def _drop_failed(self, failed: set[str]) -> None:
         """A request the front end failed must not run: drop its add if it has not reached the
         engine yet, else abort it (by `_flush`, before any new command)."""
-        pending = {arg.request_id for kind, arg in self._inbox if kind == "add"} & failed
-        self._inbox = [(kind, arg) for kind, arg in self._inbox
-                       if (arg if kind == "abort" else arg.request_id) not in failed]
+        inbox, pending = [], set()
+        for command in self._inbox:
+            if isinstance(command, AbortRequest):
+                if command.request_id not in failed:
+                    inbox.append(command)
+                continue
+            kept = [r for r in command.requests if r.request_id not in failed]
+            for request in command.requests:
+                if request.request_id in failed:
+                    pending.update(sample_ids(request.request_id, command.n))
+            if kept:
+                inbox.append(AddRequests(kept, command.n))
+        self._inbox = inbox
         self._to_abort |= failed - pending
 
-    def _take_commands(self, new: bool = True) -> list[tuple]:
+    def _take_commands(self, new: bool = True) -> list[AddRequests | AbortRequest]:
         """The aborts the front end's failures asked for, then (with `new`) the commands in order."""
-        commands = [("abort", request_id) for request_id in self._to_abort]
+        commands: list = [AbortRequest(request_id) for request_id in self._to_abort]
         self._to_abort = set()
         if new:
             commands, self._inbox = commands + self._inbox, []
@@ -292,47 +378,53 @@ class EngineCore:
                 rejected, outputs = self._step(self._take_commands())
             except Exception as exc:  # the engine failed: the front end fails what is in flight
                 self._answered = False
-                if self.send(("failed", f"the engine failed: {type(exc).__name__}: {exc}")):
+                if self.send(EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}")):
                     while not (self._answered or self._gone):
                         self._receive(block=True)
                 stalled = not self._flush()
                 continue
-            if not self.send(("outputs", rejected, outputs, self._gauges())):
+            if not self.send(StepReport(rejected, outputs, self._gauges())):
                 self._gone = True
         self._to_abort |= set(self._args)  # the front end has gone: nobody waits for these
         self._flush()
 
-    def _step(self, commands: list[tuple]) -> tuple[dict[str, tuple], list[StepOutput]]:
+    def _step(self, commands: list[AddRequests | AbortRequest]) -> tuple[dict[str, tuple], list[StepOutput]]:
         rejected, outputs = {}, []
-        for kind, arg in commands:
-            if kind == "add":
+        for command in commands:
+            if isinstance(command, AbortRequest):
+                self.engine.abort_request(command.request_id)
+                continue
+            for request in command.requests:
                 try:
-                    outputs += self._add(arg)
+                    outputs += self._add(request, command.n)
                 except ValueError as exc:  # the engine's checks: the field at fault is the error's
-                    rejected[arg.request_id] = (getattr(exc, "argument", None), str(exc))
-            else:
-                self.engine.abort_request(arg)
+                    for sample_id in sample_ids(request.request_id, command.n):
+                        rejected[sample_id] = (getattr(exc, "argument", None), str(exc))
         if self.engine.has_unfinished():
-            outputs += [self._output(out) for out in self.engine.step()]
+            for out in self.engine.step():
+                outputs += self._outputs(out)
         return rejected, outputs
 
-    def _add(self, request) -> list[StepOutput]:
-        """Queue `request` in the engine, its prompt's logprobs computed first if it asks for them.
-        A request for 0 tokens (echo with max_tokens 0) is checked as one for a single token,
-        answered here with its prompt's logprobs, and never queued."""
+    def _add(self, request, n: int) -> list[StepOutput]:
+        """Queue `request` in the engine with its `n` samples, its prompt's logprobs computed first
+        if it asks for them. A request for 0 tokens (echo with max_tokens 0) is checked as one for a
+        single token, answered here with its prompt's logprobs, and never queued."""
         args = request.sampling.extra_args or {}
+        samples = sample_ids(request.request_id, n)
         prompt_only = request.sampling.max_tokens == 0
         if prompt_only:
             one = dataclasses.replace(request.sampling, max_tokens=1)
             self._lab.check_request(dataclasses.replace(request, sampling=one), self.engine.model.config)
         else:
-            self.engine.add_request(request)
-            self._args[request.request_id] = args
+            self.engine.add_request(request, n=n)
+            self._args |= dict.fromkeys(samples, args)
+            if n > 1:
+                self._forks[request.request_id] = samples[1:]
         scored = None
         if args.get("prompt_logprobs") is not None:
             scored = sampling.prompt_logprobs(self.engine.model, request.prompt_token_ids, args["prompt_logprobs"])
         if prompt_only:
-            return [StepOutput(request.request_id, [], None, scored, "length")]
+            return [StepOutput(s, [], None, scored if s == request.request_id else None, "length") for s in samples]
         if scored is not None:
             self._prompt_logprobs[request.request_id] = scored
         return []
@@ -346,8 +438,10 @@ class EngineCore:
             return False
         return True
 
-    def _output(self, out) -> StepOutput:
-        """The engine's output for one request, with the logprobs of its new tokens where asked."""
+    def _outputs(self, out) -> list[StepOutput]:
+        """The engine's output for one sample, with the logprobs of its new tokens where asked. A
+        request that ended before its prompt ran never forked: a refusal ("rejected") is its
+        samples' too, and nothing else of theirs will come."""
         request_id = out.request_id
         args = self._args.get(request_id, {})
         logprobs = None
@@ -357,8 +451,15 @@ class EngineCore:
             self._args.pop(request_id, None)
             if self._logprobs is not None:
                 self._logprobs.forget(request_id)
-        return StepOutput(request_id, out.new_token_ids, logprobs, self._prompt_logprobs.pop(request_id, None),
-                          out.finish_reason, out.finish_detail)
+        first = StepOutput(request_id, out.new_token_ids, logprobs, self._prompt_logprobs.pop(request_id, None),
+                           out.finish_reason, out.finish_detail)
+        forks = self._forks.pop(request_id, ())
+        if not forks or out.new_token_ids:  # no samples, or they forked with this output's token
+            return [first]
+        for sample_id in forks:
+            self._args.pop(sample_id, None)
+        rejected = out.finish_reason == "rejected"
+        return [first] + [StepOutput(s, [], None, None, "rejected", out.finish_detail) for s in forks if rejected]
 
     def _gauges(self) -> dict[str, float]:
         engine, allocator = self.engine, self.engine.allocator
@@ -398,33 +499,35 @@ class AsyncLLM:
         self.commands.attach(loop, lambda: self._fail_all(APIError("the engine has stopped", 503, "server_error"),
                                                           answer=False))
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: Ready | StartupError | AddRequests | AbortRequest | Answered | Bye) -> None:
         """A command for the engine, written now, or as soon as the pipe has room."""
         self.commands.send(message)
 
     def finish(self, timeout: float) -> None:
         """Say goodbye to the engine and wait until every command before it is written."""
-        self.send(("bye",))
+        self.send(Bye())
         self.commands.flush(timeout, self.outputs, self._read_outputs)
 
-    def submit(self, requests: list, queue: asyncio.Queue | None = None) -> asyncio.Queue:
-        """Queue `requests` for the engine in one command, so they reach the same step; their
-        outputs go to `queue` (a new one by default; the choices of one response share one:
-        outputs carry their request_id)."""
+    def submit(self, requests: list, queue: asyncio.Queue | None = None, n: int = 1) -> asyncio.Queue:
+        """Queue `requests` for the engine in one command, so they reach the same step, each
+        sampled `n` times; their samples' outputs go to `queue` (a new one by default; the
+        choices of one response share one: outputs carry their sample's id, `sample_ids`)."""
         queue = asyncio.Queue() if queue is None else queue
         if self.closing:
             queue.put_nowait(APIError("the server is shutting down", 503, "server_error"))
             return queue
         for request in requests:
-            self.streams[request.request_id] = queue
-        self.send(("add", list(requests)))
+            self.streams |= dict.fromkeys(sample_ids(request.request_id, n), queue)
+        self.send(AddRequests(list(requests), n))
         return queue
 
     def abort(self, request_id: str) -> bool:
-        """Abort a request in flight; whether it was (False: finished, failed, or never submitted)."""
+        """Abort a sample in flight; whether it was (False: finished, failed, or never submitted).
+        Aborting a request's sample 0 before its prompt ran drops the samples it would fork; after
+        that each sample runs on its own, and aborting all of them is the caller's."""
         if self.streams.pop(request_id, None) is None:
             return False
-        self.send(("abort", request_id))
+        self.send(AbortRequest(request_id))
         return True
 
     def _read_outputs(self) -> None:
@@ -437,19 +540,18 @@ class AsyncLLM:
                 self._on_message(self.outputs.recv())
         except (OSError, EOFError):
             self._loop.remove_reader(self.outputs.fileno())
-            self._on_message(("close",))
+            self._on_message(Shutdown())
 
-    def _on_message(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "outputs":
-            _, rejected, outputs, self.gauges = message
-            for request_id, (field, error) in rejected.items():  # the id is the engine's, not the client's
+    def _on_message(self, message: StepReport | EngineFailed | Shutdown) -> None:
+        if isinstance(message, StepReport):
+            self.gauges = message.gauges
+            for request_id, (field, error) in message.rejected.items():  # the id is the engine's, not the client's
                 self._finish(request_id, APIError(error.removeprefix(f"request {request_id!r}: "), param=field))
-            for out in outputs:
+            for out in message.outputs:
                 self._deliver(out)
-        elif kind == "failed":
-            self._fail_all(APIError(message[1], 500, "server_error"))
-        elif kind == "close" and self.on_close is not None:
+        elif isinstance(message, EngineFailed):
+            self._fail_all(APIError(message.message, 500, "server_error"))
+        elif isinstance(message, Shutdown) and self.on_close is not None:
             self.on_close()
 
     def _deliver(self, out: StepOutput) -> None:
@@ -475,7 +577,7 @@ class AsyncLLM:
         for request_id in request_ids:
             self._finish(request_id, error)
         if answer:
-            self.send(("answered", request_ids))
+            self.send(Answered(request_ids))
         return request_ids
 
     def close(self) -> None:

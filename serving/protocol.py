@@ -73,8 +73,7 @@ def model_not_found(name: object) -> APIError:
 class ServedModel:
     """What the front end knows of what it serves: the module (whose Request and checks the engine
     uses), the model's config, the tokenizer, the names clients may use (the first is the one
-    answered with), the largest `n` of one request, and whether the prefix cache is on (then the
-    samples of `n` share the prompt's blocks). The engine applies every field of
+    answered with) and the largest `n` of one request. The engine applies every field of
     `sampling.EXTRA_ARGS`: the server installs the processors it lacks."""
 
     lab: ModuleType
@@ -82,7 +81,6 @@ class ServedModel:
     tokenizer: object
     names: tuple[str, ...]
     max_n: int
-    prefix_caching: bool = False
 
     @property
     def name(self) -> str:
@@ -201,12 +199,11 @@ def request_cache_salt(tenant_salt: str | None, cache_salt: str | None) -> str |
 class GenerateRequest:
     """What one completions or chat request asks for, ready for the engine and the output processor.
 
-    `requests` holds the module's Requests, one per choice, prompt-major (choice index =
-    prompt index * n + sample index), as vLLM numbers them. `n` has one home, here in the front
-    end, as in vLLM V1: n requests of one prompt, seeded seed, seed + 1, ... With the prefix
-    cache on, the server sends sample 0 first and its siblings once sample 0's prompt is
-    computed, so that they find its blocks in the cache and hold them once (see api_server).
-    `params` maps an engine field to the request's own name for it (the 400's `param`).
+    `requests` holds the module's Requests, one per prompt. `n` has one home, the engine:
+    `LLMEngine.add_request(request, n=n)` runs the prompt once and forks it into n samples,
+    seeded seed, seed + 1, ... (`async_llm.sample_ids` names them). Choices are prompt-major
+    (choice index = prompt index * n + sample index), as vLLM numbers them. `params` maps an
+    engine field to the request's own name for it (the 400's `param`).
     """
 
     kind: str  # "completion" or "chat"
@@ -384,8 +381,9 @@ def build_request(served: ServedModel, fields: Fields, kind: str, model: str, re
                   prompts: list[list[int]], texts: list[str | None], max_tokens: int | None, *, echo: bool = False,
                   logprobs: int | None = None, prompt_logprobs: int | None = None,
                   params: dict | None = None, tenant_salt: str | None = None) -> GenerateRequest:
-    """The fields both endpoints share, and the Requests: one per prompt and sample, each with the
-    prefix-cache salt of `request_cache_salt(tenant_salt, <the body's cache_salt>)`."""
+    """The fields both endpoints share, and the Requests: one per prompt (the engine forks its n
+    samples), each with the prefix-cache salt of `request_cache_salt(tenant_salt, <the body's
+    cache_salt>)`."""
     f, lab, config, params = fields, served.lab, served.config, dict(params or {})
     n = f.integer("n", 1, 1, what="an int >= 1")
     if n > served.max_n:
@@ -432,15 +430,11 @@ def build_request(served: ServedModel, fields: Fields, kind: str, model: str, re
         ("include_stop_str_in_output", False), ("skip_special_tokens", True), ("return_token_ids", False),
         ("return_tokens_as_token_ids", False))}
     engine_stops = tuple(stop_ids) + ((eos,) if eos is not None and eos not in stop_ids else ())
-    requests = []
-    for i, prompt in enumerate(prompts):
-        for j in range(n):
-            extra = args if j == 0 or not args else {k: v for k, v in args.items() if k != "prompt_logprobs"} or None
-            params_j = lab.SamplingParams(temperature=temperature, max_tokens=max_tokens,
-                                          seed=None if seed is None else seed + j, stop_token_ids=engine_stops,
-                                          top_k=0 if top_k == -1 else top_k, top_p=top_p, extra_args=extra)
-            requests.append(lab.Request(f"{response_id}-{i}-{j}-{uuid.uuid4().hex[:8]}", prompt, params_j,
-                                        cache_salt=cache_salt))
+    sampling_params = lab.SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed,
+                                         stop_token_ids=engine_stops, top_k=0 if top_k == -1 else top_k, top_p=top_p,
+                                         extra_args=args)
+    requests = [lab.Request(f"{response_id}-{i}-{uuid.uuid4().hex[:8]}", prompt, sampling_params,
+                            cache_salt=cache_salt) for i, prompt in enumerate(prompts)]
     # Every field is read by now: what no one read is in no table.
     ignored = sorted(set(f.payload) - f.read) + sorted(f"stream_options.{k}" for k in set(opts.payload) - opts.read)
     return GenerateRequest(

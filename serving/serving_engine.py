@@ -4,13 +4,12 @@ into text by `output.ChoiceState`, and the response written whole or as server-s
 What differs between the two endpoints, the shape of a choice, is theirs:
 `serving_completion.py` and `serving_chat.py`.
 
-`n` has one home, here: each prompt's samples are n requests. With the prefix cache on, sample 0
-goes first and its siblings follow once its first output arrives (its prompt is computed and
-its full blocks are in the cache by then), so that the n samples hold the prompt's full blocks
-once instead of n times (SGLang sends a prompt's parallel samples the same way). Without the
-cache they all go at once. Either way at most `max_n` of one response's choices (prompts x n)
-are in the engine at a time, the next going in as one finishes, so that no response holds more
-of the engine's seats than one request's largest n: another client's request finds the rest.
+`n` has one home, the engine: each prompt goes to it once, and `LLMEngine.add_request(request,
+n=n)` runs the prompt once and forks its block table into the n samples (copy-on-write, the
+PagedAttention paper's parallel sampling), whose ids `async_llm.sample_ids` gives. Here a choice
+is a sample. At most `max_n` of one response's choices (prompts x n) are in the engine at a time,
+the next prompt going in once its n samples fit, so that no response holds more of the engine's
+seats than one request's largest n: another client's request finds the rest.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import collections
 import secrets
 import time
 
-from .async_llm import AsyncLLM
+from .async_llm import AsyncLLM, sample_ids
 from .http_server import Connection, Sink
 from .metrics import FINISHED_REASONS, TTFT_BUCKETS_S, Histogram
 from .output import ChoiceState, Delta
@@ -40,27 +39,23 @@ def client_gone() -> APIError:
 
 
 class Release:
-    """When each of a response's requests goes to the engine: at most `cap` at once, the next as
-    one finishes; with `share_prefix`, a prompt's samples 1..n-1 only after sample 0's first output
-    (its full blocks are cached by then)."""
+    """When each of a response's prompts goes to the engine, with its `n` samples: while at most
+    `cap` (>= n) of the response's choices run at once, the next prompt as soon as its n fit."""
 
-    def __init__(self, requests: list, n: int, cap: int, share_prefix: bool):
-        share = n > 1 and share_prefix
-        self.held = {requests[i].request_id: requests[i + 1:i + n]  # sample 0's id -> its siblings
-                     for i in range(0, len(requests), n)} if share else {}
-        self.ready = collections.deque(requests[::n] if share else requests)
-        self.running, self.cap = set(), cap
+    def __init__(self, requests: list, n: int, cap: int):
+        self.ready = collections.deque(requests)
+        self.running: set[str] = set()  # the samples in the engine
+        self.n, self.cap = n, cap
 
-    def next(self, request_id: str | None = None, finished: bool = False) -> list:
-        """The requests to submit now, after an output of `request_id` (None: at the start);
+    def next(self, sample_id: str | None = None, finished: bool = False) -> list:
+        """The requests to submit now, after an output of `sample_id` (None: at the start);
         `finished`: that output ended its choice."""
-        self.ready.extend(self.held.pop(request_id, ()))
         if finished:
-            self.running.discard(request_id)
+            self.running.discard(sample_id)
         batch = []
-        while self.ready and len(self.running) < self.cap:
+        while self.ready and len(self.running) + self.n <= self.cap:
             batch.append(self.ready.popleft())
-            self.running.add(batch[-1].request_id)
+            self.running.update(sample_ids(batch[-1].request_id, self.n))
         return batch
 
 
@@ -83,16 +78,17 @@ class OpenAIServing:
     async def generate(self, gen: GenerateRequest, conn: Connection, sink: Sink) -> None:
         """Run every choice of `gen` and answer. The status line waits for the engine's first
         word (a token or a refusal), so a request the engine refuses is still a clean 400; a
-        disconnect (`client_gone`), a stop string or a failure aborts the requests still running,
-        and each that was running counts as finished by "abort"."""
+        disconnect (`client_gone`) or a failure aborts every sample still running, a stop string
+        its own, and each that was running counts as finished by "abort"."""
         received = time.perf_counter()
-        states = {r.request_id: ChoiceState(i, self.served.tokenizer, gen.stop, gen.stop_token_ids,
-                                            gen.include_stop_str_in_output, gen.skip_special_tokens,
-                                            gen.eos_token_id, gen.min_tokens)
-                  for i, r in enumerate(gen.requests)}
+        choices = [sample for r in gen.requests for sample in sample_ids(r.request_id, gen.n)]  # prompt-major
+        states = {sample: ChoiceState(i, self.served.tokenizer, gen.stop, gen.stop_token_ids,
+                                      gen.include_stop_str_in_output, gen.skip_special_tokens,
+                                      gen.eos_token_id, gen.min_tokens)
+                  for i, sample in enumerate(choices)}
         queue: asyncio.Queue = asyncio.Queue()
-        release = Release(gen.requests, gen.n, self.served.max_n, self.served.prefix_caching)
-        self.bridge.submit(release.next(), queue)
+        release = Release(gen.requests, gen.n, self.served.max_n)
+        self.bridge.submit(release.next(), queue, gen.n)
         watcher = asyncio.create_task(conn.watch_disconnect())
         watcher.add_done_callback(lambda t: t.cancelled() or not t.result() or queue.put_nowait(_CLIENT_GONE))
         try:
@@ -134,7 +130,7 @@ class OpenAIServing:
                 if not item.finished:  # a stop string: the engine must stop too
                     self.bridge.abort(item.request_id)
             if more := release.next(item.request_id, state.finished):
-                self.bridge.submit(more, queue)
+                self.bridge.submit(more, queue, gen.n)
             yield state, delta, not queue.empty()
 
     def _header(self, gen: GenerateRequest, kind: str) -> dict:

@@ -1,7 +1,9 @@
-"""`n`: parallel samples of one prompt, fanned out by the front end into n requests (seeds seed,
-seed + 1, ...), as vLLM V1 does. With the prefix cache on, the samples hold the prompt's full
-blocks once; one request's choices (prompts x n) take at most half of the running seats; a client that goes
-aborts every sample. Each sample is checked against the plain reference sampler (test_sampling)."""
+"""`n`: parallel samples of one prompt, forked in the engine (`LLMEngine.add_request(request, n)`,
+the PagedAttention paper's copy-on-write): the prompt runs once, its n samples (seeds seed,
+seed + 1, ...) share its blocks by reference count and copy the shared partial block at their
+first write. Each sample equals its single request, checked against the plain reference
+sampler (test_sampling); every field keeps its meaning per sample; one request's choices
+(prompts x n) take at most half of the running seats; a client that goes aborts every sample."""
 
 from __future__ import annotations
 
@@ -9,18 +11,24 @@ import threading
 import time
 import types
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import serving
 from checkpoints.tokenizer import ByteTokenizer
+from conftest import lab
+from serving.async_llm import sample_ids
 from serving.serving_engine import Release
 from tests.support import (
     HTTP_TIMEOUT,
+    MODEL_CONFIGS,
     api_engine,
     complete,
     error_of,
+    http_call,
+    read_labelled,
     stream_events_at,
     stream_then_hang_up,
 )
@@ -44,19 +52,33 @@ def test_each_sample_is_the_single_request_seeded_seed_plus_its_index(engine_mod
 
 
 @pytest.mark.needs(5)
-def test_the_samples_hold_the_prompts_full_blocks_once(engine_model):
-    engine = api_engine(engine_model, enable_prefix_caching=True)
+@pytest.mark.parametrize("caching", [False, True])
+def test_n_4_runs_the_prompt_once_and_each_sample_copies_the_shared_block_at_its_first_write(engine_model, caching):
+    events = []  # the engine's own report (LLMEngine's observer), from the engine's thread
+    engine = api_engine(engine_model, enable_prefix_caching=caching, observer=events.append)
     with serving.start_server(engine) as srv:
-        complete(srv, prompt=PROMPT, n=4, seed=1, temperature=1.0, max_tokens=3)
-    stats = engine.allocator.stats
-    assert stats.hits == 3 * 4, (
-        f"{stats.hits} prefix-cache hits: samples 1..3 must each find the 4 full blocks of the prompt that sample 0 "
-        "computed (the partial last block is each sample's own), instead of computing and holding them again")
+        body = complete(srv, prompt=PROMPT, n=4, seed=1, temperature=1.0, max_tokens=6, return_token_ids=True)
+    kinds = [e.type.value for e in events]
+    scheduled = sum(e.num_tokens for e in events if e.type.value == "scheduled")
+    decodes = sum(len(tokens) - 1 for tokens in choices_tokens(body))  # a sample's later tokens, one a step
+    assert scheduled - decodes == len(PROMPT), (
+        f"the steps computed {scheduled - decodes} prompt tokens for a prompt of {len(PROMPT)} with n = 4: the "
+        "engine runs the prompt once and forks its samples from it (LLMEngine.add_request(request, n))")
+    first_step = kinds[:kinds.index("scheduled")]
+    assert first_step.count("allocated") == 5, (
+        f"the prompt's step took {first_step.count('allocated')} blocks: the 18-token prompt needs 5 of 4, held once "
+        "by all 4 samples (BlockTable.fork takes references, not blocks)")
+    copies = [e.block_ids for e in events if e.type.value == "copied"]
+    assert len(copies) == 3 and len({src for src, _ in copies}) == 1, (
+        f"copy-on-write pairs {copies}: the 4 samples' first tokens go into the prompt's shared, half-full last "
+        "block; 3 of them copy it first, the last writes in place")
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, "the samples left blocks taken"
 
 
 @pytest.mark.needs(5)
 def test_samples_under_memory_pressure_or_static_batching_still_equal_their_single_requests(engine_model):
-    for options in (dict(num_blocks=20, max_num_seqs=8), dict(scheduling="static", max_num_seqs=6)):
+    # A static batch reserves a request's samples together: 13 blocks for the first prompt's 3, the whole cache.
+    for options in (dict(num_blocks=20, max_num_seqs=8), dict(scheduling="static", max_num_seqs=6, num_blocks=13)):
         engine = api_engine(engine_model, **options)
         with serving.start_server(engine) as srv:
             prompts = [PROMPT, PROMPT[:9]]
@@ -104,32 +126,30 @@ def test_an_n_over_the_servers_limit_is_a_400_naming_n_and_the_limit(engine_mode
 
 @pytest.mark.provided
 @settings(max_examples=60)
-@given(num_prompts=st.integers(1, 4), n=st.integers(1, 4), cap=st.integers(1, 6), share_prefix=st.booleans(),
-       data=st.data())
-def test_release_submits_each_choice_once_and_never_more_than_the_cap_at_once(num_prompts, n, cap, share_prefix,
-                                                                               data):
-    requests = [types.SimpleNamespace(request_id=f"r{i}") for i in range(num_prompts * n)]
-    release = Release(requests, n, cap, share_prefix)
-    submitted, running, outputs = [], [], {}  # outputs: how many each request has had
+@given(num_prompts=st.integers(1, 4), n=st.integers(1, 4), extra=st.integers(0, 4), data=st.data())
+def test_release_submits_each_prompt_once_and_never_more_than_the_cap_choices_at_once(num_prompts, n, extra, data):
+    cap = n + extra  # the server's max_n is at least any request's n
+    requests = [types.SimpleNamespace(request_id=f"r{i}") for i in range(num_prompts)]
+    release = Release(requests, n, cap)
+    submitted, running, outputs = [], [], {}  # outputs: how many each sample has had
     batch = release.next()
-    for _ in range(3 * len(requests) + 1):  # each request ends by its third output
-        for r in batch:
-            i = requests.index(r)
-            assert not (share_prefix and n > 1 and i % n and requests[i - i % n].request_id not in outputs), (
-                f"{r.request_id} went before sample 0 of its prompt had an output (its prompt was not cached yet)")
+    for _ in range(3 * num_prompts * n + 1):  # each sample ends by its third output
         submitted += batch
-        running += [r.request_id for r in batch]
+        running += [sample for r in batch for sample in sample_ids(r.request_id, n)]
         assert len(running) <= cap, f"{running} run at once: at most {cap} of one response's choices may"
+        assert len(submitted) == num_prompts or len(running) + n > cap, (
+            f"{len(running)} choices run and a prompt of {n} samples waits: it goes in as soon as its samples fit "
+            f"under {cap}")
         if not running:
             break
-        request_id = data.draw(st.sampled_from(running))
-        outputs[request_id] = outputs.get(request_id, 0) + 1
-        finished = outputs[request_id] == 3 or data.draw(st.booleans())
+        sample = data.draw(st.sampled_from(running))
+        outputs[sample] = outputs.get(sample, 0) + 1
+        finished = outputs[sample] == 3 or data.draw(st.booleans())
         if finished:
-            running.remove(request_id)
-        batch = release.next(request_id, finished)
+            running.remove(sample)
+        batch = release.next(sample, finished)
     assert sorted(r.request_id for r in submitted) == sorted(r.request_id for r in requests), (
-        "every choice is submitted exactly once")
+        "every prompt is submitted exactly once (the engine forks its samples)")
 
 
 MANY_CHOICES = {"the largest n": dict(prompt=PROMPT, n=4), "4 prompts x n = 2": dict(prompt=[PROMPT] * 4, n=2),
@@ -198,14 +218,124 @@ def test_a_request_never_has_more_than_max_n_choices_in_the_engine(engine_model,
 
 
 @pytest.mark.needs(5)
-def test_a_client_that_goes_aborts_every_sample(engine_model):
+def test_a_streamed_chats_samples_are_its_single_requests_seeded_seed_plus_their_index():
+    model = lab.ToyTransformer(lab.ModelConfig(**MODEL_CONFIGS["bytes"]), seed=1)  # chat's template is ASCII text
+    messages = [{"role": "user", "content": "Hi"}]
+    with serving.start_server(api_engine(model)) as srv:
+        events = stream_events_at(srv, "/v1/chat/completions", messages=messages, n=3, seed=8, temperature=1.0,
+                                  max_tokens=5, return_token_ids=True)
+    tokens, prompts = {}, {}
+    for event in events[:-1]:
+        for choice in event["choices"]:
+            tokens.setdefault(choice["index"], []).extend(choice.get("token_ids", []))
+            if "prompt_token_ids" in choice:
+                prompts[choice["index"]] = choice["prompt_token_ids"]
+    assert sorted(tokens) == [0, 1, 2], f"a stream of n = 3 carries choices 0, 1, 2; got {sorted(tokens)}"
+    for j in range(3):
+        want, _ = reference_run(model, prompts[j], api_sampling(temperature=1.0, seed=8 + j, max_tokens=5))
+        assert tokens[j] == want, f"streamed chat choice {j} must be what the request alone draws with seed {8 + j}"
+
+
+def log_softmax(row):
+    row = np.asarray(row, dtype=np.float64)
+    return row - row.max() - np.log(np.exp(row - row.max()).sum())
+
+
+@pytest.mark.needs(5)
+def test_each_sample_gets_the_logprobs_of_its_own_tokens_after_the_echoed_prompt(engine_model):
+    prompt = PROMPT[:9]
+    with serving.start_server(api_engine(engine_model)) as srv:
+        body = complete(srv, prompt=prompt, n=3, seed=11, temperature=1.0, max_tokens=5, logprobs=2, echo=True,
+                        return_token_ids=True)
+    assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 15, "total_tokens": 24}, (
+        f"usage {body['usage']}: the prompt counts once (9 tokens), each sample's 5 tokens count")
+    for choice in sorted(body["choices"], key=lambda c: c["index"]):
+        whole = prompt + choice["token_ids"]
+        scores = choice["logprobs"]["token_logprobs"]
+        assert len(scores) == len(whole) and scores[0] is None, (
+            f"choice {choice['index']}: echo gives a logprob for every prompt token (the first None), then each of "
+            "the sample's own tokens")
+        for i in range(1, len(whole)):
+            want = log_softmax(engine_model.forward_dense(whole[:i])[-1])[whole[i]]
+            assert scores[i] == pytest.approx(want, abs=1e-4), (
+                f"choice {choice['index']}, position {i}: the logprob of the sample's own token there (each fork "
+                "keeps its own logits rows)")
+
+
+def a_stop_only_one_sample_writes(model, n=3, max_tokens=8):
+    """(seed, sample j, stop string, every sample's reference tokens): a one-token stop string that
+    sample j writes after its first token and no other sample writes at all."""
+    for seed in range(200):
+        runs = [reference_run(model, PROMPT, api_sampling(temperature=1.0, seed=seed + j, max_tokens=max_tokens))[0]
+                for j in range(n)]
+        for j, tokens in enumerate(runs):
+            for token in tokens[1:]:
+                if all(token not in other for k, other in enumerate(runs) if k != j) and token not in tokens[:1]:
+                    return seed, j, chr(token), runs
+    raise AssertionError("no seed below 200 gives a token only one sample writes")
+
+
+@pytest.mark.needs(5)
+def test_a_stop_string_ends_only_the_sample_that_wrote_it(engine_model):
+    seed, j, stop, runs = a_stop_only_one_sample_writes(engine_model)
+    engine = api_engine(engine_model)
+    with serving.start_server(engine) as srv:
+        body = complete(srv, prompt=PROMPT, n=3, seed=seed, temperature=1.0, max_tokens=8, stop=[stop])
+    tokenizer = ByteTokenizer(64)
+    for choice in sorted(body["choices"], key=lambda c: c["index"]):
+        tokens = runs[choice["index"]]
+        if choice["index"] == j:
+            cut = tokens.index(ord(stop))
+            assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (
+                tokenizer.decode(tokens[:cut]), "stop", stop), f"sample {j} stops at {stop!r}, cut before it"
+        else:
+            assert (choice["text"], choice["finish_reason"]) == (tokenizer.decode(tokens), "length"), (
+                f"sample {choice['index']} never wrote {stop!r}: another sample's stop string must not end it")
+    assert not engine.requests and engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+REFUSED = {"by the request's checks": (dict(prompt=[1, 99]), {}),  # a token outside the vocabulary of 64
+           "by the scheduler (it can never fit)": (dict(prompt=PROMPT, max_tokens=20), dict(num_blocks=8)),
+           "by a static batch (its samples can never fit together)": (
+               dict(prompt=PROMPT, max_tokens=10), dict(scheduling="static", max_num_seqs=6, num_blocks=12))}
+
+
+@pytest.mark.needs(5)
+@pytest.mark.parametrize("how", REFUSED)
+def test_a_request_the_engine_refuses_is_one_400_and_none_of_its_samples_counts_as_aborted(engine_model, how):
+    fields, options = REFUSED[how]
+    with serving.start_server(api_engine(engine_model, **options)) as srv:
+        status, error = error_of(srv, "/v1/completions", {"n": 3, "temperature": 1.0, "seed": 1, **fields})
+        aborted = read_labelled(http_call(srv, "GET", "/metrics")[2].decode(), "vllm:request_success_total",
+                                finished_reason="abort")
+    assert status == 400, f"refused {how}: a 400, got {status} {error}"
+    assert aborted == 0, (
+        f"{aborted:g} samples counted as aborted for a request refused {how}: the refusal is every sample's, "
+        "and none of them ran")
+
+
+@pytest.mark.needs(5)
+def test_a_client_that_goes_mid_stream_aborts_every_forked_sample(engine_model):
     engine = api_engine(engine_model, num_blocks=64)
+    aborted, step, abort = [], engine.step, engine.abort_request
+
+    def slow_step():  # a step of a real model's length: the hang-up reaches the engine mid-request
+        time.sleep(0.01)
+        return step()
+
+    def recorded_abort(request_id):
+        aborted.append(request_id)
+        return abort(request_id)
+
+    engine.step, engine.abort_request = slow_step, recorded_abort
     with serving.start_server(engine) as srv:
         reply = stream_then_hang_up(srv, 2, n=3, temperature=1.0, seed=5)
         assert b"data: " in reply, reply[:200]
         deadline = time.monotonic() + HTTP_TIMEOUT
-        while time.monotonic() < deadline and (engine.requests or engine.allocator.num_free_blocks < 64):
+        while time.monotonic() < deadline and engine.requests:
             time.sleep(0.01)
-        assert not engine.requests and engine.allocator.num_free_blocks == 64, (
-            "every sample of a request whose client went must be aborted and its blocks returned")
-
+    parents = [r for r in aborted if "." not in r]
+    assert parents and set(sample_ids(parents[0], 3)) <= set(aborted), (
+        f"the engine was asked to abort {aborted}: a client that goes mid-stream aborts each of its request's 3 "
+        "samples (after the prompt ran each fork runs on its own; aborting sample 0 stops only sample 0)")
+    assert not engine.requests and engine.allocator.num_free_blocks == 64, "the samples' blocks are back"
