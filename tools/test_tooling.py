@@ -162,6 +162,11 @@ def test_the_exercises_docstrings_state_the_contract_in_at_most_1730_words():
 PACKAGES = ("serving", "checkpoints", "loadtest", "course")  # the jobs beside the chapter
 
 
+def modules_of(folder: str) -> list[Path]:
+    """Every module of a package, its subpackages' included."""
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
 def imported_packages(path: Path) -> set[str]:
     """The top-level names a module imports (absolute imports only; relative ones stay inside)."""
     found = set()
@@ -176,9 +181,9 @@ def imported_packages(path: Path) -> set[str]:
 @pytest.mark.provided
 def test_the_packages_are_handed_the_module_and_the_chapter_imports_the_course_only_in_main():
     for package in PACKAGES:
-        for path in sorted((ROOT / package).glob("*.py")):
+        for path in modules_of(package):
             found = imported_packages(path) & {"solution", "lab"}
-            assert not found, f"{package}/{path.name} imports {found} by name: hand it the module instead"
+            assert not found, f"{path.relative_to(ROOT)} imports {found} by name: hand it the module instead"
     solution = (ROOT / "solution.py").read_text()
     main = solution[solution.index('if __name__ == "__main__":'):]
     before = solution[: solution.index('if __name__ == "__main__":')]
@@ -190,14 +195,14 @@ def test_the_packages_are_handed_the_module_and_the_chapter_imports_the_course_o
 @pytest.mark.provided
 def test_imports_run_one_way_the_course_above_the_server_load_and_checkpoints():
     for package in PACKAGES[:-1]:
-        for path in sorted((ROOT / package).glob("*.py")):
+        for path in modules_of(package):
             assert "course" not in imported_packages(path), (
-                f"{package}/{path.name} imports the course: the course stands above {package}/, never below it")
-    for path in sorted((ROOT / "serving").glob("*.py")):
-        assert "loadtest" not in imported_packages(path), f"serving/{path.name} imports the load generator"
-    for path in sorted((ROOT / "checkpoints").glob("*.py")):
+                f"{path.relative_to(ROOT)} imports the course: the course stands above {package}/, never below it")
+    for path in modules_of("serving"):
+        assert "loadtest" not in imported_packages(path), f"{path.relative_to(ROOT)} imports the load generator"
+    for path in modules_of("checkpoints"):
         assert not imported_packages(path) & {"serving", "loadtest"}, (
-            f"checkpoints/{path.name} imports the server or the load generator: a checkpoint stands below both")
+            f"{path.relative_to(ROOT)} imports the server or the load generator: a checkpoint stands below both")
 
 
 def import_tricks(source: str) -> list[str]:
@@ -243,7 +248,7 @@ def test_no_package_nor_the_chapter_imports_past_its_import_lines():
     # A name handed out through importlib or a module __getattr__ is an arrow the import graph
     # cannot draw: serving/ once handed out the course's `main` that way, and the chapter ran
     # chapter -> server -> course. Every import is an `import` line, so the direction checks above see it.
-    paths = [ROOT / "solution.py", *(path for package in PACKAGES for path in sorted((ROOT / package).glob("*.py")))]
+    paths = [ROOT / "solution.py", *(path for package in PACKAGES for path in modules_of(package))]
     for path in paths:
         tricks = import_tricks(path.read_text())
         assert not tricks, f"{path.relative_to(ROOT)} imports where the import graph cannot see it: {tricks}"
@@ -281,8 +286,8 @@ def private_uses(source: str, private: set[str]) -> list[str]:
 
 
 # What listens to the chapter from beside it: the course (the trace above all) and the trace's tests.
-LISTENERS = [*sorted((ROOT / "course").glob("*.py")), ROOT / "tests" / "test_trace.py",
-             ROOT / "tests" / "test_events.py"]
+LISTENERS = [*modules_of("course"), ROOT / "tests" / "course" / "test_trace.py",
+             ROOT / "tests" / "course" / "test_trace_page.py", ROOT / "tests" / "test_events.py"]
 
 PLANTED_PRIVATE_USES = {
     "a private method wrapped": "scheduler._preempt = recording_preempt\n",
@@ -450,7 +455,8 @@ def test_every_command_shown_is_found_complete_and_the_few_not_run_say_why():
     setup = "python3 -m venv .venv && . .venv/bin/activate && python -m pip install -e '.[test]' && python solution.py"
     assert blocks[0] == [setup], f"the README's first block: one set-up line that ends in the main job: {blocks[0]}"
     assert ["LAB_MODULE=solution python -m pytest"] in blocks, "the README shows the command whose tests pass"
-    served = "toy-gpt2-{n_layer}x{n_embd}-v{vocab_size}".format(**importlib.import_module("course.cli").SERVE_MODEL)
+    serve_model = importlib.import_module("course.commands").SERVE_MODEL
+    served = "toy-gpt2-{n_layer}x{n_embd}-v{vocab_size}".format(**serve_model)
     curl = [b for b in blocks if b[0].startswith("python solution.py serve &") and b[1].startswith("curl ")]
     assert curl and f'"model": "{served}"' in curl[0][1] and served in curl[0][0], (
         f"the README's first curl asks `serve` for the model id it prints ({served}): {curl}")
@@ -495,7 +501,7 @@ def test_the_snippet_runner_fails_a_failing_or_incomplete_command_and_keeps_a_bl
 
 def event_steps(module, workload) -> list[list]:
     """The events an engine of `module` sends running `workload`, step by step."""
-    from course import trace
+    from course.pages import trace
 
     class Steps(list):
         def __call__(self, event):
@@ -517,13 +523,13 @@ def test_the_second_implementation_reports_the_same_events():
     # The events come from provided code, so a correct implementation written another way reports
     # the same: the scheduler's events exactly, and as many of each kind of the pool's every step
     # (which physical block a table gets may differ: the second lab allocates in another order).
-    from course import trace
+    from course.pages.trace_workloads import WORKLOADS, get_workload
 
     solution = importlib.import_module("solution")
     second = generated_lab_module(load_tool("second_lab").second_lab(generated_lab_text()), "second_lab_events")
     scheduler = ("SCHEDULED", "OUT_OF_BLOCKS", "PREEMPTED")
-    for name in trace.WORKLOADS:
-        workload = trace.get_workload(name)
+    for name in WORKLOADS:
+        workload = get_workload(name)
         ours, theirs = event_steps(solution, workload), event_steps(second, workload)
         assert len(ours) == len(theirs), f"{name}: {len(theirs)} steps, the reference {len(ours)}"
         for k, (a, b) in enumerate(zip(ours, theirs), 1):

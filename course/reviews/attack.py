@@ -50,7 +50,7 @@ import numpy as np
 
 from serving.api_server import start_server
 
-from .status import unsolved_exercises
+from ..status import unsolved_exercises
 
 # The engine the attacker times: large enough that a 16-token block's prefill (several ms here)
 # stands out of a request's few milliseconds of overhead, small enough to run in seconds. The cost
