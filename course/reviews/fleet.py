@@ -207,14 +207,8 @@ def explain_difference(lab: ModuleType, model, gpu: str, tp: int, batch: float, 
     return words + f"; the engine's CPU {m.overhead * 1e3:.1f} ms a step (none on the roofline)."
 
 
-def format_fleet(question: FleetQuestion, rows: list[FleetRow], mean_output: float,
-                 explain: Callable[[str, int, float, float], str] | None = None) -> tuple[str, FleetRow | None]:
-    """The table (cheapest first) with each row's roofline GPUs and $ beside it, why the two differ
-    (`explain(gpu, tp, batch, context)` at each GPU and tp's decode step at its knee), the pick,
-    the runner-up and what binds for each."""
-    # The cheapest first; at one price, the most headroom (capacity beyond the QPS) first.
-    met = sorted((r for r in rows if r.gpus), key=lambda r: (round(r.usd_per_million, 9), -r.capacity))
-    unmet = [r for r in rows if not r.gpus]
+def _table(met: list[FleetRow], unmet: list[FleetRow]) -> list[str]:
+    """The table's lines: the rows that met the SLO (cheapest first), then those that did not."""
     head = (f"{'candidate':<58} {'req/s/replica':>13} {'replicas':>9} {'GPUs':>5} {'$/1M out':>9} "
             f"{'p99 TTFT':>9} {'p99 TPOT':>9} | {'roofline: GPUs':>14} {'$':>5}")
     lines = [head, "-" * len(head)]
@@ -231,29 +225,30 @@ def format_fleet(question: FleetQuestion, rows: list[FleetRow], mean_output: flo
             lines.append(f"{r.label + mark:<58} {r.note or 'meets the targets at no rate tried'}"
                          + (f" | roofline: {r.roofline.gpus} GPUs, ${r.roofline.usd_per_million:.2f}"
                             if r.roofline is not None and r.roofline.gpus else ""))
-    if not met:
-        return "\n".join(lines), None
-    lines.append("(measured: Vidur's operator profiles, fitted; roofline: peak figures, a floor. p99s at the "
-                 "replica's largest rate; replicas = ceil(QPS / that rate); $ = GPUs x price per hour / output "
-                 "tokens per hour at the QPS)")
-    if any(not r.measured for r in met + unmet if r.searches):
-        lines.append("(* no published profile for this GPU: costed by the roofline alone, a floor)")
-    if explain is not None:
-        lines += ["", "Why measured and roofline differ, at each GPU and tp's decode step at its knee:"]
-        seen: set = set()
-        for r in met:
-            for s in r.searches:
-                c, run = s.candidate, s.best
-                key = (c.gpu, c.tp) if r.measured else c.gpu  # a GPU without a profile: one line says so
-                if c.role == "prefill" or key in seen or run is None or not run.mean_decode_batch:
-                    continue
-                seen.add(key)
-                lines.append(textwrap.fill(explain(c.gpu, c.tp, run.mean_decode_batch, run.mean_decode_context),
-                                           width=118, initial_indent="  ", subsequent_indent="    "))
+    return lines
+
+
+def _explanations(met: list[FleetRow], explain: Callable[[str, int, float, float], str]) -> list[str]:
+    """Why measured and roofline differ, once for each GPU and tp of a row that met the SLO."""
+    lines = ["", "Why measured and roofline differ, at each GPU and tp's decode step at its knee:"]
+    seen: set = set()
+    for r in met:
+        for s in r.searches:
+            c, run = s.candidate, s.best
+            key = (c.gpu, c.tp) if r.measured else c.gpu  # a GPU without a profile: one line says so
+            if c.role == "prefill" or key in seen or run is None or not run.mean_decode_batch:
+                continue
+            seen.add(key)
+            lines.append(textwrap.fill(explain(c.gpu, c.tp, run.mean_decode_batch, run.mean_decode_context),
+                                       width=118, initial_indent="  ", subsequent_indent="    "))
+    return lines
+
+
+def _pick(question: FleetQuestion, met: list[FleetRow], unmet: list[FleetRow], mean_output: float) -> list[str]:
+    """The pick, what the roofline alone would pick, and what binds the pick and the runner-up."""
     pick = met[0]
-    lines.append("")
-    lines.append(f"Pick: {pick.label}: {pick.gpus} GPUs for {question.qps:g} req/s, "
-                 f"${pick.usd_per_million:.2f} per 1M output tokens (mean output {mean_output:.0f} tokens).")
+    lines = ["", f"Pick: {pick.label}: {pick.gpus} GPUs for {question.qps:g} req/s, "
+                 f"${pick.usd_per_million:.2f} per 1M output tokens (mean output {mean_output:.0f} tokens)."]
     floors = sorted((r.roofline for r in met + unmet if r.roofline is not None and r.roofline.gpus),
                     key=lambda r: (round(r.usd_per_million, 9), -r.capacity))
     if not pick.measured:
@@ -269,7 +264,28 @@ def format_fleet(question: FleetQuestion, rows: list[FleetRow], mean_output: flo
         for s in row.searches:
             pool = "" if s.candidate.role == "both" else f" [{s.candidate.role} pool]"
             lines.append(f"{prefix}{pool}: {binding_constraint(s, question.slo)}.")
-    return "\n".join(lines), pick
+    return lines
+
+
+def format_fleet(question: FleetQuestion, rows: list[FleetRow], mean_output: float,
+                 explain: Callable[[str, int, float, float], str] | None = None) -> tuple[str, FleetRow | None]:
+    """The table (cheapest first) with each row's roofline GPUs and $ beside it, why the two differ
+    (`explain(gpu, tp, batch, context)` at each GPU and tp's decode step at its knee), the pick,
+    the runner-up and what binds for each."""
+    # The cheapest first; at one price, the most headroom (capacity beyond the QPS) first.
+    met = sorted((r for r in rows if r.gpus), key=lambda r: (round(r.usd_per_million, 9), -r.capacity))
+    unmet = [r for r in rows if not r.gpus]
+    lines = _table(met, unmet)
+    if not met:
+        return "\n".join(lines), None
+    lines.append("(measured: Vidur's operator profiles, fitted; roofline: peak figures, a floor. p99s at the "
+                 "replica's largest rate; replicas = ceil(QPS / that rate); $ = GPUs x price per hour / output "
+                 "tokens per hour at the QPS)")
+    if any(not r.measured for r in met + unmet if r.searches):
+        lines.append("(* no published profile for this GPU: costed by the roofline alone, a floor)")
+    if explain is not None:
+        lines += _explanations(met, explain)
+    return "\n".join(lines + _pick(question, met, unmet, mean_output)), met[0]
 
 
 class NoCandidateMeets(ValueError):

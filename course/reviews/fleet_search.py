@@ -107,6 +107,84 @@ def fleet_workload(lab: ModuleType, name: str, num_requests: int, seed: int, max
     return np.concatenate([[0.0], np.cumsum(gaps[:-1])]), prompts.tolist(), outputs.tolist()
 
 
+def _role_workload(workload, role: str) -> tuple[list, list, list]:
+    """(unit arrival times, prompt lengths, output lengths) a pool of `role` serves: "prefill" runs
+    each prompt to its first token; "decode" each request from its second token, its prompt one
+    longer (the first token came from the prefill pool; a request with no second is not here)."""
+    unit_arrivals, prompts, outputs = workload
+    if role == "prefill":
+        outputs = [1] * len(prompts)
+    if role == "decode":
+        keep = [i for i, o in enumerate(outputs) if o > 1]
+        unit_arrivals = [unit_arrivals[i] for i in keep]
+        prompts, outputs = [prompts[i] + 1 for i in keep], [outputs[i] - 1 for i in keep]
+    return unit_arrivals, prompts, outputs
+
+
+def _step_shape(plan, role: str) -> tuple[int, int, int, bool]:
+    """(tokens charged, context tokens read, query-key pairs attention computes (causal), whether a
+    prefill runs) of a planned step. A decode pool's first step of a request imports its prompt's
+    K/V: no FLOPs for it, only the last token's."""
+    tokens = plan.total_num_scheduled_tokens
+    context, pairs, prefill = 0, 0, False
+    for s in plan.scheduled:
+        new, done = plan.num_scheduled_tokens[s.request_id], s.num_computed_tokens
+        context += done + new
+        if new > 1:
+            prefill = True
+            if role == "decode" and done == 0 and s.num_preemptions == 0:
+                tokens -= new - 1  # the imported K/V: no FLOPs, only the last token's
+                done, new = done + new - 1, 1
+        pairs += new * done + new * (new + 1) // 2
+    return tokens, context, pairs, prefill
+
+
+def _step_seconds(cost, tokens: int, context: int, pairs: int):
+    """(seconds, its parts by term or None) of one step on `cost`."""
+    if isinstance(cost, MeasuredStepCost):
+        parts = cost.parts(tokens, context, pairs)
+    else:
+        parts = cost.parts(tokens, context) if isinstance(cost, RooflineStepCost) else None
+    step = parts.total if parts is not None else cost.step_time(tokens, context)
+    return step, parts
+
+
+@dataclasses.dataclass
+class _Counted:
+    """The counted requests' TTFTs and TPOTs so far, and how many of them missed a target."""
+
+    ttfts: list = dataclasses.field(default_factory=list)
+    tpots: list = dataclasses.field(default_factory=list)
+    misses: int = 0
+
+    def finished(self, s, prompt_len: int, role: str, slo: SLO, kv_transfer_s_per_token: float) -> None:
+        """A request that finished: its TTFT, and its TPOT from its second token (a decode pool's
+        counts the K/V transfer before it)."""
+        ttft = s.token_times[0] - s.arrival_time
+        self.ttfts.append(ttft)
+        self.misses += role != "decode" and ttft > slo.ttft_s
+        if len(s.token_times) > 1 or role == "decode":
+            transfer = kv_transfer_s_per_token * (prompt_len - 1) if role == "decode" else 0.0
+            gaps = len(s.token_times) - 1 + (role == "decode")
+            start = s.arrival_time - transfer if role == "decode" else s.token_times[0]
+            tpot = (s.token_times[-1] - start) / gaps
+            self.tpots.append(tpot)
+            self.misses += role != "prefill" and tpot > slo.tpot_s
+
+
+def _count_waiting(run: LoadRun, lab: ModuleType, scheduler, plan, candidate: Candidate, block_size: int) -> None:
+    """A step that ended with an arrived request still waiting: what it waited for."""
+    run.waiting_steps += 1
+    head = scheduler.waiting[0]
+    if len(scheduler.running) >= candidate.max_num_seqs:
+        run.seats_full += 1
+    elif plan.total_num_scheduled_tokens >= candidate.max_num_batched_tokens:
+        run.budget_full += 1
+    elif plan.preempted or scheduler.allocator.num_free_blocks < lab.blocks_needed(
+            min(head.num_tokens, candidate.max_num_batched_tokens), block_size):
+        run.blocks_short += 1
+
+
 def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candidate: Candidate, num_blocks: int,
                   block_size: int = 16, stop_early: bool = True, kv_transfer_s_per_token: float = 0.0,
                   warmup: float = 0.0) -> LoadRun:
@@ -117,25 +195,18 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
     transfer, `kv_transfer_s_per_token` per prompt token, before its second token. The first
     `warmup` fraction of the requests fill the queues and are not counted. With `stop_early`, the
     run stops once more than 1% of the counted requests missed a target."""
-    unit_arrivals, prompts, outputs = workload
     role = candidate.role
-    if role == "prefill":
-        outputs = [1] * len(prompts)
-    if role == "decode":  # the first token came from the prefill pool; one with no second is not here
-        keep = [i for i, o in enumerate(outputs) if o > 1]
-        unit_arrivals = [unit_arrivals[i] for i in keep]
-        prompts, outputs = [prompts[i] + 1 for i in keep], [outputs[i] - 1 for i in keep]
+    unit_arrivals, prompts, outputs = _role_workload(workload, role)
     n = len(prompts)
     first = int(warmup * n)  # the first request counted
     budget = allowed_misses(n - first)
     scheduler = lab.make_scheduler("continuous", lab.BlockAllocator(num_blocks, block_size), candidate.max_num_seqs,
                                    candidate.max_num_batched_tokens, True)
     arrivals = [t / rate for t in unit_arrivals]
-    seqs, ttfts, tpots, misses = [], [], [], 0
+    seqs, counted = [], _Counted()
     clock, nxt = 0.0, 0
     run = LoadRun(rate, False, math.nan, math.nan, False)
-    bound_time: dict[str, float] = {}
-    decode_time, decode_steps, decode_seqs, decode_context = 0.0, 0, 0, 0
+    decode = dict(time=0.0, steps=0, seqs=0, context=0)  # the steps that ran no prefill
     while nxt < n or scheduler.has_unfinished():
         if not scheduler.has_unfinished() and arrivals[nxt] > clock:
             clock = arrivals[nxt]
@@ -144,79 +215,54 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
             seq = scheduler.add_request(lab.Request(str(nxt), [0] * prompts[nxt], sampling, arrivals[nxt]))
             seqs.append(seq)
             if seq.finish_reason == "rejected" and nxt >= first:
-                misses += 1
+                counted.misses += 1
             nxt += 1
         if not scheduler.has_unfinished():
             continue
         plan = scheduler.plan_step()
-        tokens = plan.total_num_scheduled_tokens
-        context, pairs, prefill = 0, 0, False  # pairs: query-key pairs attention computes (causal)
-        for s in plan.scheduled:
-            new, done = plan.num_scheduled_tokens[s.request_id], s.num_computed_tokens
-            context += done + new
-            if new > 1:
-                prefill = True
-                if role == "decode" and done == 0 and s.num_preemptions == 0:
-                    tokens -= new - 1  # the imported K/V: no FLOPs, only the last token's
-                    done, new = done + new - 1, 1
-            pairs += new * done + new * (new + 1) // 2
-        if isinstance(cost, MeasuredStepCost):
-            parts = cost.parts(tokens, context, pairs)
-        else:
-            parts = cost.parts(tokens, context) if isinstance(cost, RooflineStepCost) else None
-        step = parts.total if parts is not None else cost.step_time(tokens, context)
+        tokens, context, pairs, prefill = _step_shape(plan, role)
+        step, parts = _step_seconds(cost, tokens, context, pairs)
         clock += step
         if parts is not None:
-            bound_time[parts.bound] = bound_time.get(parts.bound, 0.0) + step
+            run.bound_time[parts.bound] = run.bound_time.get(parts.bound, 0.0) + step
         if not prefill:
-            decode_time, decode_steps = decode_time + step, decode_steps + 1
-            decode_seqs, decode_context = decode_seqs + len(plan.scheduled), decode_context + context
+            decode["time"], decode["steps"] = decode["time"] + step, decode["steps"] + 1
+            decode["seqs"], decode["context"] = decode["seqs"] + len(plan.scheduled), decode["context"] + context
         run.num_steps += 1
         sampled = {s.request_id: 0 for s in plan.scheduled if plan.completes(s)}
         for s in scheduler.finish_step(plan, sampled, clock):
-            i = int(s.request_id)
-            if i < first:
-                continue
-            ttft = s.token_times[0] - s.arrival_time
-            ttfts.append(ttft)
-            misses += role != "decode" and ttft > slo.ttft_s
-            if len(s.token_times) > 1 or role == "decode":
-                transfer = kv_transfer_s_per_token * (prompts[i] - 1) if role == "decode" else 0.0
-                gaps = len(s.token_times) - 1 + (role == "decode")
-                start = s.arrival_time - transfer if role == "decode" else s.token_times[0]
-                tpot = (s.token_times[-1] - start) / gaps
-                tpots.append(tpot)
-                misses += role != "prefill" and tpot > slo.tpot_s
+            if int(s.request_id) >= first:
+                counted.finished(s, prompts[int(s.request_id)], role, slo, kv_transfer_s_per_token)
         if scheduler.waiting and nxt > 0:
-            run.waiting_steps += 1
-            head = scheduler.waiting[0]
-            if len(scheduler.running) >= candidate.max_num_seqs:
-                run.seats_full += 1
-            elif plan.total_num_scheduled_tokens >= candidate.max_num_batched_tokens:
-                run.budget_full += 1
-            elif plan.preempted or scheduler.allocator.num_free_blocks < lab.blocks_needed(
-                    min(head.num_tokens, candidate.max_num_batched_tokens), block_size):
-                run.blocks_short += 1
-        if stop_early and misses > budget:
+            _count_waiting(run, lab, scheduler, plan, candidate, block_size)
+        if stop_early and counted.misses > budget:
             break
     run.finished = not (nxt < n or scheduler.has_unfinished())
     run.num_preemptions = scheduler.num_preemptions
-    run.bound_time = bound_time
+    _conclude(run, clock, decode, seqs[first:], counted, n - first, budget)
+    return run
+
+
+def _conclude(run: LoadRun, clock: float, decode: dict, counted_seqs: list, counted: _Counted, num_counted: int,
+              budget: int) -> None:
+    """The run's means, its p99s (a run stopped early counts the requests still waiting or running
+    as misses) and whether it meets both targets."""
     run.mean_step = clock / max(run.num_steps, 1) if run.num_steps else math.nan
-    run.mean_decode_step = decode_time / decode_steps if decode_steps else math.nan
-    if decode_steps:
-        run.mean_decode_batch, run.mean_decode_context = decode_seqs / decode_steps, decode_context / decode_seqs
+    run.mean_decode_step = decode["time"] / decode["steps"] if decode["steps"] else math.nan
+    if decode["steps"]:
+        run.mean_decode_batch = decode["seqs"] / decode["steps"]
+        run.mean_decode_context = decode["context"] / decode["seqs"]
+    ttfts, tpots = counted.ttfts, counted.tpots
     if run.finished:
-        rejected = sum(s.finish_reason == "rejected" for s in seqs[first:])
+        rejected = sum(s.finish_reason == "rejected" for s in counted_seqs)
         run.p99_ttft = nearest_rank(ttfts + [math.inf] * rejected)
         run.p99_tpot = nearest_rank(tpots)
     else:  # stopped early: the requests still waiting or running have missed or will miss
-        run.p99_ttft = nearest_rank(ttfts + [math.inf] * (n - first - len(ttfts)))
-        run.p99_tpot = nearest_rank(tpots + [math.inf] * (n - first - len(tpots)))
-    run.meets = misses <= budget and run.finished
+        run.p99_ttft = nearest_rank(ttfts + [math.inf] * (num_counted - len(ttfts)))
+        run.p99_tpot = nearest_rank(tpots + [math.inf] * (num_counted - len(tpots)))
+    run.meets = counted.misses <= budget and run.finished
     if run.finished:
-        run.attainment = 1 - misses / max(n - first, 1)
-    return run
+        run.attainment = 1 - counted.misses / max(num_counted, 1)
 
 
 @dataclasses.dataclass

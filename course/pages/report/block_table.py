@@ -26,6 +26,34 @@ def run_block_table(lab: ModuleType) -> dict:
             "last_block_tokens": n - (len(table.block_ids) - 1) * BT_BLOCK_SIZE}
 
 
+def _physical_pool(run: dict, py: float, logical_x) -> list[str]:
+    """The physical pool at height `py`, with a line from each logical block (centred at
+    `logical_x(j)`) to its physical block."""
+    bs, n, ids = run["block_size"], run["num_tokens"], run["block_ids"]
+    pw = (WIDTH - 20) / run["num_blocks"]
+    body = [text(0, py - 12, f"the physical pool: {run['num_blocks']} blocks of {bs} slots", size=12, fill="#444444")]
+    for b in range(run["num_blocks"]):
+        x = 10 + b * pw
+        if b in ids:
+            j = ids.index(b)
+            fill, who = ORANGE, f"this table [{j}]"
+            used = min(bs, n - j * bs)
+            body.append(line(logical_x(j), 112, x + pw / 2 - 3, py - 4, stroke=INK, width=1.4,
+                             marker_end="url(#bt-arrow)"))
+        elif b in run["other_block_ids"]:
+            fill, who, used = SKY, "another table", bs
+        else:
+            fill, who, used = LIGHT, "free", 0
+        body.append(rect(x, py, pw - 6, 40, fill, stroke=INK, stroke_width=0.8))
+        body.append(text(x + (pw - 6) / 2, py + 17, b, size=13, anchor="middle", weight="bold"))
+        body.append(text(x + (pw - 6) / 2, py + 56, who, size=11, anchor="middle"))
+        tick = (pw - 16) / bs
+        for i in range(bs):
+            body.append(rect(x + 5 + i * tick + 1, py + 25, tick - 2, 9, INK if i < used else "#ffffff",
+                             stroke=INK, stroke_width=0.6))
+    return body
+
+
 def figure_block_table(lab: ModuleType) -> tuple[str, dict]:
     run = run_block_table(lab)
     bs, n, ids = run["block_size"], run["num_tokens"], run["block_ids"]
@@ -52,29 +80,8 @@ def figure_block_table(lab: ModuleType) -> tuple[str, dict]:
         body.append(text(gx + bs * cell / 2, 104, f"block_ids[{j}] = {ids[j]}", size=13, anchor="middle",
                          weight="bold", label=f"block-id-{j}"))
     # the physical pool underneath, with a line from each logical block to its physical block
-    py, pw = 178, (WIDTH - 20) / run["num_blocks"]
-    body.append(text(0, py - 12, f"the physical pool: {run['num_blocks']} blocks of {bs} slots", size=12,
-                     fill="#444444"))
-    for b in range(run["num_blocks"]):
-        x = 10 + b * pw
-        if b in ids:
-            j = ids.index(b)
-            fill, who = ORANGE, f"this table [{j}]"
-            used = min(bs, n - j * bs)
-            gx = x0 + j * (bs * cell + gap) + bs * cell / 2
-            body.append(line(gx, 112, x + pw / 2 - 3, py - 4, stroke=INK, width=1.4,
-                             marker_end="url(#bt-arrow)"))
-        elif b in run["other_block_ids"]:
-            fill, who, used = SKY, "another table", bs
-        else:
-            fill, who, used = LIGHT, "free", 0
-        body.append(rect(x, py, pw - 6, 40, fill, stroke=INK, stroke_width=0.8))
-        body.append(text(x + (pw - 6) / 2, py + 17, b, size=13, anchor="middle", weight="bold"))
-        body.append(text(x + (pw - 6) / 2, py + 56, who, size=11, anchor="middle"))
-        tick = (pw - 16) / bs
-        for i in range(bs):
-            body.append(rect(x + 5 + i * tick + 1, py + 25, tick - 2, 9, INK if i < used else "#ffffff",
-                             stroke=INK, stroke_width=0.6))
+    py = 178
+    body += _physical_pool(run, py, lambda j: x0 + j * (bs * cell + gap) + bs * cell / 2)
     last = run["last_block_tokens"]
     body.append(text(0, py + 92, f"{n} tokens need blocks_needed({n}, {bs}) = {run['blocks_needed']} blocks; "
                                  f"the last holds {last} of {bs}", size=14, weight="bold", label="summary"))

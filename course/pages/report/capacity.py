@@ -44,56 +44,51 @@ def run_capacity(lab: ModuleType) -> dict:
     return out
 
 
-def figure_capacity(lab: ModuleType) -> tuple[str, dict]:
-    run = run_capacity(lab)
-    p = run["params"]
-    x0, x1 = 150, 1120
+def _memory_bar(plan: dict, dtype: str, y: float, sx, x0: float, x1: float, max_model_len: int) -> list[str]:
+    """One GPU's memory at height `y`, left to right: weights, activations, the KV blocks, what is
+    left over, and what gpu_memory_utilization keeps back; then how many sequences fit."""
     names = {"auto": "fp16 KV cache", "int8": "int8 KV cache"}
-    reserve = [(PURPLE, "activation reserve")] if run["plans"]["auto"]["activation_gb"] > 0 else []
-    body, _ = legend(0, 16, [(BLUE, "weights"), *reserve, (GREEN, "KV blocks"), ("#ffffff", "left over (< 1 block)"),
-                             ("url(#cap-reserve)", "not given to the engine (1 - gpu_memory_utilization)")])
-    total = run["plans"]["auto"]["memory_gb"]
-    sx = xscale(0, total, x0, x1)
-    for i, dtype in enumerate(("auto", "int8")):
-        plan = run["plans"][dtype]
-        y = 44 + i * 74
-        body.append(text(0, y + 16, names[dtype], size=13, weight="bold"))
-        body.append(text(0, y + 32, f"{plan['kv_kib_per_token']:g} KiB per token", size=11, fill="#444444"))
-        leftover = plan["budget_gb"] - plan["weights_gb"] - plan["activation_gb"] - plan["kv_pool_gb"]
-        segments = [("weights", plan["weights_gb"], BLUE, "#ffffff"),
-                    ("activations", plan["activation_gb"], PURPLE, INK),
-                    ("kv", plan["kv_pool_gb"], GREEN, INK), ("leftover", leftover, "#ffffff", INK),
-                    ("reserve", plan["memory_gb"] - plan["budget_gb"], "url(#cap-reserve)", INK)]
-        x = x0
-        for key, gb, fill, fg in segments:
-            w = sx(gb) - x0
-            if w <= 0:
-                continue
-            body.append(rect(x, y, w, 34, fill, stroke=INK, stroke_width=0.8))
-            if key == "kv":
-                words = f"KV {gb:.1f} GB: {plan['num_kv_blocks']} blocks"
-            elif key in ("weights", "reserve"):
-                words = f"{'weights ' if key == 'weights' else ''}{gb:.1f} GB"
-            else:
-                words = ""
-            if words and w > 7 * len(words):
-                if key == "reserve":
-                    body.append(rect(x + w / 2 - 26, y + 9, 52, 17, "#ffffff"))
-                body.append(text(x + w / 2, y + 22, words, size=13, anchor="middle", weight="bold", fill=fg,
-                                 label=f"{dtype}-{key}-gb"))
-            x += w
-        body.append(text(x0, y + 52, f"{plan['max_concurrent_seqs']} sequences of {p['max_model_len']} tokens "
-                                     f"fit ({plan['num_kv_blocks']} blocks // {plan['blocks_per_seq']} per sequence)",
-                         size=12, label=f"{dtype}-max-seqs"))
-        body.append(text(x1 + 8, y + 22, f"{plan['memory_gb']:.1f} GB", size=12, label=f"{dtype}-memory-gb"))
-    # sequences that fit against the context length
-    cy0, cy1 = 230, 470
+    body = [text(0, y + 16, names[dtype], size=13, weight="bold"),
+            text(0, y + 32, f"{plan['kv_kib_per_token']:g} KiB per token", size=11, fill="#444444")]
+    leftover = plan["budget_gb"] - plan["weights_gb"] - plan["activation_gb"] - plan["kv_pool_gb"]
+    segments = [("weights", plan["weights_gb"], BLUE, "#ffffff"),
+                ("activations", plan["activation_gb"], PURPLE, INK),
+                ("kv", plan["kv_pool_gb"], GREEN, INK), ("leftover", leftover, "#ffffff", INK),
+                ("reserve", plan["memory_gb"] - plan["budget_gb"], "url(#cap-reserve)", INK)]
+    x = x0
+    for key, gb, fill, fg in segments:
+        w = sx(gb) - x0
+        if w <= 0:
+            continue
+        body.append(rect(x, y, w, 34, fill, stroke=INK, stroke_width=0.8))
+        if key == "kv":
+            words = f"KV {gb:.1f} GB: {plan['num_kv_blocks']} blocks"
+        elif key in ("weights", "reserve"):
+            words = f"{'weights ' if key == 'weights' else ''}{gb:.1f} GB"
+        else:
+            words = ""
+        if words and w > 7 * len(words):
+            if key == "reserve":
+                body.append(rect(x + w / 2 - 26, y + 9, 52, 17, "#ffffff"))
+            body.append(text(x + w / 2, y + 22, words, size=13, anchor="middle", weight="bold", fill=fg,
+                             label=f"{dtype}-{key}-gb"))
+        x += w
+    body.append(text(x0, y + 52, f"{plan['max_concurrent_seqs']} sequences of {max_model_len} tokens "
+                                 f"fit ({plan['num_kv_blocks']} blocks // {plan['blocks_per_seq']} per sequence)",
+                     size=12, label=f"{dtype}-max-seqs"))
+    body.append(text(x1 + 8, y + 22, f"{plan['memory_gb']:.1f} GB", size=12, label=f"{dtype}-memory-gb"))
+    return body
+
+
+def _seqs_by_context(run: dict, x0: float, x1: float, cy0: float, cy1: float) -> list[str]:
+    """Sequences that can all reach the context length at once, fp16 and int8 KV cache side by side."""
+    p = run["params"]
     lens = p["context_lens"]
     top = max(max(v) for v in run["seqs"].values())
     ticks = nice_ticks(top, 5)
     sy = xscale(0, ticks[-1], cy1, cy0)
-    body.append(text(0, cy0 - 22, f"Sequences that can all reach the context length at once ({p['model']} on "
-                                  f"{p['gpu']})", size=14, weight="bold"))
+    body = [text(0, cy0 - 22, f"Sequences that can all reach the context length at once ({p['model']} on "
+                              f"{p['gpu']})", size=14, weight="bold")]
     for t in ticks:
         body.append(line(x0, sy(t), x1, sy(t), stroke="#e0e0e0"))
         body.append(text(x0 - 6, sy(t) + 4, f"{t:g}", size=11, anchor="end"))
@@ -112,6 +107,23 @@ def figure_capacity(lab: ModuleType) -> tuple[str, dict]:
     body.append(text((x0 + x1) / 2, cy1 + 38, "max_model_len (tokens)", size=12, anchor="middle"))
     leg, _ = legend(x1 - 300, cy0 - 4, [(BLUE, "fp16 KV cache"), (ORANGE, "int8 KV cache")], gap=12)
     body += leg
+    return body
+
+
+def figure_capacity(lab: ModuleType) -> tuple[str, dict]:
+    run = run_capacity(lab)
+    p = run["params"]
+    x0, x1 = 150, 1120
+    reserve = [(PURPLE, "activation reserve")] if run["plans"]["auto"]["activation_gb"] > 0 else []
+    body, _ = legend(0, 16, [(BLUE, "weights"), *reserve, (GREEN, "KV blocks"), ("#ffffff", "left over (< 1 block)"),
+                             ("url(#cap-reserve)", "not given to the engine (1 - gpu_memory_utilization)")])
+    total = run["plans"]["auto"]["memory_gb"]
+    sx = xscale(0, total, x0, x1)
+    for i, dtype in enumerate(("auto", "int8")):
+        body += _memory_bar(run["plans"][dtype], dtype, 44 + i * 74, sx, x0, x1, p["max_model_len"])
+    cy0, cy1 = 230, 470
+    body += _seqs_by_context(run, x0, x1, cy0, cy1)
+    lens = p["context_lens"]
     a, b = run["plans"]["auto"], run["plans"]["int8"]
     desc = (f"{p['model']} on {p['gpu']} at {p['max_model_len']} tokens: weights {a['weights_gb']:.1f} GB, KV "
             f"{a['kv_pool_gb']:.1f} GB = {a['num_kv_blocks']} blocks, {a['max_concurrent_seqs']} sequences; with an "

@@ -90,15 +90,11 @@ def run_speculative(lab: ModuleType) -> dict:
             "measured_speedup": tokens / (out.num_target_passes + c * out.num_draft_tokens)}
 
 
-def figure_speculative(lab: ModuleType) -> tuple[str, dict]:
-    run = run_speculative(lab)
+def _rounds(run: dict, cw: float, rh: float, x0: float, y0: float) -> tuple[list[str], float]:
+    """One row per round: its drafts (accepted, rejected, discarded unjudged) and the token the
+    target's own pass added; then the run's tallies. Returns the elements and the tallies' top."""
     k, rounds = run["params"]["k"], run["rounds"]
-    cw, rh, x0, y0 = 44, 21, 78, 44
-    body, _ = legend(0, 16, [(GREEN, "draft accepted"), (VERMILLION, "draft rejected"),
-                             ("url(#sp-unjudged)", "drafted after a rejection: discarded unjudged"),
-                             (ORANGE, "resampled from the residual"), (SKY, "bonus token (every draft accepted)")])
-    body.append(text(x0, y0 - 6, f"drafted (k = {k})", size=12, fill="#444444"))
-    body.append(text(x0 + k * cw + 8, y0 - 6, "+1", size=12, fill="#444444"))
+    body = []
     for i, r in enumerate(rounds):
         y = y0 + i * rh
         body.append(text(x0 - 8, y + 15, f"round {i + 1}", size=11, anchor="end", fill="#444444"))
@@ -128,7 +124,14 @@ def figure_speculative(lab: ModuleType) -> tuple[str, dict]:
         yy = ty + i // 3 * 22
         body.append(text(x, yy, f"{name}", size=12, fill="#444444"))
         body.append(text(x + 135, yy, value, size=13, anchor="end", weight="bold", label=key))
-    # the speedup curve for the measured alpha and c, with the measured point on it
+    return body, ty
+
+
+def _speedup_curve(run: dict, y0: float) -> tuple[list[str], float]:
+    """The expected speedup against k for the measured alpha and c, with this run's point on it.
+    Returns the elements and the axis' height."""
+    k = run["params"]["k"]
+    body = []
     px0, px1, py0, py1 = 560, 1200, y0 + 10, y0 + 300
     ks, speedups = run["ks"], run["speedups"]
     top = max([*speedups, run["measured_speedup"], 1.0]) * 1.15
@@ -158,6 +161,21 @@ def figure_speculative(lab: ModuleType) -> tuple[str, dict]:
                              f"L {mx - 8:.1f} {my:.1f} z", fill=VERMILLION, stroke=INK, stroke_width=0.8))
     body.append(text(mx + 12, my + (-10 if measured_above else 18), f"measured {run['measured_speedup']:.2f}\u00d7",
                      size=12, weight="bold", fill=VERMILLION, label="measured-speedup"))
+    return body, py1
+
+
+def figure_speculative(lab: ModuleType) -> tuple[str, dict]:
+    run = run_speculative(lab)
+    k, rounds = run["params"]["k"], run["rounds"]
+    cw, rh, x0, y0 = 44, 21, 78, 44
+    body, _ = legend(0, 16, [(GREEN, "draft accepted"), (VERMILLION, "draft rejected"),
+                             ("url(#sp-unjudged)", "drafted after a rejection: discarded unjudged"),
+                             (ORANGE, "resampled from the residual"), (SKY, "bonus token (every draft accepted)")])
+    body.append(text(x0, y0 - 6, f"drafted (k = {k})", size=12, fill="#444444"))
+    body.append(text(x0 + k * cw + 8, y0 - 6, "+1", size=12, fill="#444444"))
+    rounds_drawn, ty = _rounds(run, cw, rh, x0, y0)
+    curve, py1 = _speedup_curve(run, y0)
+    body += rounds_drawn + curve
     height = max(ty + 40, py1 + 44)
     desc = (f"{len(rounds)} rounds, {run['num_draft_tokens']} drafted, {run['num_accepted']} accepted, "
             f"{run['num_rejected']} rejected, {run['num_bonus']} bonus tokens; alpha {run['alpha']:.3f}; measured "
