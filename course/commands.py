@@ -51,9 +51,9 @@ class Run(NamedTuple):
     parser: argparse.ArgumentParser  # its exit() prints one line and sets the status
 
 
-def page_name(prog: str) -> str:
-    """Each page's default name carries the module's: lab.py's page never overwrites solution.py's."""
-    return os.path.splitext(prog)[0]
+def default_page(prog: str, page: str) -> str:
+    """A page's default file here, named for the module: lab.py's page never overwrites solution.py's."""
+    return f"{os.path.splitext(prog)[0]}-{page}.html"
 
 
 def scenarios(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
@@ -80,6 +80,7 @@ def _size_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str)
                         help="KV-cache element type: auto (the model's), fp8 or int8 (1 byte)")
     parser.add_argument("--usd-per-gpu-hour", type=positive(float), help="GPU price: prints the cost per 1M tokens")
     parser.add_argument("--cpu-overhead-ms", type=positive(float, allow_zero=True), help=CPU_OVERHEAD_HELP)
+
 
 def _size(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`size`: one deployment sized by the module's plan_deployment."""
@@ -118,6 +119,7 @@ def _fleet_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str
     parser.add_argument("--html", metavar="FILE", help="also draw goodput against offered rate for the pick and the "
                                                        "runner-up (more simulated runs: about a minute more)")
 
+
 def _fleet(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`fleet`: the cheapest deployment meeting both p99 targets."""
     slo = SLO(args.p99_ttft_ms / 1e3, args.p99_tpot_ms / 1e3)
@@ -143,6 +145,7 @@ def _batching_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: 
     parser.add_argument("--short", type=positive(int), default=50, help="tokens of each short answer")
     parser.add_argument("--num-short", type=positive(int), default=63)
 
+
 def _batching(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`batching`: continuous against static batching, simulated."""
     print(scenario_batching(lab, args.slots, args.long, args.short, args.num_short))
@@ -159,6 +162,7 @@ def _speculate_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog:
     parser.add_argument("--max-tokens", type=positive(int), default=64, help="with --target/--draft")
     parser.add_argument("--temperature", type=positive(float, allow_zero=True), default=0.0,
                         help="with --target/--draft")
+
 
 def _speculate(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`speculate`: the speedup algebra on the module; with --target and --draft, measured on checkpoints."""
@@ -180,6 +184,7 @@ def _generate_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: 
     parser.add_argument("--temperature", type=positive(float, allow_zero=True), default=0.0)
     parser.add_argument("--seed", type=int, default=0)
 
+
 def _generate(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`generate`: text from a checkpoint."""
     print(generate_text(lab, args.model, args.prompt, args.max_tokens, args.temperature, args.seed))
@@ -191,12 +196,10 @@ def _stack_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str
     parser.add_argument("--prefix-sharing", action="store_true", help="heavy shared prefixes")
     parser.add_argument("--structured-output", action="store_true", help="JSON / regex constrained output")
 
+
 def _stack(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`stack`: vLLM, TensorRT-LLM or SGLang for a workload."""
     print(scenario_stack(lab, args.hardware, args.priority, args.prefix_sharing, args.structured_output))
-
-
-
 
 
 def _status(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
@@ -212,6 +215,7 @@ def _hint_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str)
     parser.add_argument("exercise", metavar="N", type=exercise_number(lab), help="the exercise's number")
     parser.add_argument("--level", metavar="K", type=hint_level, help=f"show level K (1 to {LEVELS}) directly; "
                                                                    "it does not change which hint comes next")
+
 
 def _hint(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`hint N`: the next hint."""
@@ -230,6 +234,7 @@ def _quiz_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str)
     parser.add_argument("exercise", metavar="N", type=exercise_number(lab), help="the exercise's number")
     parser.add_argument("--seed", type=positive(int, allow_zero=True),
                         help="repeat the figures of an earlier run (default: fresh ones)")
+
 
 def _quiz(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`quiz N`: questions the module's own code answers."""
@@ -271,6 +276,7 @@ def _serve_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str
     keys.add_argument("--api-keys-file", metavar="FILE",
                       help='a JSON object {"key": "tenant", ...}: keys of one tenant share its prefix cache, '
                            "tenants share none (docs/serving.md#keys-and-tenants)")
+
 
 def _serve(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`serve`: the OpenAI server on a port."""
@@ -319,6 +325,7 @@ def _loadtest_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: 
     parser.add_argument("--timeout", type=positive(float), default=300.0, help="seconds per request")
     parser.add_argument("--html", metavar="FILE", help="also draw latency against load as a self-contained HTML page")
 
+
 def _loadtest(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`loadtest`: an open-loop load test of any OpenAI server."""
     summaries = loadtest(lab, args.url, args.qps, args.num_prompts, args.workload, args.seed,
@@ -350,6 +357,7 @@ def _attack_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: st
                              f"{defaults.candidates})")
     parser.add_argument("--seed", type=positive(int, allow_zero=True), default=defaults.seed)
 
+
 def _attack(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`attack prefix-cache`: the timing channel and what salting costs, on the module's engine."""
     question = AttackQuestion(trials=args.trials, secrets=args.secrets, candidates=args.candidates, seed=args.seed)
@@ -357,9 +365,9 @@ def _attack(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
 
 
 def _report_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str) -> None:
-    module = page_name(prog)
-    parser.add_argument("--out", default=f"{module}-report.html",
-                        help=f"the file to write (default: {module}-report.html here)")
+    out = default_page(prog, "report")
+    parser.add_argument("--out", default=out, help=f"the file to write (default: {out} here)")
+
 
 def _report(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`report`: one HTML page of figures; stubs keep figures out, named."""
@@ -375,12 +383,12 @@ def _report(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
 
 
 def _trace_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str) -> None:
-    module = page_name(prog)
+    out = default_page(prog, "trace")
     parser.add_argument("--workload", default="skewed", metavar="NAME|FILE",
                         help=f"{', '.join(WORKLOADS)} (default: skewed), or a file that `loadtest --save-workload` "
                              "wrote")
-    parser.add_argument("--out", default=f"{module}-trace.html",
-                        help=f"the file to write (default: {module}-trace.html here)")
+    parser.add_argument("--out", default=out, help=f"the file to write (default: {out} here)")
+
 
 def _trace(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     """`trace`: one recorded engine run as a page."""

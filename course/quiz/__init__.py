@@ -11,6 +11,11 @@ derives by hand, and the quiz says so when the module disagrees with it.
 All answers are computed before the first question is asked: a stub the quiz needs stops it at
 once (NotImplementedError, which the command line turns into "write it first", exit 1), and any
 other exception from the module is a QuizError (exit 1). EOF on stdin ends the quiz cleanly.
+
+One module per exercise (blocks.py 1, block_table.py 2, prefix_cache.py 3, paged_attention.py 4,
+batching.py 5, speculative_sampling.py 6, speculative_generation.py 7, capacity.py 8), each a
+`quiz_...(lab, rng)` that returns its questions; QUIZZES below is the registry, questions.py what a
+question is.
 """
 
 from __future__ import annotations
@@ -122,7 +127,7 @@ def run_quiz(lab: ModuleType, exercise: int, seed: int, prog: str, stdin=None, s
     """Ask the questions on `stdout`, read the answers from `stdin`; returns the exit status (0)."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     questions = make_questions(lab, exercise, seed)
-    module = os.path.basename(lab.__file__)
+    filename = os.path.basename(lab.__file__)
     title = lab.EXERCISES[exercise].split(":")[0]
 
     def say(text: str = "", end: str = "\n") -> None:
@@ -130,7 +135,7 @@ def run_quiz(lab: ModuleType, exercise: int, seed: int, prog: str, stdin=None, s
         stdout.flush()
 
     say(_wrap(f"Quiz {exercise}: {title}. {len(questions)} questions, seed {seed} (`python {prog} quiz {exercise} "
-              f"--seed {seed}` asks them again). The right answers are computed by {module} itself: they are as "
+              f"--seed {seed}` asks them again). The right answers are computed by {filename} itself: they are as "
               f"right as its code. Type a number (2/3 is fine); Ctrl-D ends."))
     right = answered = 0
     echo = not (hasattr(stdin, "isatty") and stdin.isatty())
@@ -157,7 +162,7 @@ def run_quiz(lab: ModuleType, exercise: int, seed: int, prog: str, stdin=None, s
         say(_wrap(question.explanation, "  Why: ", "       "))
         if question.expected is not None and not math.isclose(question.answer, question.expected,
                                                                 rel_tol=1e-6, abs_tol=1e-9):
-            say(_wrap(f"the reasoning above gives {fmt(question.expected)}, but {module} computes "
+            say(_wrap(f"the reasoning above gives {fmt(question.expected)}, but {filename} computes "
                       f"{fmt(question.answer)}: check your code with `python -m pytest -m exercise{exercise}`.",
                       "  Note: ", "        "))
     say(f"\nScore: {right} of {len(questions)} right.")

@@ -1,1 +1,1 @@
-"""The tests of checkpoints/."""
+"""The tests of GPT-2 checkpoints from disk and their tokenizer (checkpoints/)."""

@@ -50,6 +50,7 @@ FIGURES: list[tuple[str, str, Callable[[ModuleType], tuple[str, dict]], tuple[in
     ("capacity", "6. The capacity plan", figure_capacity, (1, 8)),
 ]
 
+
 def error_figure(fig_id: str, title: str, exc: Exception) -> str:
     """The box that stands in for a figure whose run raised: the module's code has a bug there."""
     message = f"{type(exc).__name__}: {exc}"

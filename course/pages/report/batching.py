@@ -1,4 +1,5 @@
-"""The report's figure: static vs continuous batching: the simulator's slot-by-step timelines."""
+"""Figure 3 of the report: static against continuous batching, the simulator's slot-by-step
+timelines."""
 
 from __future__ import annotations
 

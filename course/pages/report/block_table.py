@@ -1,4 +1,4 @@
-"""The report's figure: one block table: logical positions -> physical blocks and slots."""
+"""Figure 2 of the report: one block table, logical positions to physical blocks and slots."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The report's figure: the capacity plan: where the GPU's memory goes, and how many sequences fit."""
+"""Figure 6 of the report: the capacity plan, where the GPU's memory goes and how many sequences
+fit."""
 
 from __future__ import annotations
 

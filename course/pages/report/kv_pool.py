@@ -1,4 +1,5 @@
-"""The report's figure: the paged KV pool during a real engine run: prefix caching, a fork, copy-on-write."""
+"""Figure 1 of the report: the paged KV pool during a real engine run (prefix caching, a fork,
+copy-on-write), beside the same sequences as max_model_len slabs."""
 
 from __future__ import annotations
 

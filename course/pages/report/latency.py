@@ -1,4 +1,5 @@
-"""The report's figure: latency against offered load, with the knee."""
+"""Figure 5 of the report: latency against offered load, the knee marked (the simulator's, or a
+real load test's for `loadtest --html`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The report's figure: speculative decoding: the rounds of a real run, and the speedup curve."""
+"""Figure 4 of the report: speculative decoding, the rounds of a real run and the speedup curve."""
 
 from __future__ import annotations
 
