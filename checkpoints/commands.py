@@ -113,6 +113,64 @@ def _verify_cost(lab: ModuleType, model, prompt: Sequence[int], k: int, repeats:
     return best[k + 1] / best[1]
 
 
+def _target_and_draft(lab: ModuleType, target_dir: str | os.PathLike, draft_dir: str | os.PathLike):
+    """(target, its tokenizer, draft) from two checkpoints; a ValueError unless the draft shares the
+    target's tokenizer and vocabulary."""
+    target, tokenizer = load_gpt2(lab, target_dir)
+    draft, draft_tokenizer = load_gpt2(lab, draft_dir)
+    if not tokenizer.same_vocabulary(draft_tokenizer):
+        raise ValueError(f"{draft_dir}: its vocab.json/merges.txt differ from {target_dir}'s; a draft must share "
+                         f"the target's tokenizer")
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"{draft_dir}: vocab_size {draft.config.vocab_size}, the target's is "
+                         f"{target.config.vocab_size}; a draft must score the same tokens")
+    return target, tokenizer, draft
+
+
+def _best_times(lab: ModuleType, target, draft, ids: list[int], sampling, k: int, repeats: int):
+    """The target alone, the draft alone and speculative decoding, timed `repeats` times in turns
+    after a warm-up: (the best (total, decode) seconds of each and the best speculative seconds,
+    the target's own tokens, the speculative output)."""
+    max_tokens, temperature, seed = sampling.max_tokens, sampling.temperature, sampling.seed
+    best = {"target": (np.inf, np.inf), "draft": (np.inf, np.inf), "speculative": np.inf}
+    for _ in range(1 + repeats):  # in turns, so drift hits all three alike; the first run warms up
+        base, prefill, decode = _plain_decode(lab, target, ids, max_tokens, temperature, seed)
+        best["target"] = min(best["target"], (prefill + decode, decode))
+        _, prefill, decode = _plain_decode(lab, draft, ids, max_tokens, temperature, seed)
+        best["draft"] = min(best["draft"], (prefill + decode, decode))
+        start = time.perf_counter()
+        out = lab.speculative_generate(target, draft, ids, sampling, k=k)
+        best["speculative"] = min(best["speculative"], time.perf_counter() - start)
+    return best, base, out
+
+
+def _formula_alpha(lab: ModuleType, target, draft, ids: list[int], output_ids, temperature: float) -> float:
+    """alpha by its formula over the output's positions: sum(min(p, q)) at T > 0, the two models'
+    argmax agreement at T = 0 (p, q from `forward_dense`)."""
+    text_ids = ids + list(output_ids)
+    rows = slice(len(ids) - 1, len(text_ids) - 1)  # the positions that predicted an output token
+    p_logits, q_logits = target.forward_dense(text_ids)[rows], draft.forward_dense(text_ids)[rows]
+    if temperature == 0:
+        return float(np.mean(p_logits.argmax(axis=1) == q_logits.argmax(axis=1)))
+    return float(np.minimum(lab.token_probs(p_logits, temperature),
+                            lab.token_probs(q_logits, temperature)).sum(axis=1).mean())
+
+
+def _same_as_target(output_ids, target_ids, temperature: float) -> str:
+    """Whether the speculative output is the target's own greedy tokens (at T = 0), in words."""
+    if temperature != 0:
+        return f"sampled at T = {temperature:g}: the target's distribution, not its tokens"
+    match = next((i for i, (a, b) in enumerate(zip(output_ids, target_ids)) if a != b), None)
+    if match is None and len(output_ids) == len(target_ids):
+        return "identical to the target's own greedy tokens"
+    return f"DIFFERS from the target's greedy tokens from token {match} on (a near-tie in float32?)"
+
+
+def _shape(model, where) -> str:
+    cfg = model.config
+    return f"{os.path.basename(os.path.normpath(os.fspath(where)))} (n_layer {cfg.n_layer}, n_embd {cfg.n_embd})"
+
+
 def speculate_checkpoints(lab: ModuleType, target_dir: str | os.PathLike, draft_dir: str | os.PathLike,
                           prompt: str = DEFAULT_PROMPT, k: int = 4, max_tokens: int = 64,
                           temperature: float = 0.0, seed: int | None = 0, repeats: int = 2) -> str:
@@ -131,59 +189,26 @@ def speculate_checkpoints(lab: ModuleType, target_dir: str | os.PathLike, draft_
     Formula alpha: at T > 0, sum(min(p, q)) averaged over the output's positions (p, q from
     `forward_dense`); at T = 0, how often the two models' argmax agree there.
     """
-    target, tokenizer = load_gpt2(lab, target_dir)
-    draft, draft_tokenizer = load_gpt2(lab, draft_dir)
-    if not tokenizer.same_vocabulary(draft_tokenizer):
-        raise ValueError(f"{draft_dir}: its vocab.json/merges.txt differ from {target_dir}'s; a draft must share "
-                         f"the target's tokenizer")
-    if draft.config.vocab_size != target.config.vocab_size:
-        raise ValueError(f"{draft_dir}: vocab_size {draft.config.vocab_size}, the target's is "
-                         f"{target.config.vocab_size}; a draft must score the same tokens")
+    target, tokenizer, draft = _target_and_draft(lab, target_dir, draft_dir)
     k, repeats = lab.check_int("k", k, 1), lab.check_int("repeats", repeats, 1)
     n_positions = min(target.config.n_positions, draft.config.n_positions)
     ids = _prompt_ids(tokenizer, prompt, n_positions)
     max_tokens = min(lab.check_int("max_tokens", max_tokens, 1), n_positions - len(ids))
 
     sampling = lab.SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    best = {"target": (np.inf, np.inf), "draft": (np.inf, np.inf), "speculative": np.inf}
-    for _ in range(1 + repeats):  # in turns, so drift hits all three alike; the first run warms up
-        base, prefill, decode = _plain_decode(lab, target, ids, max_tokens, temperature, seed)
-        best["target"] = min(best["target"], (prefill + decode, decode))
-        _, prefill, decode = _plain_decode(lab, draft, ids, max_tokens, temperature, seed)
-        best["draft"] = min(best["draft"], (prefill + decode, decode))
-        start = time.perf_counter()
-        out = lab.speculative_generate(target, draft, ids, sampling, k=k)
-        best["speculative"] = min(best["speculative"], time.perf_counter() - start)
+    best, base, out = _best_times(lab, target, draft, ids, sampling, k, repeats)
     (baseline_time, target_decode), (_, draft_decode) = best["target"], best["draft"]
     spec_time = best["speculative"]
     verify_cost = _verify_cost(lab, target, ids, k, repeats=max(repeats, 5))
 
     alpha = lab.estimate_alpha(out, k)  # accepts / judged drafts: a round ends at its first rejection
-    text_ids = ids + list(out.token_ids)
-    rows = slice(len(ids) - 1, len(text_ids) - 1)  # the positions that predicted an output token
-    p_logits, q_logits = target.forward_dense(text_ids)[rows], draft.forward_dense(text_ids)[rows]
-    if temperature == 0:
-        formula_alpha = float(np.mean(p_logits.argmax(axis=1) == q_logits.argmax(axis=1)))
-    else:
-        formula_alpha = float(np.minimum(lab.token_probs(p_logits, temperature),
-                                         lab.token_probs(q_logits, temperature)).sum(axis=1).mean())
+    formula_alpha = _formula_alpha(lab, target, draft, ids, out.token_ids, temperature)
     steps = max(max_tokens - 1, 1)
     c = (draft_decode / steps) / (target_decode / steps)
     passes = max(out.num_target_passes, 1)
     expected = lab.expected_tokens_per_step(min(alpha, 1.0), k)
-    if temperature == 0:
-        match = next((i for i, (a, b) in enumerate(zip(out.token_ids, base)) if a != b), None)
-        same = ("identical to the target's own greedy tokens" if match is None and len(out.token_ids) == len(base)
-                else f"DIFFERS from the target's greedy tokens from token {match} on (a near-tie in float32?)")
-    else:
-        same = f"sampled at T = {temperature:g}: the target's distribution, not its tokens"
-
-    def shape(model, where) -> str:
-        cfg = model.config
-        return f"{os.path.basename(os.path.normpath(os.fspath(where)))} (n_layer {cfg.n_layer}, n_embd {cfg.n_embd})"
-
     return "\n".join([
-        f"Speculative decoding on checkpoints: target {shape(target, target_dir)}, draft {shape(draft, draft_dir)},"
+        f"Speculative decoding on checkpoints: target {_shape(target, target_dir)}, draft {_shape(draft, draft_dir)},"
         f" k = {k}, T = {temperature:g}, {len(out.token_ids)} tokens after a {len(ids)}-token prompt",
         f"  alpha: measured {alpha:.3f} (accepts / judged drafts), formula {formula_alpha:.3f} "
         f"({'argmax agreement' if temperature == 0 else 'sum(min(p, q))'} over the output's positions)",
@@ -197,6 +222,6 @@ def speculate_checkpoints(lab: ModuleType, target_dir: str | os.PathLike, draft_
         f"{spec_time:.2f} s); formula speculative_speedup(alpha, k, c) = "
         f"{lab.speculative_speedup(min(alpha, 1.0), k, c):.2f}x, with the measured verify cost "
         f"E / (k c + {verify_cost:.2f}) = {expected / (k * c + verify_cost):.2f}x",
-        f"  output: {same}",
+        f"  output: {_same_as_target(out.token_ids, base, temperature)}",
         f"  text: {tokenizer.decode(out.token_ids, skip_special_tokens=True)!r}",
     ])

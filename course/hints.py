@@ -82,8 +82,8 @@ def _read_state(path: Path) -> dict:
 
 
 def levels_seen(lab: ModuleType, exercise: int) -> int:
-    module = _read_state(state_path(lab)).get(os.path.basename(lab.__file__), {})
-    seen = module.get(str(exercise), 0) if isinstance(module, dict) else 0
+    levels = _read_state(state_path(lab)).get(os.path.basename(lab.__file__), {})
+    seen = levels.get(str(exercise), 0) if isinstance(levels, dict) else 0
     return seen if isinstance(seen, int) and 0 <= seen <= LEVELS else 0
 
 
@@ -91,10 +91,10 @@ def _remember(lab: ModuleType, exercise: int, seen: int) -> str | None:
     """Record that `seen` levels of `exercise` were shown; the reason it could not, or None."""
     path = state_path(lab)
     state = _read_state(path)
-    module = state.get(os.path.basename(lab.__file__))
-    if not isinstance(module, dict):
-        module = state[os.path.basename(lab.__file__)] = {}
-    module[str(exercise)] = seen
+    levels = state.get(os.path.basename(lab.__file__))  # exercise -> levels seen, for this module's file
+    if not isinstance(levels, dict):
+        levels = state[os.path.basename(lab.__file__)] = {}
+    levels[str(exercise)] = seen
     try:
         path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     except OSError as exc:

@@ -2,9 +2,9 @@
 Exercise 8's roofline or from the GPUs' published operator times, or fitted to steps measured on
 this machine.
 
-The simulator (simulator.py, fleet.py) asks one question of a cost model: how many seconds does a
-step take that runs `num_tokens` new tokens and reads `num_context_tokens` tokens of K/V? Three
-answers live here:
+The simulator (simulator.py, and `fleet`'s search in course/reviews/fleet_search.py) asks one
+question of a cost model: how many seconds does a step take that runs `num_tokens` new tokens and
+reads `num_context_tokens` tokens of K/V? Three answers live here:
 
 - `roofline_step_cost(model, gpu, tp)`: the plan's own arithmetic (plan_deployment, Exercise 8)
   applied per step. Reading the weights and the K/V at the memory bandwidth, or the FLOPs at peak,

@@ -130,12 +130,7 @@ def simulate_serving(lab: ModuleType, workload: Sequence[tuple[float, int, int]]
         if not scheduler.has_unfinished():
             continue  # every arrival so far was rejected
         plan = scheduler.plan_step()
-        context = sum(s.num_computed_tokens + plan.num_scheduled_tokens[s.request_id] for s in plan.scheduled)
-        if getattr(cost, "charges_sampled_tokens", False):  # a served engine streams each sampled token out
-            num_sampled = sum(1 for s in plan.scheduled if plan.completes(s))
-            clock += cost.step_time(plan.total_num_scheduled_tokens, context, num_sampled)
-        else:
-            clock += cost.step_time(plan.total_num_scheduled_tokens, context)
+        clock += _step_seconds(cost, plan)
         row = _occupy_slots(slot_of, scheduler.running, max_num_seqs, waiting=len(scheduler.waiting))
         num_steps += 1
         if record_timeline:
@@ -146,15 +141,30 @@ def simulate_serving(lab: ModuleType, workload: Sequence[tuple[float, int, int]]
         for rid in sampled:
             step_clock[rid].append(num_steps)
     outputs = [s.to_output() for s in seqs]
+    return ServingSimulation(scheduling, max_num_seqs, num_steps, clock,
+                             sum(len(o.output_token_ids) for o in outputs), wasted, scheduler.num_preemptions,
+                             outputs, _outputs_in_steps(lab, seqs, step_clock), timeline, [o for _, _, o in workload])
+
+
+def _step_seconds(cost, plan) -> float:
+    """A planned step's simulated seconds: its scheduled tokens, the context they read (computed
+    tokens plus the new ones), and for a cost that charges them, the tokens it samples."""
+    context = sum(s.num_computed_tokens + plan.num_scheduled_tokens[s.request_id] for s in plan.scheduled)
+    if getattr(cost, "charges_sampled_tokens", False):  # a served engine streams each sampled token out
+        num_sampled = sum(1 for s in plan.scheduled if plan.completes(s))
+        return cost.step_time(plan.total_num_scheduled_tokens, context, num_sampled)
+    return cost.step_time(plan.total_num_scheduled_tokens, context)
+
+
+def _outputs_in_steps(lab: ModuleType, seqs: list, step_clock: dict[str, list[int]]) -> list:
+    """Each request's output with its metrics counted in engine steps, not seconds."""
     in_steps = []
     for s in seqs:
         arrival_step, *token_steps = step_clock[s.request_id]
         finish_step = token_steps[-1] if token_steps else arrival_step
         metrics = lab.RequestMetrics.from_times(arrival_step, token_steps, finish_step)
         in_steps.append(dataclasses.replace(s.to_output(), metrics=metrics))
-    return ServingSimulation(scheduling, max_num_seqs, num_steps, clock,
-                             sum(len(o.output_token_ids) for o in outputs), wasted, scheduler.num_preemptions,
-                             outputs, in_steps, timeline, [o for _, _, o in workload])
+    return in_steps
 
 
 def _occupy_slots(slot_of: dict[str, int], running: list, num_slots: int, waiting: int) -> list[int]:

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import lab
-from course import trace
+from course.pages import trace
+from course.pages.trace_workloads import WORKLOADS, Arrival, Workload, get_workload
 
 
 class Listener:
@@ -94,7 +95,7 @@ def replay_pool(before: dict, events: list, where: str) -> tuple[set[int], set[i
     return held, cached
 
 
-WORKLOAD_NAMES = list(trace.WORKLOADS)
+WORKLOAD_NAMES = list(WORKLOADS)
 
 
 def check_pool_events(listener: Listener, name: str) -> None:
@@ -110,7 +111,7 @@ def check_pool_events(listener: Listener, name: str) -> None:
 @pytest.mark.needs(5)
 @pytest.mark.parametrize("name", WORKLOAD_NAMES)
 def test_the_pool_events_replayed_give_the_pool_after_every_step(name):
-    listener, _ = listened(trace.get_workload(name))
+    listener, _ = listened(get_workload(name))
     check_pool_events(listener, name)
 
 
@@ -118,7 +119,7 @@ def test_the_pool_events_replayed_give_the_pool_after_every_step(name):
 def test_every_kind_of_event_is_sent_by_some_workload():
     kinds = collections.Counter()
     for name in WORKLOAD_NAMES:
-        listener, _ = listened(trace.get_workload(name))
+        listener, _ = listened(get_workload(name))
         kinds.update(e.type.name for _, events, _, _ in listener.steps for e in events)
     every = {t.name for t in lab.EngineEventType}
     assert set(kinds) == every, f"never sent by any workload: {every - set(kinds)}"
@@ -127,7 +128,7 @@ def test_every_kind_of_event_is_sent_by_some_workload():
 @pytest.mark.needs(5)
 @pytest.mark.parametrize("name", WORKLOAD_NAMES)
 def test_scheduled_events_are_the_steps_plan_in_batch_order(name):
-    workload = trace.get_workload(name)
+    workload = get_workload(name)
     listener, _ = listened(workload)
     budget = workload.engine["max_num_batched_tokens"]
     for k, (before, events, after, outputs) in enumerate(listener.steps, 1):
@@ -151,7 +152,7 @@ def test_scheduled_events_are_the_steps_plan_in_batch_order(name):
 
 @pytest.mark.needs(5)
 def test_each_preemption_is_sent_once_after_the_request_short_of_a_block_and_frees_its_blocks():
-    listener, _ = listened(trace.get_workload("memory-pressure"))
+    listener, _ = listened(get_workload("memory-pressure"))
     preempted_at_all = False
     for k, (before, events, after, _) in enumerate(listener.steps, 1):
         where = f"memory-pressure, step {k}"
@@ -172,7 +173,7 @@ def test_each_preemption_is_sent_once_after_the_request_short_of_a_block_and_fre
 
 @pytest.mark.needs(5)
 def test_copied_events_are_the_copy_on_write_of_the_forked_samples():
-    listener, _ = listened(trace.get_workload("parallel-sampling"))
+    listener, _ = listened(get_workload("parallel-sampling"))
     copies = [(k, e.block_ids) for k, (_, events, _, _) in enumerate(listener.steps, 1) for e in of(events, "COPIED")]
     assert [k for k, _ in copies] == [2, 2], f"two samples copy the shared last block in step 2, got {copies}"
     before, events, after, _ = listener.steps[1]
@@ -194,9 +195,9 @@ def workloads(draw):
     arrivals = []
     for i in range(draw(st.integers(1, 6))):
         prompt = shared + draw(st.lists(st.integers(1, 63), min_size=1, max_size=10))
-        arrivals.append(trace.Arrival(draw(st.integers(0, 6)), f"q{i}", tuple(prompt), draw(st.integers(1, 10)),
-                                      temperature=0.0, n=draw(st.sampled_from([1, 1, 2]))))
-    return trace.Workload("random", "random", "", engine, tuple(arrivals))
+        arrivals.append(Arrival(draw(st.integers(0, 6)), f"q{i}", tuple(prompt), draw(st.integers(1, 10)),
+                                temperature=0.0, n=draw(st.sampled_from([1, 1, 2]))))
+    return Workload("random", "random", "", engine, tuple(arrivals))
 
 
 @pytest.mark.needs(5)

@@ -26,7 +26,7 @@ import pytest
 import course
 import serving
 from conftest import lab
-from course import attack
+from course.reviews import attack
 from tests.support import (
     HTTP_TIMEOUT,
     MODEL_CONFIGS,

@@ -17,7 +17,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 from bench_common import _blas_env  # noqa: E402
 from bench_vs_transformers import VS_TRANSFORMERS_MODEL  # noqa: E402
 
-from course import cli  # noqa: E402
+from course import commands  # noqa: E402
 
 lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
 clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
@@ -52,7 +52,7 @@ def bench_blas_threads(rounds: int = 3) -> str:
     """`python tools/bench.py blas-threads`: an engine decode step (best of 20, context ~64-100)
     in fresh child processes with OPENBLAS_NUM_THREADS=1 and =2, in alternating rounds, for the
     server's default model and the vs-transformers one: which thread count should `serve` use?"""
-    models = {"serve model": dict(cli.SERVE_MODEL), "n_embd 512 x 6": VS_TRANSFORMERS_MODEL}
+    models = {"serve model": dict(commands.SERVE_MODEL), "n_embd 512 x 6": VS_TRANSFORMERS_MODEL}
     best: dict[int, dict[str, float]] = {1: {}, 2: {}}
     for _ in range(rounds):
         for threads in (1, 2):

@@ -92,7 +92,7 @@ def worker(root: str, seed: int) -> dict:
 
     import serving
     import solution as lab
-    from course.cli import SERVE_MODEL
+    from course.commands import SERVE_MODEL
 
     model = lab.ToyTransformer(lab.ModelConfig(**SERVE_MODEL), seed=0)
     engine = lab.LLMEngine(model, max_num_seqs=64, block_size=16, max_num_batched_tokens=512)

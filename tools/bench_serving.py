@@ -21,7 +21,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 from bench_common import _blas_env  # noqa: E402
 
 from checkpoints.tokenizer import ByteTokenizer  # noqa: E402
-from course import cli  # noqa: E402
+from course import commands  # noqa: E402
 from loadtest import benchmark_serving, datasets  # noqa: E402
 from serving import api_server, protocol  # noqa: E402
 
@@ -118,7 +118,7 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
         f"{f'own, interval {STREAM_INTERVAL}':>18s}")
     lone = {}  # model name -> (engine TTFT, served TTFT, decode step, /health round trip, parse), medians
     for name, changes in SERVING_MODELS.items():
-        config = dict(cli.SERVE_MODEL, **changes)
+        config = dict(commands.SERVE_MODEL, **changes)
         model = lab.ToyTransformer(lab.ModelConfig(**config))
         requests = datasets.make_workload(lab, workload, num_prompts, 0, model.config.n_positions,
                                           model.config.vocab_size)

@@ -41,14 +41,16 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from course import cli, report, svg  # noqa: E402
+from course import commands  # noqa: E402
+from course.pages import svg  # noqa: E402
+from course.pages.report import latency  # noqa: E402
 from loadtest import benchmark_serving, costmodel, datasets  # noqa: E402
 from loadtest.simulator import simulate_serving  # noqa: E402
 from serving.sampling import logits_processors  # noqa: E402
 
 # The two served models: `serve`'s default toy, and GPT-2 small's shape (random weights).
 MODELS = {
-    "toy": dict(cli.SERVE_MODEL),
+    "toy": dict(commands.SERVE_MODEL),
     "gpt2-124m": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
 }
 # Per model: the load-test workload, the rates (light load to past the knee), requests per rate.
@@ -256,7 +258,7 @@ def bench_model(lab, name: str, rates=None, num_prompts=None, seed: int = 0) -> 
     figures = []
     for label, summaries in (("measured by the load generator", measured),
                              ("predicted by the simulator, every term", predicted["+ wake-ups"])):
-        body, numbers = report.latency_figure(rates, summaries, f"{name}, {label}.")
+        body, numbers = latency.latency_figure(rates, summaries, f"{name}, {label}.")
         figures.append(svg.figure(f"{name}-{label.split()[0]}", f"{name}: {label}", body, numbers["caption"]))
     return "\n".join(out), figures
 

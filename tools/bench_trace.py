@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 from bench_common import _best_side_by_side  # noqa: E402
 
-from course import trace  # noqa: E402
+from course.pages import trace  # noqa: E402
+from course.pages.trace_workloads import WORKLOADS, Arrival, Workload, get_workload  # noqa: E402
 from loadtest import datasets  # noqa: E402
 
 lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
@@ -39,8 +40,8 @@ def bench_trace(repeats: int = 7, log=print) -> str:
 
     say(f"== The trace's recorder: one engine run of each workload, untraced and traced, best of {repeats} ==")
     say(f"{'workload':<17}{'steps':>6}{'untraced ms':>13}{'traced ms':>11}{'traced/untraced':>17}{'page KB':>9}")
-    for name in trace.WORKLOADS:
-        workload = trace.get_workload(name)
+    for name in WORKLOADS:
+        workload = get_workload(name)
         best = _best_side_by_side({
             "untraced": lambda: trace.drive(trace.build_engine(lab, workload), lab, workload),
             "traced": lambda: trace.record(lab, workload),
@@ -52,7 +53,7 @@ def bench_trace(repeats: int = 7, log=print) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "sharegpt-64.jsonl")
         datasets.save_workload(datasets.make_workload(lab, "sharegpt", 64, seed=0), path)
-        long = trace.record(lab, trace.get_workload(path), max_steps=200)
+        long = trace.record(lab, get_workload(path), max_steps=200)
     page = trace.render_page(long).encode()
     say(f"a {len(long.frames) - 1}-step trace ({len(long.workload.arrivals)} requests of a ShareGPT-like workload, "
         f"{long.workload.engine['num_blocks']} blocks): the page is {len(page) / 1024:.0f} KB, "
@@ -83,14 +84,14 @@ def chapter_at(revision: str, folder: str):
     return module
 
 
-def busy_workload() -> trace.Workload:
+def busy_workload() -> Workload:
     """Many short requests on a model so small that the scheduler's and the pool's Python is most of a
     step: where a cost of the events would show most."""
-    arrivals = tuple(trace.Arrival(i // 8, f"r{i}", tuple((7 * i + j) % 63 + 1 for j in range(6 + i % 11)),
-                                   4 + i % 9, seed=i) for i in range(96))
+    arrivals = tuple(Arrival(i // 8, f"r{i}", tuple((7 * i + j) % 63 + 1 for j in range(6 + i % 11)),
+                             4 + i % 9, seed=i) for i in range(96))
     model = dict(vocab_size=64, n_positions=64, n_embd=8, n_layer=1, n_head=2)
     engine = dict(num_blocks=96, block_size=4, max_num_seqs=32, max_num_batched_tokens=64, enable_prefix_caching=True)
-    return trace.Workload("busy", "96 short requests, 32 seats, a one-layer model 8 wide", "", engine, arrivals, model)
+    return Workload("busy", "96 short requests, 32 seats, a one-layer model 8 wide", "", engine, arrivals, model)
 
 
 def bench_events(repeats: int = 9, baseline: str = EVENTS_BASELINE, log=print) -> str:
@@ -120,7 +121,7 @@ def bench_events(repeats: int = 9, baseline: str = EVENTS_BASELINE, log=print) -
             say(f"(no git history or no revision {baseline} here: the baseline column is left out)")
         say(f"{'workload':<17}{'steps':>6}{'before ms':>11}{'none ms':>9}{'no-op ms':>10}"
             f"{'none/before':>13}{'no-op/none':>12}")
-        workloads = [trace.get_workload(name) for name in trace.WORKLOADS] + [busy_workload()]
+        workloads = [get_workload(name) for name in WORKLOADS] + [busy_workload()]
         for workload in workloads:
             none = tokens(run(lab, workload))
             assert tokens(run(lab, workload, lambda e: None)) == none, f"{workload.name}: an observer changed outputs"

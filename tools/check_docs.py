@@ -60,7 +60,7 @@ CUT_S = 5.0  # a LONG command must not have failed by then: its imports, its fla
 LONG = re.compile(r"""
     \s(serve|loadtest|fleet|bench)\b           # the server, the load generator, the fleet search, the benchmarks
   | tools/(bench\w*|peer_bench|probe_closes|mutants|teach_check|second_lab|check_stubs|check_docs)\.py
-  | -m\ pytest(?!.*\s-m\s)(?!.*::)(?!.*\stests/\w+\.py)   # the whole suite (one exercise or file finishes)
+  | -m\ pytest(?!.*\s-m\s)(?!.*::)(?!.*\stests/[\w/]+\.py)   # the whole suite (one exercise or file finishes)
   | protocol\.MAX_CHOICES                      # docs/serving.md's measurement of the choice cap, to 200,000
 """, re.X)
 

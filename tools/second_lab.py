@@ -8,7 +8,7 @@ holds answers; it is a maintainers' tool and stays out of the student's copy.
     python tools/second_lab.py --out DIR       # write DIR/second_lab.py (lab.py, stubs filled)
     python tools/second_lab.py --run [ARGS]    # write it to a scratch folder and run the suite:
         # LAB_MODULE=second_lab PYTHONPATH=DIR:. python -m pytest -q test_lab.py tests ARGS
-        # (the checkout on the path too: tests/test_cli.py runs the module as a script)
+        # (the checkout on the path too: tests/course/test_cli.py runs the module as a script)
 
 The module is lab.py with every `raise NotImplementedError("Exercise N: <name>")` (one per
 `# BEGIN SOLUTION` region of solution.py, tools/make_lab.py) replaced by the body below of that

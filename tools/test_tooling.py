@@ -162,6 +162,11 @@ def test_the_exercises_docstrings_state_the_contract_in_at_most_1730_words():
 PACKAGES = ("serving", "checkpoints", "loadtest", "course")  # the jobs beside the chapter
 
 
+def modules_of(folder: str) -> list[Path]:
+    """Every module of a package, its subpackages' included."""
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
 def imported_packages(path: Path) -> set[str]:
     """The top-level names a module imports (absolute imports only; relative ones stay inside)."""
     found = set()
@@ -176,9 +181,9 @@ def imported_packages(path: Path) -> set[str]:
 @pytest.mark.provided
 def test_the_packages_are_handed_the_module_and_the_chapter_imports_the_course_only_in_main():
     for package in PACKAGES:
-        for path in sorted((ROOT / package).glob("*.py")):
+        for path in modules_of(package):
             found = imported_packages(path) & {"solution", "lab"}
-            assert not found, f"{package}/{path.name} imports {found} by name: hand it the module instead"
+            assert not found, f"{path.relative_to(ROOT)} imports {found} by name: hand it the module instead"
     solution = (ROOT / "solution.py").read_text()
     main = solution[solution.index('if __name__ == "__main__":'):]
     before = solution[: solution.index('if __name__ == "__main__":')]
@@ -190,14 +195,14 @@ def test_the_packages_are_handed_the_module_and_the_chapter_imports_the_course_o
 @pytest.mark.provided
 def test_imports_run_one_way_the_course_above_the_server_load_and_checkpoints():
     for package in PACKAGES[:-1]:
-        for path in sorted((ROOT / package).glob("*.py")):
+        for path in modules_of(package):
             assert "course" not in imported_packages(path), (
-                f"{package}/{path.name} imports the course: the course stands above {package}/, never below it")
-    for path in sorted((ROOT / "serving").glob("*.py")):
-        assert "loadtest" not in imported_packages(path), f"serving/{path.name} imports the load generator"
-    for path in sorted((ROOT / "checkpoints").glob("*.py")):
+                f"{path.relative_to(ROOT)} imports the course: the course stands above {package}/, never below it")
+    for path in modules_of("serving"):
+        assert "loadtest" not in imported_packages(path), f"{path.relative_to(ROOT)} imports the load generator"
+    for path in modules_of("checkpoints"):
         assert not imported_packages(path) & {"serving", "loadtest"}, (
-            f"checkpoints/{path.name} imports the server or the load generator: a checkpoint stands below both")
+            f"{path.relative_to(ROOT)} imports the server or the load generator: a checkpoint stands below both")
 
 
 def import_tricks(source: str) -> list[str]:
@@ -243,7 +248,7 @@ def test_no_package_nor_the_chapter_imports_past_its_import_lines():
     # A name handed out through importlib or a module __getattr__ is an arrow the import graph
     # cannot draw: serving/ once handed out the course's `main` that way, and the chapter ran
     # chapter -> server -> course. Every import is an `import` line, so the direction checks above see it.
-    paths = [ROOT / "solution.py", *(path for package in PACKAGES for path in sorted((ROOT / package).glob("*.py")))]
+    paths = [ROOT / "solution.py", *(path for package in PACKAGES for path in modules_of(package))]
     for path in paths:
         tricks = import_tricks(path.read_text())
         assert not tricks, f"{path.relative_to(ROOT)} imports where the import graph cannot see it: {tricks}"
@@ -281,8 +286,8 @@ def private_uses(source: str, private: set[str]) -> list[str]:
 
 
 # What listens to the chapter from beside it: the course (the trace above all) and the trace's tests.
-LISTENERS = [*sorted((ROOT / "course").glob("*.py")), ROOT / "tests" / "test_trace.py",
-             ROOT / "tests" / "test_events.py"]
+LISTENERS = [*modules_of("course"), ROOT / "tests" / "course" / "test_trace.py",
+             ROOT / "tests" / "course" / "test_trace_page.py", ROOT / "tests" / "test_events.py"]
 
 PLANTED_PRIVATE_USES = {
     "a private method wrapped": "scheduler._preempt = recording_preempt\n",
@@ -319,6 +324,101 @@ def test_the_benchmarks_import_the_module_they_measure_and_it_never_imports_them
     assert not re.search(r"^(from|import) (tools|bench)\b", solution, re.M), (
         "solution.py imports the benchmarks: measurement stands beside the model, not inside it")
     assert not re.search(r"^def bench_", solution, re.M), "benchmark code belongs in tools/bench.py"
+
+
+# --- modules a reader holds (issue 44) -----------------------------------------------------------
+
+MAX_MODULE_LINES, MAX_FOLDER_MODULES, MAX_FUNCTION_LINES = 600, 12, 60
+# The top level is the user's (DEVELOPERS.md): the chapter, the lab generated from it and the students'
+# spec are as long as the chapter needs, and the user decides their size there. Their functions are held
+# to the fence all the same, but for the chapter's exercises (a function that holds a `# BEGIN SOLUTION`
+# region, or its stub in lab.py): a student's answer is as long as the student writes it.
+USERS_MODULES = ("solution.py", "lab.py", "test_lab.py")
+# Known exceptions while the work in these places lands: each names a folder or a file that breaks a
+# fence today. The lead removes each entry at merge; the test fails on an entry nothing needs any more.
+KNOWN_EXCEPTIONS = (
+    "serving/",  # 13 modules; build_request 69 lines: the server's lane makes it fit
+    "tools/",  # 35 modules; check_docs.py 610 and mutants.py 697 lines; five bench_* functions: the tools' lane
+    "tests/test_http.py",  # 611 lines: the server's tests, split where the server's lane works
+    "tests/test_openai_api.py",  # 626 lines: likewise
+)
+
+
+def exercise_function(source: str) -> bool:
+    """Whether a function's source is one of the chapter's exercises: it holds a solution region
+    (solution.py) or an exercise's stub (lab.py)."""
+    return "# BEGIN SOLUTION" in source or 'NotImplementedError("Exercise ' in source
+
+
+def fence_breaks(files: dict[str, str]) -> list[str]:
+    """Where `files` (path -> Python source) break the fences: a module over MAX_MODULE_LINES lines
+    (not one of USERS_MODULES), a folder of more than MAX_FOLDER_MODULES modules, a function over
+    MAX_FUNCTION_LINES lines (from its `def` to its last line) that is not an exercise."""
+    found = []
+    folders = collections.Counter(str(Path(path).parent) for path in files)
+    found += [f"{folder}/: {n} modules, at most {MAX_FOLDER_MODULES}" for folder, n in sorted(folders.items())
+              if n > MAX_FOLDER_MODULES]
+    for path, source in sorted(files.items()):
+        lines = source.count("\n")
+        if lines > MAX_MODULE_LINES and path not in USERS_MODULES:
+            found.append(f"{path}: {lines} lines, at most {MAX_MODULE_LINES}")
+        text = source.split("\n")
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            size = node.end_lineno - node.lineno + 1
+            if size > MAX_FUNCTION_LINES and not exercise_function("\n".join(text[node.lineno - 1:node.end_lineno])):
+                found.append(f"{path}:{node.lineno} {node.name}: {size} lines, at most {MAX_FUNCTION_LINES}")
+    return found
+
+
+def known_exception(problem: str) -> str | None:
+    """The KNOWN_EXCEPTIONS entry a fence break falls under, if any."""
+    return next((entry for entry in KNOWN_EXCEPTIONS if problem.startswith(entry)), None)
+
+
+def function_source(name: str, lines: int, exercise: bool = False) -> str:
+    """A function of exactly `lines` lines, an exercise of the chapter's if `exercise`."""
+    body = ["    # BEGIN SOLUTION: Exercise 1", *["    x = 1"] * (lines - 4), "    # END SOLUTION"] if exercise else \
+        ["    x = 1"] * (lines - 2)
+    return "\n".join([f"def {name}():", *body, "    return x"]) + "\n"
+
+
+PLANTED_FENCE_BREAKS = {  # (files, what the check must say)
+    "a module of 601 lines": ({"course/long.py": "x = 1\n" * 601}, "course/long.py: 601 lines"),
+    "a folder of 13 modules": ({f"course/m{i}.py": "x = 1\n" for i in range(13)}, "course/: 13 modules"),
+    "a function of 61 lines": ({"loadtest/f.py": function_source("step", 61)}, "loadtest/f.py:1 step: 61 lines"),
+    "a helper of the chapter of 61 lines": ({"solution.py": function_source("helper", 61)},
+                                            "solution.py:1 helper: 61 lines"),
+    "a test of 61 lines in the students' spec": ({"test_lab.py": function_source("test_x", 61)},
+                                                 "test_lab.py:1 test_x: 61 lines"),
+}
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("name", PLANTED_FENCE_BREAKS)
+def test_the_size_fences_see_a_planted_break_and_nothing_at_the_limit(name):
+    files, says = PLANTED_FENCE_BREAKS[name]
+    found = fence_breaks(files)
+    assert any(problem.startswith(says) for problem in found), f"{name} went unseen: {found}"
+    at_the_limit = {"course/long.py": "x = 1\n" * 600, **{f"course/m{i}.py": "x = 1\n" for i in range(11)},
+                    "loadtest/f.py": function_source("step", 60)}
+    assert fence_breaks(at_the_limit) == [], "600 lines, 12 modules and 60-line functions are within the fences"
+    users = {"solution.py": "x = 1\n" * 3000 + function_source("plan_deployment", 90, exercise=True),
+             "test_lab.py": "x = 1\n" * 4000}
+    assert fence_breaks(users) == [], "the user's top-level modules may be long, and an exercise as long as it needs"
+
+
+@pytest.mark.provided
+def test_no_module_over_600_lines_no_folder_over_12_modules_no_function_over_60_lines():
+    files = {path: (ROOT / path).read_text() for path in sorted(tracked_files())
+             if path.endswith(".py") and path != "lab.py"}  # lab.py: generated from solution.py, checked there
+    found = fence_breaks(files)
+    breaks = [problem for problem in found if known_exception(problem) is None]
+    assert not breaks, "a module, folder or function past what a reader holds (split it by concern):\n" + "\n".join(
+        breaks)
+    unneeded = [entry for entry in KNOWN_EXCEPTIONS if not any(known_exception(p) == entry for p in found)]
+    assert not unneeded, f"KNOWN_EXCEPTIONS names places that fit now: remove {unneeded}"
 
 
 # --- the student's copy and its grade (docs/teaching.md) ----------------------------------------
@@ -450,7 +550,8 @@ def test_every_command_shown_is_found_complete_and_the_few_not_run_say_why():
     setup = "python3 -m venv .venv && . .venv/bin/activate && python -m pip install -e '.[test]' && python solution.py"
     assert blocks[0] == [setup], f"the README's first block: one set-up line that ends in the main job: {blocks[0]}"
     assert ["LAB_MODULE=solution python -m pytest"] in blocks, "the README shows the command whose tests pass"
-    served = "toy-gpt2-{n_layer}x{n_embd}-v{vocab_size}".format(**importlib.import_module("course.cli").SERVE_MODEL)
+    serve_model = importlib.import_module("course.commands").SERVE_MODEL
+    served = "toy-gpt2-{n_layer}x{n_embd}-v{vocab_size}".format(**serve_model)
     curl = [b for b in blocks if b[0].startswith("python solution.py serve &") and b[1].startswith("curl ")]
     assert curl and f'"model": "{served}"' in curl[0][1] and served in curl[0][0], (
         f"the README's first curl asks `serve` for the model id it prints ({served}): {curl}")
@@ -495,7 +596,7 @@ def test_the_snippet_runner_fails_a_failing_or_incomplete_command_and_keeps_a_bl
 
 def event_steps(module, workload) -> list[list]:
     """The events an engine of `module` sends running `workload`, step by step."""
-    from course import trace
+    from course.pages import trace
 
     class Steps(list):
         def __call__(self, event):
@@ -517,13 +618,13 @@ def test_the_second_implementation_reports_the_same_events():
     # The events come from provided code, so a correct implementation written another way reports
     # the same: the scheduler's events exactly, and as many of each kind of the pool's every step
     # (which physical block a table gets may differ: the second lab allocates in another order).
-    from course import trace
+    from course.pages.trace_workloads import WORKLOADS, get_workload
 
     solution = importlib.import_module("solution")
     second = generated_lab_module(load_tool("second_lab").second_lab(generated_lab_text()), "second_lab_events")
     scheduler = ("SCHEDULED", "OUT_OF_BLOCKS", "PREEMPTED")
-    for name in trace.WORKLOADS:
-        workload = trace.get_workload(name)
+    for name in WORKLOADS:
+        workload = get_workload(name)
         ours, theirs = event_steps(solution, workload), event_steps(second, workload)
         assert len(ours) == len(theirs), f"{name}: {len(theirs)} steps, the reference {len(ours)}"
         for k, (a, b) in enumerate(zip(ours, theirs), 1):

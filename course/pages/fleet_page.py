@@ -1,5 +1,5 @@
 """`fleet --html FILE`: goodput against offered rate for the fleet's pick and runner-up, the SLO's
-knee marked, as one self-contained page (the figures' helpers are report.py's).
+knee marked, as one self-contained page (drawn with svg.py, as the report is).
 
 Goodput (DistServe's word) is the rate of requests served inside both p99 targets: the offered
 rate times the share of requests that met both. It follows the offered rate up to the knee, then
@@ -13,7 +13,8 @@ from types import ModuleType
 
 import numpy as np
 
-from .fleet import FleetAnswer, FleetQuestion, FleetRow, candidate_step_cost, fleet_workload, simulate_rate
+from ..reviews.fleet import FleetAnswer, FleetRow
+from ..reviews.fleet_search import FleetQuestion, candidate_step_cost, fleet_workload, simulate_rate
 from .svg import BLUE, INK, VERMILLION, figure, legend, line, nice_ticks, now, page, polyline, svg, text, xscale
 
 NUM_RATES = 9

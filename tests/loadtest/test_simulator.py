@@ -9,7 +9,7 @@ import pytest
 import loadtest
 import loadtest.simulator
 from conftest import lab
-from course import scenarios
+from course.reviews import scenarios
 from serving import metrics
 
 # --- the simulator on hand-traced workloads (it runs Exercise 5's scheduler) ---------------

@@ -13,7 +13,9 @@ import loadtest
 import loadtest.simulator
 import serving
 from conftest import lab
-from course import report, scenarios
+from course.pages import report, svg
+from course.pages.report import latency, speculative
+from course.reviews import scenarios
 from course.status import unsolved_exercises
 from loadtest import benchmark_serving
 from tests.support import (
@@ -83,7 +85,8 @@ class ReportPage(html.parser.HTMLParser):
 @functools.cache
 def drawn(name):
     """One figure (`report.figure_<name>`) drawn for the module under test, read back: (figure, numbers)."""
-    fragment, numbers = getattr(report, f"figure_{name}")(lab)
+    make = next(make for _, _, make, _ in report.FIGURES if make.__name__ == f"figure_{name}")
+    fragment, numbers = make(lab)
     figures = ReportPage(fragment).figures
     assert len(figures) == 1, f"figure_{name} must return exactly one <figure>, got {list(figures)}"
     return next(iter(figures.values())), numbers
@@ -162,7 +165,7 @@ def test_report_batching_numbers_are_the_simulators():
 def test_report_speculative_rounds_count_what_speculative_generate_did():
     fig, run = drawn("speculative")
     p = run["params"]
-    config = lab.ModelConfig(**report.SPEC_MODEL)
+    config = lab.ModelConfig(**speculative.SPEC_MODEL)
     target = scenarios.make_early_exit_target(lab, config, p["draft_layers"], p["refinement_scale"])
     out = lab.speculative_generate(target, lab.make_self_draft(target, p["draft_layers"]), p["prompt"],
                                    lab.SamplingParams(max_tokens=p["max_tokens"], temperature=1.0, seed=p["seed"]),
@@ -200,7 +203,7 @@ def test_report_latency_figure_labels_every_rate_and_marks_the_knee():
     p99 = [0.05, 0.06, 0.07, 0.5, math.nan]
     summaries = [{"p50_ttft": t / 2, "p99_ttft": t, "p50_tpot": 0.01, "p99_tpot": 0.02, "output_throughput": 100 * r}
                  for r, t in zip(rates, p99)]
-    fragment, numbers = report.latency_figure(rates, summaries, "A test.")
+    fragment, numbers = latency.latency_figure(rates, summaries, "A test.")
     labels = ReportPage(f'<figure id="f">{fragment}</figure>').figures["f"]["labels"]
     assert numbers["knee"] == benchmark_serving.find_knee(rates, p99) == 4.0
     assert labels["knee-ttft"] == "knee: 4 req/s"
@@ -265,7 +268,7 @@ def test_report_cli_writes_one_self_contained_page_naming_the_stubs_it_needs(tmp
 @pytest.mark.provided
 def test_report_draws_the_other_figures_when_one_hits_a_stub_and_names_an_error(monkeypatch):
     def drawn_fine(module):
-        return report.figure("fine", "Fine", report.svg(10, [], "a title", "a description"), "A caption."), {}
+        return svg.figure("fine", "Fine", svg.svg(10, [], "a title", "a description"), "A caption."), {}
 
     def stubbed(module):
         raise NotImplementedError("Exercise 2: BlockTable.fork")

@@ -50,7 +50,7 @@ import numpy as np
 
 from serving.api_server import start_server
 
-from .status import unsolved_exercises
+from ..status import unsolved_exercises
 
 # The engine the attacker times: large enough that a 16-token block's prefill (several ms here)
 # stands out of a request's few milliseconds of overhead, small enough to run in seconds. The cost
@@ -241,6 +241,22 @@ def _engine(lab: ModuleType, shape: dict = ATTACK_MODEL):
                          max_num_batched_tokens=512, enable_prefix_caching=True)
 
 
+def _salt_costs(lab: ModuleType, workloads: dict, key_of: dict[str, str],
+                keys_by_policy: tuple) -> dict[str, dict[str, SaltCost]]:
+    """Question 3: each workload sent to a fresh server under each policy (POLICIES, whose API keys
+    are `keys_by_policy`): the prefix-cache hits it got, and the prompt tokens it sent."""
+    costs: dict[str, dict[str, SaltCost]] = {name: {} for name in workloads}
+    for policy, api_keys in zip(POLICIES, keys_by_policy):
+        with start_server(_engine(lab, COUNT_MODEL), api_keys=api_keys) as server:
+            for name, sent in workloads.items():  # their prompts share nothing: the servers' hits add up
+                before = prefix_cache_hits(server.port)
+                for _, user, prompt in sent:
+                    first_token_seconds(server.port, prompt, key_of[user] if api_keys else None)
+                costs[name][policy] = SaltCost(prefix_cache_hits(server.port) - before,
+                                               sum(len(p) for *_, p in sent), BLOCK_SIZE)
+    return costs
+
+
 def run_attack(lab: ModuleType, question: AttackQuestion = AttackQuestion(), log=None) -> AttackReview:
     """The three questions of the module docstring, on two (then three) servers of the module's engine."""
     _check_stubs(lab)
@@ -296,15 +312,7 @@ def run_attack(lab: ModuleType, question: AttackQuestion = AttackQuestion(), log
                 result.secrets_whole += recovered[port] == truth
 
     log("question 3: what salting costs, three workloads under three policies ...")
-    costs: dict[str, dict[str, SaltCost]] = {name: {} for name in workloads}
-    for policy, api_keys in zip(POLICIES, (None, per_tenant, per_key)):
-        with start_server(_engine(lab, COUNT_MODEL), api_keys=api_keys) as server:
-            for name, sent in workloads.items():  # their prompts share nothing: the servers' hits add up
-                before = prefix_cache_hits(server.port)
-                for _, user, prompt in sent:
-                    first_token_seconds(server.port, prompt, key_of[user] if api_keys else None)
-                costs[name][policy] = SaltCost(prefix_cache_hits(server.port) - before,
-                                               sum(len(p) for *_, p in sent), BLOCK_SIZE)
+    costs = _salt_costs(lab, workloads, key_of, (None, per_tenant, per_key))
     review = AttackReview(q, shared, salted, costs, time.perf_counter() - start, dict(ATTACK_MODEL))
     review.text = format_review(lab, review)
     return review

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import lab
-from course import scenarios, sizing, stacks
+from course.reviews import scenarios, sizing, stacks
 from loadtest import datasets
 from tests.support import MODEL_CONFIGS
 
@@ -104,7 +104,7 @@ def test_format_stack_choice_names_each_stack_and_deciding_constraint():
         assert f"-> {name}:" in text, f"the example workloads should include one that picks {name}"
 
 
-# --- the sizing printout (course/sizing.py's format_plan, on Exercise 8's plan) ------------
+# --- the sizing printout (course/reviews/sizing.py's format_plan, on Exercise 8's plan) ------------
 
 
 @pytest.mark.needs(8)

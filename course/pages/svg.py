@@ -114,7 +114,7 @@ def nice_ticks(top: float, n: int = 5) -> list[float]:
 
 
 # =====================================================================================
-# 1. The paged KV pool during a real engine run: prefix caching, a fork, copy-on-write
+# The page: the figures in one self-contained HTML file
 # =====================================================================================
 
 

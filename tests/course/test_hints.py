@@ -1,4 +1,4 @@
-"""test_hints.py: `hint`, `quiz` and `status` (course/hints.py, course/quiz.py, course/cli.py) on a
+"""test_hints.py: `hint`, `quiz` and `status` (course/hints.py, course/quiz/, course/cli.py) on a
 fresh lab (every exercise a stub), a half-written one and a finished one.
 
 The labs are generated into a temporary directory by tools/make_lab.py, as tools/check_stubs.py does,
@@ -22,6 +22,7 @@ import pytest
 
 from conftest import lab
 from course import cli, hints, quiz
+from course.quiz.questions import question
 from tests.support import REFERENCE, ROOT, needs_reference, reraise_stub
 
 TIMEOUT = 60
@@ -238,9 +239,9 @@ def test_the_quiz_reads_numbers_and_fractions(text, value):
 
 @pytest.mark.provided
 def test_whole_answers_are_exact_and_the_others_within_their_stated_tolerance():
-    whole = quiz._question("q", 3, 3, "why")
-    near = quiz._question("q", 0.4, 0.4, "why", tolerance=0.01)
-    relative = quiz._question("q", 200.0, 200.0, "why", tolerance=0.01, relative=True)
+    whole = question("q", 3, 3, "why")
+    near = question("q", 0.4, 0.4, "why", tolerance=0.01)
+    relative = question("q", 200.0, 200.0, "why", tolerance=0.01, relative=True)
     assert quiz.is_right(whole, 3.0) and not quiz.is_right(whole, 3.4)
     assert quiz.is_right(near, 0.405) and not quiz.is_right(near, 0.42)
     assert relative.within == "1%" and quiz.is_right(relative, 201.5) and not quiz.is_right(relative, 203)

@@ -51,15 +51,32 @@ def format_plan(lab: ModuleType, plan, usd_per_gpu_hour: float | None = None,
     price, the cost per million output tokens: the tp GPUs' price per hour over the output
     tokens the group makes in an hour; measured (costmodel.measured_step_cost, the engine's CPU time
     `cpu_overhead_s` per step) beside the roofline where the GPU has a published profile."""
+    measured = measure_plan(lab, plan, cpu_overhead_s)
+    lines = _memory_and_qps(lab, plan) + _measured(lab, plan, measured, cpu_overhead_s)
+    lines += [f"  note: {note}" for note in plan.notes]
+    mean_len = math.ceil(plan.mean_prompt_len + plan.mean_output_len)
+    typical = plan.replan(max_model_len=mean_len)
+    lines += _ceiling(lab, plan, typical, mean_len)
+    if usd_per_gpu_hour is not None:
+        lines.append(_cost(lab, plan, typical, measured, usd_per_gpu_hour, cpu_overhead_s))
+    return "\n".join(lines)
+
+
+def _kv_element_bytes(model) -> int:
+    return model.dtype_bytes if model.kv_dtype_bytes is None else model.kv_dtype_bytes
+
+
+def _memory_and_qps(lab: ModuleType, plan) -> list[str]:
+    """The printout's head: where each GPU's memory goes, the KV pool, the concurrency, the QPS."""
     m, g, tp = plan.model, plan.gpu, plan.tensor_parallel_size
     per_seq = lab.blocks_needed(plan.max_model_len, plan.block_size)
-    kv_element = m.dtype_bytes if m.kv_dtype_bytes is None else m.kv_dtype_bytes
+    kv_element = _kv_element_bytes(m)
 
     def pct(part: float) -> str:
         return f"{100 * part / plan.memory_budget_bytes:.0f}%"
 
     gpus = f"{tp} x {g.name}" if tp > 1 else g.name
-    lines = [
+    return [
         f"Sizing {m.name} on {gpus}, max_model_len {plan.max_model_len}, block_size "
         f"{plan.block_size}, gpu_memory_utilization {plan.gpu_memory_utilization:g}",
         f"  per GPU: memory {g.memory_bytes / lab.GB:.2f} GB ({g.memory_bytes // lab.MiB} MiB, "
@@ -84,73 +101,80 @@ def format_plan(lab: ModuleType, plan, usd_per_gpu_hour: float | None = None,
         f"{plan.qps:.2f} requests/s, {plan.output_tokens_per_s:.0f} output tokens/s"
         + (f" per {tp}-GPU group" if tp > 1 else " per GPU"),
     ]
-    measured = measure_plan(lab, plan, cpu_overhead_s)
-    if measured is None:
-        lines.append(f"  measured: no published profile for {g.name}: the roofline above (a floor) is the only "
-                     "answer here")
-    else:
-        lines.append(textwrap.fill(
-            f"measured (Vidur's operator profiles, fitted): decode step {measured.decode_step_s * 1e3:.1f} ms, "
-            f"prefill {measured.prefill_s * 1e3:.1f} ms; QPS = {plan.max_concurrent_seqs} / "
-            f"{plan.max_concurrent_seqs / measured.qps:.2f} s = {measured.qps:.2f} requests/s (the roofline's "
-            f"{plan.qps:.2f} is a floor's)", width=118, initial_indent="  ", subsequent_indent="    "))
-        lines.append(textwrap.fill(explain_difference(lab, m, g.name, tp, plan.max_concurrent_seqs,
-                                                      plan.mean_context_len, cpu_overhead_s),
-                                   width=118, initial_indent="    why: ", subsequent_indent="      "))
-    lines += [f"  note: {note}" for note in plan.notes]
 
+
+def _measured(lab: ModuleType, plan, measured: MeasuredPlan | None, cpu_overhead_s: float | None) -> list[str]:
+    """The measured step cost's decode step, prefill and QPS beside the roofline's, and why they differ."""
+    if measured is None:
+        return [f"  measured: no published profile for {plan.gpu.name}: the roofline above (a floor) is the only "
+                "answer here"]
+    return [textwrap.fill(
+        f"measured (Vidur's operator profiles, fitted): decode step {measured.decode_step_s * 1e3:.1f} ms, "
+        f"prefill {measured.prefill_s * 1e3:.1f} ms; QPS = {plan.max_concurrent_seqs} / "
+        f"{plan.max_concurrent_seqs / measured.qps:.2f} s = {measured.qps:.2f} requests/s (the roofline's "
+        f"{plan.qps:.2f} is a floor's)", width=118, initial_indent="  ", subsequent_indent="    "),
+            textwrap.fill(explain_difference(lab, plan.model, plan.gpu.name, plan.tensor_parallel_size,
+                                             plan.max_concurrent_seqs, plan.mean_context_len, cpu_overhead_s),
+                          width=118, initial_indent="    why: ", subsequent_indent="      ")]
+
+
+def _ceiling(lab: ModuleType, plan, typical, mean_len: int) -> list[str]:
+    """What sets the concurrency ceiling, with the evidence of re-planned variants, and what
+    paging leaves room for at the mean request's length (`typical`)."""
+    m, tp = plan.model, plan.tensor_parallel_size
+    per_seq = lab.blocks_needed(plan.max_model_len, plan.block_size)
     no_weights = plan.replan(model=dataclasses.replace(m, num_params=1))
     evidence = [f"deleting the weights altogether -> {no_weights.max_concurrent_seqs}"]
     if plan.max_model_len >= 2 * plan.block_size:
         half = plan.replan(max_model_len=plan.max_model_len // 2,
-                       mean_prompt_len=min(plan.mean_prompt_len, plan.max_model_len // 4),
-                       mean_output_len=min(plan.mean_output_len, plan.max_model_len // 4))
+                           mean_prompt_len=min(plan.mean_prompt_len, plan.max_model_len // 4),
+                           mean_output_len=min(plan.mean_output_len, plan.max_model_len // 4))
         evidence.append(f"half the context ({plan.max_model_len // 2}) -> {half.max_concurrent_seqs}")
     if m.num_kv_heads > 8 and m.num_kv_heads % 8 == 0 and 8 % tp == 0:
         gqa = plan.replan(model=dataclasses.replace(m, name=m.name + "-gqa8", num_kv_heads=8))
         evidence.append(f"a GQA twin with 8 KV heads -> {gqa.max_concurrent_seqs}")
-    if kv_element > 1:
+    if _kv_element_bytes(m) > 1:
         int8 = plan.replan(model=lab.with_kv_cache_dtype(m, "int8"))
         evidence.append(f"an 8-bit KV cache (--kv-cache-dtype int8) -> {int8.max_concurrent_seqs} "
                         f"({int8.num_kv_blocks} blocks)")
-    mean_len = math.ceil(plan.mean_prompt_len + plan.mean_output_len)
-    typical = plan.replan(max_model_len=mean_len)
     if plan.ceiling == "kv-blocks":
-        lines.append(
+        ceiling = (
             f"  The KV blocks, not the weights, set the ceiling: the weights take "
             f"{plan.weight_bytes_per_gpu / lab.GB:.1f} GB and fit with {plan.kv_pool_bytes / lab.GB:.1f} GB "
             f"to spare, yet each {plan.max_model_len}-token sequence needs {per_seq} blocks "
             f"({per_seq * plan.block_bytes_per_gpu / lab.GB:.2f} GB), so only "
             f"{plan.max_concurrent_seqs} fit.")
     else:
-        lines.append(
+        ceiling = (
             f"  The weights set the ceiling here: they take {plan.weight_bytes_per_gpu / lab.GB:.1f} GB "
             f"and leave the KV pool only {plan.kv_pool_bytes / lab.GB:.1f} GB "
             f"({plan.max_concurrent_seqs} sequences); quantise the weights or raise tp.")
-    lines.append(f"  Concurrency instead of {plan.max_concurrent_seqs}: " + "; ".join(evidence) + ".")
-    lines.append(
-        f"  Paging allocates blocks as tokens arrive: a mean request ({mean_len} tokens, "
-        f"{lab.blocks_needed(mean_len, plan.block_size)} blocks) leaves room for "
-        f"{typical.max_concurrent_seqs} at once ({typical.qps:.1f} QPS); "
-        f"{plan.max_concurrent_seqs} is the guarantee if every request grows to {plan.max_model_len}.")
-    if usd_per_gpu_hour is not None:
-        def per_million(qps: float) -> float:
-            return usd_per_gpu_hour * tp / (qps * plan.mean_output_len * 3600) * 1e6
-        typical_measured = measure_plan(lab, typical, cpu_overhead_s)
-        if measured is None or typical_measured is None:
-            lines.append(
-                f"  Cost at ${usd_per_gpu_hour:.2f} per GPU-hour (roofline): ${per_million(plan.qps):.2f} per 1M "
+    return [ceiling, f"  Concurrency instead of {plan.max_concurrent_seqs}: " + "; ".join(evidence) + ".",
+            f"  Paging allocates blocks as tokens arrive: a mean request ({mean_len} tokens, "
+            f"{lab.blocks_needed(mean_len, plan.block_size)} blocks) leaves room for "
+            f"{typical.max_concurrent_seqs} at once ({typical.qps:.1f} QPS); "
+            f"{plan.max_concurrent_seqs} is the guarantee if every request grows to {plan.max_model_len}."]
+
+
+def _cost(lab: ModuleType, plan, typical, measured: MeasuredPlan | None, usd_per_gpu_hour: float,
+          cpu_overhead_s: float | None) -> str:
+    """The cost per 1M output tokens at the guaranteed concurrency and at the mean request's,
+    measured beside the roofline where both plans have a measured step."""
+    tp = plan.tensor_parallel_size
+
+    def per_million(qps: float) -> float:
+        return usd_per_gpu_hour * tp / (qps * plan.mean_output_len * 3600) * 1e6
+    typical_measured = measure_plan(lab, typical, cpu_overhead_s)
+    if measured is None or typical_measured is None:
+        return (f"  Cost at ${usd_per_gpu_hour:.2f} per GPU-hour (roofline): ${per_million(plan.qps):.2f} per 1M "
                 f"output tokens at the guaranteed {plan.max_concurrent_seqs} sequences, "
-                f"${per_million(typical.qps):.2f} at the mean request's {typical.max_concurrent_seqs}: the KV ceiling "
-                f"is also the price.")
-        else:
-            lines.append(
-                f"  Cost at ${usd_per_gpu_hour:.2f} per GPU-hour: ${per_million(measured.qps):.2f} per 1M output "
-                f"tokens measured, ${per_million(plan.qps):.2f} on the roofline, at the guaranteed "
-                f"{plan.max_concurrent_seqs} sequences; ${per_million(typical_measured.qps):.2f} and "
                 f"${per_million(typical.qps):.2f} at the mean request's {typical.max_concurrent_seqs}: the KV "
                 f"ceiling is also the price.")
-    return "\n".join(lines)
+    return (f"  Cost at ${usd_per_gpu_hour:.2f} per GPU-hour: ${per_million(measured.qps):.2f} per 1M output "
+            f"tokens measured, ${per_million(plan.qps):.2f} on the roofline, at the guaranteed "
+            f"{plan.max_concurrent_seqs} sequences; ${per_million(typical_measured.qps):.2f} and "
+            f"${per_million(typical.qps):.2f} at the mean request's {typical.max_concurrent_seqs}: the KV "
+            f"ceiling is also the price.")
 
 
 class KVUtilization(NamedTuple):

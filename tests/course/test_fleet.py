@@ -1,4 +1,4 @@
-"""test_fleet.py: `python solution.py fleet` (course/fleet.py) and the step cost it charges
+"""test_fleet.py: `python solution.py fleet` (course/reviews/fleet.py, fleet_search.py) and the step cost it charges
 (loadtest/costmodel.py, provided). The search drives the module's own Scheduler (Exercise 5) on KV
 blocks its plan_deployment sizes (Exercise 8): those tests need exercises 1..8."""
 
@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import lab
-from course import fleet
+from course.reviews import fleet, fleet_search
 from loadtest import costmodel
 from tests.support import run_cli
 
@@ -48,23 +48,23 @@ def test_fit_step_cost_recovers_the_coefficients_of_exact_steps(fixed, per_token
 
 # --- the search ------------------------------------------------------------------------------
 
-SLO = fleet.SLO(ttft_s=0.05, tpot_s=0.01)
-SMALL = fleet.Candidate("h100-80gb", 1, 16, 256)
+SLO = fleet_search.SLO(ttft_s=0.05, tpot_s=0.01)
+SMALL = fleet_search.Candidate("h100-80gb", 1, 16, 256)
 
 
 def small_case():
-    workload = fleet.fleet_workload(lab, "alpaca", 40, seed=3, max_model_len=512)
+    workload = fleet_search.fleet_workload(lab, "alpaca", 40, seed=3, max_model_len=512)
     cost = costmodel.roofline_step_cost(lab, "llama-2-7b", "h100-80gb", 1)
 
     def run_at(rate):
-        return fleet.simulate_rate(lab, cost, workload, rate, SLO, SMALL, num_blocks=400)
+        return fleet_search.simulate_rate(lab, cost, workload, rate, SLO, SMALL, num_blocks=400)
     return run_at
 
 
 @pytest.mark.needs(8)
 def test_search_finds_the_rate_a_brute_force_sweep_finds():
     run_at = small_case()
-    search = fleet.search_max_rate(run_at, start=20.0, tolerance=0.02, candidate=SMALL)
+    search = fleet_search.search_max_rate(run_at, start=20.0, tolerance=0.02, candidate=SMALL)
     rates = np.geomspace(5, 2000, 60)
     first_miss = next(i for i, r in enumerate(rates) if not run_at(r).meets)
     assert first_miss > 0, "the sweep must start below the SLO's knee"
@@ -79,19 +79,19 @@ def test_search_finds_the_rate_a_brute_force_sweep_finds():
 @pytest.mark.provided
 def test_nearest_rank_p99_is_met_exactly_when_99_percent_are_within_the_target():
     values = list(range(1, 201))  # 200 values: the 198th smallest is p99
-    assert fleet.nearest_rank(values) == 198 and fleet.allowed_misses(200) == 2
+    assert fleet_search.nearest_rank(values) == 198 and fleet_search.allowed_misses(200) == 2
 
 
 @pytest.mark.needs(8)
 def test_fleet_arithmetic_of_one_configuration_matches_the_hand_calculation():
-    slo = fleet.SLO(ttft_s=0.1, tpot_s=0.02)  # within reach of the measured step (~9 ms at tp 2 with the CPU's)
-    question = fleet.FleetQuestion("llama-2-7b", ("h100-80gb",), qps=70.0, slo=slo, workload="alpaca",
-                                   usd_per_gpu_hour=(3.0,), max_model_len=512, num_requests=40)
-    candidate = fleet.Candidate("h100-80gb", 2, 16, 256)
+    slo = fleet_search.SLO(ttft_s=0.1, tpot_s=0.02)  # within reach of the measured step (~9 ms at tp 2 with the CPU's)
+    question = fleet_search.FleetQuestion("llama-2-7b", ("h100-80gb",), qps=70.0, slo=slo, workload="alpaca",
+                                          usd_per_gpu_hour=(3.0,), max_model_len=512, num_requests=40)
+    candidate = fleet_search.Candidate("h100-80gb", 2, 16, 256)
     answer = fleet.run_fleet(lab, question, jobs=1, log=lambda line: None, candidates=[candidate])
     row = answer.pick
     rate = row.max_rate
-    workload = fleet.fleet_workload(lab, "alpaca", 40, 0, 512)
+    workload = fleet_search.fleet_workload(lab, "alpaca", 40, 0, 512)
     replicas = math.ceil(70.0 / rate)
     usd = replicas * 2 * 3.0 / (70.0 * np.mean(workload[2]) * 3600) * 1e6
     assert (row.replicas, row.gpus) == ((replicas,), replicas * 2), "replicas = ceil(QPS / rate), GPUs = replicas x tp"
@@ -101,11 +101,11 @@ def test_fleet_arithmetic_of_one_configuration_matches_the_hand_calculation():
 
 @pytest.mark.needs(8)
 def test_fleet_answers_with_the_measured_cost_and_shows_the_roofline_beside_it():
-    slo = fleet.SLO(ttft_s=0.1, tpot_s=0.02)
-    question = fleet.FleetQuestion("llama-2-7b", ("h100-80gb",), qps=70.0, slo=slo, workload="alpaca",
-                                   max_model_len=512, num_requests=40)
+    slo = fleet_search.SLO(ttft_s=0.1, tpot_s=0.02)
+    question = fleet_search.FleetQuestion("llama-2-7b", ("h100-80gb",), qps=70.0, slo=slo, workload="alpaca",
+                                          max_model_len=512, num_requests=40)
     answer = fleet.run_fleet(lab, question, jobs=1, log=lambda line: None,
-                             candidates=[fleet.Candidate("h100-80gb", 2, 16, 256)])
+                             candidates=[fleet_search.Candidate("h100-80gb", 2, 16, 256)])
     row = answer.pick
     assert row.measured and row.roofline is not None and row.roofline.gpus < row.gpus, (
         f"the pick is searched on the measured step cost ({row.gpus} GPUs), which needs more GPUs than the "
@@ -119,10 +119,10 @@ def test_fleet_answers_with_the_measured_cost_and_shows_the_roofline_beside_it()
 
 @pytest.mark.needs(8)
 def test_a_gpu_without_a_published_profile_is_costed_by_the_roofline_and_the_table_says_so():
-    question = fleet.FleetQuestion("llama-2-7b", ("l4",), qps=10.0, slo=fleet.SLO(ttft_s=1.0, tpot_s=0.2),
-                                   workload="alpaca", max_model_len=512, num_requests=40)
+    question = fleet_search.FleetQuestion("llama-2-7b", ("l4",), qps=10.0, slo=fleet_search.SLO(ttft_s=1.0, tpot_s=0.2),
+                                          workload="alpaca", max_model_len=512, num_requests=40)
     answer = fleet.run_fleet(lab, question, jobs=1, log=lambda line: None,
-                             candidates=[fleet.Candidate("l4", 1, 16, 256)])
+                             candidates=[fleet_search.Candidate("l4", 1, 16, 256)])
     row = answer.pick
     assert not row.measured and row.roofline.gpus == row.gpus, "no profile: one search, on the roofline"
     assert f"{row.label} *" in answer.text and "no published profile" in answer.text, (
@@ -168,10 +168,10 @@ def test_cli_fleet_with_a_target_no_candidate_meets_names_the_nearest_miss():
 
 @pytest.mark.needs(8)
 def test_fleet_page_draws_goodput_against_offered_rate_with_the_knee_of_the_pick():
-    from course.fleet_page import fleet_page
-    question = fleet.FleetQuestion("llama-2-7b", ("h100-80gb",), qps=70.0, slo=SLO, workload="alpaca",
-                                   max_model_len=512, num_requests=40)
-    candidates = [fleet.Candidate("h100-80gb", 1, 16, 256), fleet.Candidate("h100-80gb", 2, 16, 256)]
+    from course.pages.fleet_page import fleet_page
+    question = fleet_search.FleetQuestion("llama-2-7b", ("h100-80gb",), qps=70.0, slo=SLO, workload="alpaca",
+                                          max_model_len=512, num_requests=40)
+    candidates = [fleet_search.Candidate("h100-80gb", 1, 16, 256), fleet_search.Candidate("h100-80gb", 2, 16, 256)]
     answer = fleet.run_fleet(lab, question, jobs=1, log=lambda line: None, candidates=candidates)
     html = fleet_page(lab, question, answer)
     assert html.count("<svg") == 1 and f"SLO knee: {answer.pick.max_rate:.1f} req/s" in html, (

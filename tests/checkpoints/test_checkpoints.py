@@ -25,6 +25,7 @@ from tests.support import (
     HAND_MERGES,
     HAND_VOCAB,
     HTTP_TIMEOUT,
+    ROOT,
     complete,
     greedy_reference,
     http_call,
@@ -414,7 +415,7 @@ def test_speculate_refuses_a_draft_with_another_tokenizer(tmp_path):
 @pytest.mark.provided
 def test_nothing_here_imports_the_lab_modules_by_name():
     for name in ("tokenizer.py", "model_loader.py", "commands.py"):
-        source = (Path(__file__).parent.parent / "checkpoints" / name).read_text()
+        source = (ROOT / "checkpoints" / name).read_text()
         for module in ("solution", "lab"):
             imports = f"import {module}" in source or f"from {module} " in source
             assert not imports, f"checkpoints/{name} imports {module}: it must be handed the module instead"

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from conftest import lab
 from loadtest import costmodel
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROFILED = ("a100-80gb", "h100-80gb")
 PRESETS = ("llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "mistral-7b")
 

@@ -1,0 +1,1 @@
+"""The tests of GPT-2 checkpoints from disk and their tokenizer (checkpoints/)."""
