@@ -1,12 +1,16 @@
-"""Shared by the benchmarks of tools/: the module under test, the clock, side-by-side timing.
+"""Shared by the benchmarks of tools/ (benchmarks/, server/): the module under test, the clock,
+side-by-side timing, and solution.py as another git revision had it.
 
 Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,3 +48,22 @@ def _blas_env(blas_threads: int | None) -> dict[str, str]:
     if blas_threads is not None:
         env["OPENBLAS_NUM_THREADS"] = str(blas_threads)
     return env
+
+
+def load_module(path: Path, name: str):
+    """The Python file at `path`, imported as the module `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def solution_at(rev: str, name: str = "solution_before"):
+    """solution.py as it was at git revision `rev`, imported as the module `name` (the chapter's
+    engine imports nothing of the packages beside it, so this checkout's serve any revision's)."""
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:solution.py"],
+                            check=True, capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
+    path.write_text(source)
+    return load_module(path, name)
