@@ -385,7 +385,7 @@ def test_the_second_implementation_fills_every_stub_of_the_generated_lab():
     compile(text, "second_lab.py", "exec")
 
 
-# --- the pages' words: README.md and docs/ (tools/checks/check_docs.py) --------------------------------
+# --- the pages' words: README.md and docs/ (tools/checks/check_words.py) -------------------------------
 
 
 def tracked_files() -> set[str]:
@@ -395,13 +395,13 @@ def tracked_files() -> set[str]:
 
 @pytest.mark.provided
 def test_no_page_narrates_the_projects_rounds_or_types_the_suites_counts_and_every_link_resolves():
-    check_docs = load_tool("check_docs")
-    pages = check_docs.pages()
-    rounds = [f"{path}: {found}" for path, text in pages.items() for found in check_docs.history(text)]
+    check_words = load_tool("check_words")
+    pages = load_tool("check_docs").pages()
+    rounds = [f"{path}: {found}" for path, text in pages.items() for found in check_words.history(text)]
     assert not rounds, "a figure carries its date and machine, not the round it was taken in:\n" + "\n".join(rounds)
-    counts = [f"{path}: {found}" for path, text in pages.items() for found in check_docs.typed_counts(text)]
+    counts = [f"{path}: {found}" for path, text in pages.items() for found in check_words.typed_counts(text)]
     assert not counts, "the suite's counts change with every test: the scoreboard prints them\n" + "\n".join(counts)
-    broken = check_docs.link_problems(pages, tracked_files())
+    broken = check_words.link_problems(pages, tracked_files())
     assert not broken, "links to nothing:\n" + "\n".join(broken)
 
 
@@ -433,14 +433,14 @@ def test_the_copys_pages_fit_the_copy_no_history_no_reference_no_maintainers_fil
     ("    python tools/server/bench_server_cpu.py --against 8c096fd", "needs the project's git history"),
 ])
 def test_the_copys_words_check_names_each_kind_of_word_that_does_not_fit(page, says):
-    check_docs = load_tool("check_docs")
+    check_words = load_tool("check_words")
     files = {"docs/x.md", "docs/serving.md", "tools/server/bench_server_cpu.py"}
     pages = {"docs/x.md": f"# A page\n\nText.\n\n{page}\n", "docs/serving.md": "# Serving\n\n## The load test\n"}
-    found = check_docs.copy_problems(pages, files)
+    found = check_words.copy_problems(pages, files)
     assert any(says in problem for problem in found), f"{page!r}: expected a problem saying {says!r}, got {found}"
     clean = {"docs/x.md": "# A page\n\nRun `python lab.py size`; a [link](serving.md#the-load-test); the "
                           "final round of speculation.\n", "docs/serving.md": pages["docs/serving.md"]}
-    assert check_docs.copy_problems(clean, files) == []
+    assert check_words.copy_problems(clean, files) == []
 
 
 @pytest.mark.provided

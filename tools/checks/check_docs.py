@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The pages' own checks: every command README.md and docs/ show runs as written, and the words of
-the copy a course hands out fit that copy.
+"""The pages' own check: every command README.md and docs/ show runs as written (their words are
+check_words.py's).
 
     python tools/checks/check_docs.py                 # run every command the pages show (minutes)
     python tools/checks/check_docs.py --list          # what would run, and the few that are not run, with why
@@ -25,12 +25,7 @@ seconds, then are stopped, with everything they started (each command runs in a 
 own). A command shown with `...` for its arguments fails. NOT_RUN names the few that need what
 CI does not have, with why.
 
-The words, checked without running anything (tools/test_tooling.py; tools/handout/student_copy.py
-refuses a copy that fails them): no page names the round a figure was taken in (history) or
-types the suite's counts (typed_counts: the scoreboard prints them); no
-link points at a missing file or heading (link_problems); and the copy's pages narrate no
-history, and show no command that runs the reference, a maintainers' tool, or the git history
-(copy_problems).
+The words of the pages, checked without running anything, are check_words.py's.
 """
 
 from __future__ import annotations
@@ -232,91 +227,6 @@ def runnable(command: str) -> str:
     return command
 
 
-# --- the words: what a page may say, checked without running anything -------------------------
-
-# The project's history, in any page: a figure carries its date and machine instead.
-ROUNDS = re.compile(r"\b(?:this|that|earlier|last|previous|latest|prior)\s+rounds?\b|\bround\s+before\b"
-                    r"|\brounds?'s?\s+code\b", re.I)
-# ... and in the copy a course hands out, any narration of it: a student reads what is, not what was.
-HISTORY = re.compile(ROUNDS.pattern + r"|\b(?:until\s+)?issues?\s+\d+\b"
-                     r"|\b(?:an|the)\s+earlier\s+(?:version|engine|kernel|client|code)\b"
-                     r"|\bthe\s+old\s+(?:code|client|kernel|engine)\b|\bused\s+to\s+(?:leave|be|run|take)\b", re.I)
-
-
-def history(text: str, copy: bool = False) -> list[str]:
-    """`line N: words` for each phrase of the project's history in a page (`copy`: the stricter
-    rule of the student's copy)."""
-    pattern = HISTORY if copy else ROUNDS
-    return [f"line {text.count(chr(10), 0, m.start()) + 1}: {' '.join(m.group().split())!r}"
-            for m in pattern.finditer(text)]
-
-
-# The suite's own counts and time, which change with every test: the scoreboard prints them.
-# (Hundreds of them: "at most 10 tests" is a limit, not a count.)
-SUITE_COUNTS = re.compile(r"\b\d[\d,]{2,}\s+(?:of\s+\d[\d,]*\s+)?tests\b|\b\d[\d,]{2,}\s+(?:passed|green|on\s+stubs)\b",
-                          re.I)
-
-
-def typed_counts(text: str) -> list[str]:
-    """`line N: words` for each count of the suite's tests typed into a page."""
-    return [f"line {text.count(chr(10), 0, m.start()) + 1}: {' '.join(m.group().split())!r}"
-            for m in SUITE_COUNTS.finditer(text)]
-
-
-def anchor(heading: str) -> str:
-    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-
-
-def link_problems(pages: dict[str, str], files: set[str]) -> list[str]:
-    """Relative links that point at no file of `files` (or of a folder of them), or at no heading."""
-    anchors = {path: {anchor(h) for h in re.findall(r"^#+\s+(.*?)\s*$", FENCE.sub("", text), re.M)}
-               for path, text in pages.items()}
-    problems = []
-    for path, text in pages.items():
-        for m in re.finditer(r"\]\(([^)\s]+)\)", FENCE.sub("", text)):
-            target = m.group(1)
-            if re.match(r"[a-z]+:", target):
-                continue
-            file, _, fragment = target.partition("#")
-            resolved = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
-            if resolved not in files and not any(f.startswith(resolved.rstrip("/") + "/") for f in files):
-                problems.append(f"{path}: a link to {target}, a file this checkout lacks")
-            elif fragment and resolved in anchors and fragment not in anchors[resolved]:
-                problems.append(f"{path}: a link to {target}, a heading {resolved} lacks")
-    return problems
-
-
-COPY_FILE = re.compile(r"(?<![\w/.])((?:tools|docs|tests|\.ci)/[\w./-]*\w|solution\.py)")
-
-
-def copy_problems(pages: dict[str, str], files: set[str]) -> list[str]:
-    """What in the copy's pages does not fit the copy: a phrase of history, a command that names
-    the reference or a file the copy lacks or needs the project's git history, a link to no file."""
-    problems = []
-    for path, text in pages.items():
-        problems += [f"{path}: {found} narrates history" for found in history(text, copy=True)]
-        problems += [f"{path}: {found} is the suite's count typed by hand" for found in typed_counts(text)]
-        for snippet in snippets_of(path, text):
-            for command in snippet.commands:
-                if not_run(snippet, command):
-                    continue
-                first = command.split("\n")[0]
-                if re.search(r"\bsolution\b", command):
-                    problems.append(f"{snippet.where}: `{first}` runs the reference, which the copy lacks")
-                if re.search(r"--against\b|\bgit\s+show\b", command):
-                    problems.append(f"{snippet.where}: `{first}` needs the project's git history")
-                for name in COPY_FILE.findall(command):
-                    if name not in files and not any(f.startswith(name.rstrip("/") + "/") for f in files):
-                        problems.append(f"{snippet.where}: `{first}` names {name}, which the copy lacks")
-        prose = INLINE.sub(lambda m: m.group() if not INLINE_COMMAND.match(m.group(1)) else "", FENCE.sub("", text))
-        for m in re.finditer(r"`([^`\n]+)`", prose):
-            for name in COPY_FILE.findall(m.group(1)):
-                if name != "solution.py" and name not in files and not any(f.startswith(name + "/") for f in files):
-                    problems.append(f"{path}: `{m.group(1)}` names {name}, which the copy lacks")
-    return problems + link_problems(pages, files)
-
-
 # --- running -------------------------------------------------------------------------------------
 
 
@@ -410,8 +320,8 @@ def _session(sid: int) -> list[int]:
     return found
 
 
-STARTED: list[subprocess.Popen] = []  # every command started, stopped at the latest when main() ends
-STOPPING = threading.Event()  # set when main() ends: no command starts after it
+STARTED: list[subprocess.Popen] = []  # every command started, stopped at the latest when run_all() ends
+STOPPING = threading.Event()  # set when run_all() ends: no command starts after it
 
 
 def _kill_sessions(procs: list[subprocess.Popen]) -> None:
@@ -453,60 +363,29 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str], seen: dict | N
                 outcomes.append(Outcome(snippet, command, "FAIL", "not complete as written: `...` for its arguments"))
                 break
             shell = runnable(command)
-            # `serve &`, or a server that a later command talks to: started, and its port waited for
-            in_background = snippet.kind != "python" and (BACKGROUND.search(shell) or (
-                SERVER.search(shell) and any(f":{port}" in later for port in _ports(shell)
-                                             for later in snippet.commands[i + 1:])))
+            in_background = _runs_in_background(snippet, i, shell)
             alone = seen is not None and snippet.kind != "python" and not (state or background or in_background)
-            key = (shell.split(" #")[0].strip(), (cwd / "lab.py").read_bytes() == (cwd / "solution.py").read_bytes()
-                   if (cwd / "solution.py").exists() else None)
+            key = _seen_key(shell, cwd)
             if alone and key in seen:
                 outcomes.append(Outcome(snippet, command, "same", f"as at {seen[key]}"))
                 continue
-            if snippet.kind == "python":
-                script = cwd / ".snippet.py"
-                script.write_text(command)
-                argv = [sys.executable, str(script)]
-            else:
-                argv = ["bash", "-c", " && ".join([*state, BACKGROUND.sub("", shell) if in_background else shell])]
             log = tempfile.TemporaryFile(mode="w+")
             logs.append(log)
             start = time.monotonic()
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(_argv(snippet, command, shell, state, in_background, cwd), cwd=cwd, env=env,
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
             started.append(proc)
             STARTED.append(proc)
             if in_background:
                 background.append(proc)
-                ports = _ports(shell)
-                if ports and not _wait_for_port(ports[0], proc, FINISH_S):
-                    outcomes.append(Outcome(snippet, command, "FAIL", f"never opened port {ports[0]}: "
-                                            + _tail(log), time.monotonic() - start))
-                    break
-                outcomes.append(Outcome(snippet, command, "ok", "in the background", time.monotonic() - start))
-                continue
-            long = bool(LONG.search(" " + shell))
-            try:
-                rc = proc.wait(CUT_S if long else FINISH_S)
-            except subprocess.TimeoutExpired:
-                _stop(proc)
-                seconds = time.monotonic() - start
-                if long:
-                    outcomes.append(Outcome(snippet, command, "cut", f"ran {seconds:.0f} s, stopped", seconds))
-                    if alone:
-                        seen[key] = snippet.where
-                    continue
-                outcomes.append(Outcome(snippet, command, "FAIL", f"still running after {FINISH_S:.0f} s "
-                                        "(if it runs for minutes by design, LONG must say so): " + _tail(log), seconds))
+            outcomes.append((_served if in_background else _waited)(snippet, command, shell, proc, log, start))
+            if outcomes[-1].status == "FAIL":
                 break
-            seconds = time.monotonic() - start
-            if rc != 0:
-                outcomes.append(Outcome(snippet, command, "FAIL", f"exit status {rc}: " + _tail(log), seconds))
-                break
-            outcomes.append(Outcome(snippet, command, "ok", "", seconds))
             if alone:
                 seen[key] = snippet.where
-            state += [part for part in _and_list(shell) if re.match(r"(cd|export)\s", part)]
+            if outcomes[-1].status == "ok" and not in_background:
+                state += [part for part in _and_list(shell) if re.match(r"(cd|export)\s", part)]
     finally:
         for proc in background:
             _stop(proc)
@@ -514,6 +393,59 @@ def run_snippet(snippet: Snippet, cwd: Path, env: dict[str, str], seen: dict | N
         for log in logs:
             log.close()
     return outcomes
+
+
+def _runs_in_background(snippet: Snippet, i: int, shell: str) -> bool:
+    """`serve &`, or a server that a later command of its snippet talks to: started, and its port
+    waited for."""
+    return snippet.kind != "python" and bool(BACKGROUND.search(shell) or (
+        SERVER.search(shell) and any(f":{port}" in later for port in _ports(shell)
+                                     for later in snippet.commands[i + 1:])))
+
+
+def _seen_key(shell: str, cwd: Path) -> tuple:
+    """A command as run_snippet's `seen` knows it: its text, and whether lab.py is the reference."""
+    lab_is_reference = ((cwd / "lab.py").read_bytes() == (cwd / "solution.py").read_bytes()
+                        if (cwd / "solution.py").exists() else None)
+    return shell.split(" #")[0].strip(), lab_is_reference
+
+
+def _argv(snippet: Snippet, command: str, shell: str, state: list[str], in_background: bool, cwd: Path) -> list[str]:
+    """The process that runs a command: a Python snippet from a file, a shell command after the
+    block's `cd` and `export` so far."""
+    if snippet.kind == "python":
+        script = cwd / ".snippet.py"
+        script.write_text(command)
+        return [sys.executable, str(script)]
+    return ["bash", "-c", " && ".join([*state, BACKGROUND.sub("", shell) if in_background else shell])]
+
+
+def _served(snippet: Snippet, command: str, shell: str, proc: subprocess.Popen, log, start: float) -> Outcome:
+    """A command started in the background: it must open its port (if it names one) in FINISH_S."""
+    ports = _ports(shell)
+    if ports and not _wait_for_port(ports[0], proc, FINISH_S):
+        return Outcome(snippet, command, "FAIL", f"never opened port {ports[0]}: " + _tail(log),
+                       time.monotonic() - start)
+    return Outcome(snippet, command, "ok", "in the background", time.monotonic() - start)
+
+
+def _waited(snippet: Snippet, command: str, shell: str, proc: subprocess.Popen, log, start: float) -> Outcome:
+    """A command in the foreground: it must exit 0 within FINISH_S, or (LONG) not fail within CUT_S,
+    when it is stopped."""
+    long = bool(LONG.search(" " + shell))
+    try:
+        rc = proc.wait(CUT_S if long else FINISH_S)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        seconds = time.monotonic() - start
+        if long:
+            return Outcome(snippet, command, "cut", f"ran {seconds:.0f} s, stopped", seconds)
+        return Outcome(snippet, command, "FAIL", f"still running after {FINISH_S:.0f} s "
+                       "(if it runs for minutes by design, LONG must say so): " + _tail(log), seconds)
+    seconds = time.monotonic() - start
+    if rc != 0:
+        return Outcome(snippet, command, "FAIL", f"exit status {rc}: " + _tail(log), seconds)
+    return Outcome(snippet, command, "ok", "", seconds)
 
 
 def _tail(log, lines: int = 12) -> str:
@@ -540,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", metavar="WORD", help="only the snippets whose page or text contains WORD")
     args = parser.parse_args(argv)
     # Stop on Ctrl-C and on SIGTERM, even when started with SIGINT ignored (`... &` from a script),
-    # and stop what it started (main's finally).
+    # and stop what it started (run_all's finally).
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -553,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                 first = command.split("\n")[0]
                 print(f"{snippet.where:24} {'not run: ' + why if why else 'runs'}: {first}")
         return 0
-    total_start, failed, counts = time.monotonic(), [], {}
+    total_start = time.monotonic()
     unique, done = [], set()  # inline commands shown on several pages run once
     for snippet in found:
         if snippet.kind == "inline":
@@ -561,6 +493,21 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             done.add(tuple(snippet.commands))
         unique.append(snippet)
+    counts, failed = run_all(unique, root, args.lab.resolve(), args.jobs)
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    print(f"{len(unique)} snippets of {root.name}: {summary}, in {time.monotonic() - total_start:.0f} s "
+          f"(cut: a server or benchmark checked for {CUT_S:.0f} s, then stopped)")
+    for outcome in failed:
+        print(f"FAILED {outcome.snippet.where}: {outcome.command.split(chr(10))[0]}\n      {outcome.detail}")
+    return 1 if failed else 0
+
+
+def run_all(unique: list[Snippet], root: Path, lab: Path, jobs: int) -> tuple[dict[str, int], list[Outcome]]:
+    """Run the snippets, `jobs` at a time, each in a scratch checkout of `root` of its own (with
+    lab.py a copy of `lab`, or the checkout's own for OWN_LAB), printing each outcome as it comes;
+    (the count of each status, the failures)."""
+    counts: dict[str, int] = {}
+    failed: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="check_docs-") as tmp:
         ports: dict[int, threading.Lock] = {}
         seen: dict = {}  # a command shown again runs once (run_snippet)
@@ -574,13 +521,13 @@ def main(argv: list[str] | None = None) -> int:
             try:  # each snippet in a scratch checkout of its own: `../lab-handout` is its own too
                 where = Path(tmp) / str(unique.index(snippet)) / "checkout"
                 own = any(needle in c for needle in OWN_LAB for c in snippet.commands)
-                scratch = scratch_checkout(root, root / "lab.py" if own else args.lab.resolve(), where)
+                scratch = scratch_checkout(root, root / "lab.py" if own else lab, where)
                 return run_snippet(snippet, scratch, environment(scratch), seen)
             finally:
                 for lock in locks:
                     lock.release()
 
-        pool = ThreadPoolExecutor(args.jobs)
+        pool = ThreadPoolExecutor(jobs)
         try:
             for outcomes in pool.map(run, unique):
                 for outcome in outcomes:
@@ -595,12 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             STOPPING.set()
             pool.shutdown(wait=False, cancel_futures=True)
             _kill_sessions(STARTED)
-    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    print(f"{len(unique)} snippets of {root.name}: {summary}, in {time.monotonic() - total_start:.0f} s "
-          f"(cut: a server or benchmark checked for {CUT_S:.0f} s, then stopped)")
-    for outcome in failed:
-        print(f"FAILED {outcome.snippet.where}: {outcome.command.split(chr(10))[0]}\n      {outcome.detail}")
-    return 1 if failed else 0
+    return counts, failed
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ exists.
 Before it writes anything it checks that no shipped file holds an exercise's answer (three or
 more lines of one solution region of `solution.py` that the stubbed lab does not have): a file
 added later that quotes the reference makes this command fail, not the course leak. Likewise
-for the pages' words (tools/checks/check_docs.py): a phrase of the project's history, a link to a file
+for the pages' words (tools/checks/check_words.py): a phrase of the project's history, a link to a file
 the copy lacks, or a command that needs the reference, a maintainers' tool or the git history.
 With `--autograder FILE.zip` it also writes the zip Gradescope takes (tools/handout/autograder.py):
 setup.sh, run_autograder and the copy, grading the submitted lab.py alone with the copy's suite.
@@ -126,8 +126,8 @@ def student_readme(readme: str) -> str:
 
 
 def words_unfit(texts: dict[str, str], binaries: list[str]) -> list[str]:
-    """What in the copy's pages does not fit the copy (tools/checks/check_docs.py's copy_problems)."""
-    from check_docs import copy_problems
+    """What in the copy's pages does not fit the copy (tools/checks/check_words.py's copy_problems)."""
+    from check_words import copy_problems
     files = {*texts, *binaries, *(f"docs/reference-traces/{w}.html" for w in TRACE_WORKLOADS)}
     return copy_problems({path: text for path, text in texts.items() if is_page(path)}, files)
 
@@ -180,7 +180,7 @@ def write_copy(out: Path) -> list[str]:
     unfit = words_unfit(texts, binaries)
     if unfit:
         raise SystemExit("tools/handout/student_copy.py: these words of the copy's pages do not fit the copy (see "
-                         "tools/checks/check_docs.py):\n  " + "\n  ".join(unfit))
+                         "tools/checks/check_words.py):\n  " + "\n  ".join(unfit))
     for path, text in texts.items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         (out / path).write_text(text, encoding="utf-8")
