@@ -23,6 +23,23 @@ lab = None  # the module under test (solution or lab): tools/bench.py sets it be
 clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
 
 
+class Report:
+    """A benchmark's lines: each kept for the report it returns, and handed to `log` (None:
+    silent) as soon as it is measured (progress, on a slow machine)."""
+
+    def __init__(self, log=print):
+        self.lines: list[str] = []
+        self.log = log
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+        if self.log is not None:
+            self.log(line)
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
 def _best_side_by_side(fns: dict, repeats: int = 5) -> dict:
     """Best wall times of several functions measured in turns, so drift hits them all alike."""
     for fn in fns.values():

@@ -15,7 +15,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
-from bench_common import _best_side_by_side, _timeit  # noqa: E402
+from bench_common import Report, _best_side_by_side, _timeit  # noqa: E402
 
 lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
 clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
@@ -157,14 +157,38 @@ def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, 
     The physical blocks are shuffled (a pool that has served many requests), with spare blocks
     in the pool. Returns the report; each line also goes to `log` (None: silent) as it is measured.
     """
+    say = Report(log)
+    case = _attention_case(batch, context_len, n_head, head_dim, block_size, seed)
+    q, k_cache, v_cache, block_tables, context_lens, k_dense, v_dense = case
+    kv_bytes = k_dense.nbytes + v_dense.nbytes
+    say(f"bench attention: batch {batch}, context {context_len}, {n_head} heads x {head_dim}, "
+        f"block size {block_size}, shuffled physical blocks, K+V read {kv_bytes / 2**20:.0f} MiB per call, "
+        f"clock {clock.__name__}")
+    t, out_paged = _against_contiguous(say, case, repeats)
+    for per_head, seqs in ((False, min(loop_seqs, batch)), (True, 1)):
+        sub = (q[:seqs], k_cache, v_cache, block_tables[:seqs], context_lens[:seqs])
+        out_loop = _per_token_loop_attention(*sub, per_head=per_head)
+        assert np.allclose(out_loop, out_paged[:seqs], atol=1e-5), "the loop baseline disagrees"
+        t_loop = _timeit(lambda: _per_token_loop_attention(*sub, per_head=per_head), 1) * batch / seqs
+        say(f"  Python loop over tokens{' and heads' if per_head else ' (heads vectorised)'} "
+            f"{t_loop * 1e3:.0f} ms (timed on {seqs} sequence{'s' * (seqs > 1)}, scaled x{batch / seqs:g}): "
+            f"paged is {t_loop / t['paged']:.0f}x faster (goal >= 30x); the loop reads K/V at "
+            f"{kv_bytes / t_loop / 1e9:.2f} GB/s")
+
+    copy_bw = copy_bandwidth()
+    paged_bw = kv_bytes / t["paged"]
+    say(f"  np.copyto bandwidth {copy_bw / 1e9:.1f} GB/s copied ({2 * copy_bw / 1e9:.1f} GB/s "
+        f"read + written); paged kernel reads K/V at {paged_bw / 1e9:.1f} GB/s = "
+        f"{paged_bw / copy_bw:.0%} of the copy rate (goal >= 50%), contiguous at "
+        f"{kv_bytes / t['dense'] / 1e9:.1f} GB/s")
+    return say.text()
+
+
+def _attention_case(batch: int, context_len: int, n_head: int, head_dim: int, block_size: int, seed: int) -> tuple:
+    """(q, k_cache, v_cache, block_tables, context_lens, k_dense, v_dense): a decode batch whose
+    blocks are shuffled in a pool with spare blocks, and the same K/V laid out contiguously, as a
+    slab-per-sequence cache would hold it."""
     rng = np.random.default_rng(seed)
-    lines: list[str] = []
-
-    def say(line: str) -> None:
-        lines.append(line)
-        if log is not None:
-            log(line)
-
     per_seq = -(-context_len // block_size)
     num_blocks = batch * per_seq + 64
     shape = (num_blocks, block_size, n_head, head_dim)
@@ -173,14 +197,16 @@ def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, 
     block_tables = rng.permutation(num_blocks)[:batch * per_seq].reshape(batch, per_seq)
     context_lens = np.full(batch, context_len)
     q = rng.standard_normal((batch, n_head, head_dim), dtype=np.float32)
-    # The contiguous layout of the same K/V: what a slab-per-sequence cache would hold.
     k_dense = k_cache[block_tables].reshape(batch, -1, n_head, head_dim)[:, :context_len].copy()
     v_dense = v_cache[block_tables].reshape(batch, -1, n_head, head_dim)[:, :context_len].copy()
-    kv_bytes = k_dense.nbytes + v_dense.nbytes
-    say(f"bench attention: batch {batch}, context {context_len}, {n_head} heads x {head_dim}, "
-        f"block size {block_size}, shuffled physical blocks, K+V read {kv_bytes / 2**20:.0f} MiB per call, "
-        f"clock {clock.__name__}")
+    return q, k_cache, v_cache, block_tables, context_lens, k_dense, v_dense
 
+
+def _against_contiguous(say: Report, case: tuple, repeats: int) -> tuple[dict, np.ndarray]:
+    """The paged kernel timed beside contiguous token-major and head-major attention, the
+    table's floors and the int8 cache, outputs checked first; (the best times, paged's output)."""
+    q, k_cache, v_cache, block_tables, context_lens, k_dense, v_dense = case
+    kv_bytes = k_dense.nbytes + v_dense.nbytes
     # Head-major (batch, head, token, dim), what Hugging Face's cache holds: each (sequence,
     # head) is one contiguous (T, D) matrix, the best layout for a per-head matrix-vector product.
     k_heads = np.ascontiguousarray(k_dense.transpose(0, 2, 1, 3))
@@ -220,6 +246,12 @@ def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, 
         f"{t['paged'] / (t['gather'] + t['heads']):.2f}x (goal <= 1.15x); tighter, gather + the two matmuls on "
         f"the gathered buffer {t['floor'] * 1e3:.1f} ms: paged / that = {t['paged'] / t['floor']:.2f}x "
         f"(the rest is the online softmax's bookkeeping)")
+    _int8_lines(say, t, int8_bytes, kv_bytes)
+    return t, out_paged
+
+
+def _int8_lines(say: Report, t: dict, int8_bytes: int, kv_bytes: int) -> None:
+    """What the int8 cache's kernel costs against the float32 one, and its floor."""
     say(f"  paged on int8 blocks {t['int8'] * 1e3:.1f} ms = {t['int8'] / t['paged']:.2f}x the float32 "
         f"kernel (goal <= 0.9x): reads {int8_bytes / 2**20:.0f} MiB instead of {kv_bytes / 2**20:.0f} MiB; "
         f"each column is cast to float32 inside the gather into the reused buffer, the scales multiply "
@@ -235,21 +267,3 @@ def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, 
         f"{rates['int8', kib] / 1e9:.1f}" for kib in (256, 3072)) + " G elements/s into 256 KiB (L2) / 3 MiB, "
         "float32 -> float32 " + ", ".join(f"{rates['float32', kib] / 1e9:.1f}" for kib in (256, 3072)) +
         " G elements/s: every int8 element read is a float32 element written")
-
-    for per_head, seqs in ((False, min(loop_seqs, batch)), (True, 1)):
-        sub = (q[:seqs], k_cache, v_cache, block_tables[:seqs], context_lens[:seqs])
-        out_loop = _per_token_loop_attention(*sub, per_head=per_head)
-        assert np.allclose(out_loop, out_paged[:seqs], atol=1e-5), "the loop baseline disagrees"
-        t_loop = _timeit(lambda: _per_token_loop_attention(*sub, per_head=per_head), 1) * batch / seqs
-        say(f"  Python loop over tokens{' and heads' if per_head else ' (heads vectorised)'} "
-            f"{t_loop * 1e3:.0f} ms (timed on {seqs} sequence{'s' * (seqs > 1)}, scaled x{batch / seqs:g}): "
-            f"paged is {t_loop / t['paged']:.0f}x faster (goal >= 30x); the loop reads K/V at "
-            f"{kv_bytes / t_loop / 1e9:.2f} GB/s")
-
-    copy_bw = copy_bandwidth()
-    paged_bw = kv_bytes / t["paged"]
-    say(f"  np.copyto bandwidth {copy_bw / 1e9:.1f} GB/s copied ({2 * copy_bw / 1e9:.1f} GB/s "
-        f"read + written); paged kernel reads K/V at {paged_bw / 1e9:.1f} GB/s = "
-        f"{paged_bw / copy_bw:.0%} of the copy rate (goal >= 50%), contiguous at "
-        f"{kv_bytes / t['dense'] / 1e9:.1f} GB/s")
-    return "\n".join(lines)

@@ -15,7 +15,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
-from bench_common import _best_side_by_side  # noqa: E402
+from bench_common import Report, _best_side_by_side  # noqa: E402
 
 lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
 clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
@@ -44,13 +44,7 @@ def bench_decode(n_embd: int = 1024, n_layer: int = 6, n_head: int = 16, vocab_s
     the best any implementation on this BLAS could do, with attention, LayerNorm and Python free.
     Returns the report; each line also goes to `log` (None: silent) as it is measured.
     """
-    lines: list[str] = []
-
-    def say(line: str) -> None:
-        lines.append(line)
-        if log is not None:
-            log(line)
-
+    say = Report(log)
     blas_env = {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
                 if k in os.environ}
     config = lab.ModelConfig(vocab_size=vocab_size, n_positions=context_len, n_embd=n_embd,
@@ -64,29 +58,9 @@ def bench_decode(n_embd: int = 1024, n_layer: int = 6, n_head: int = 16, vocab_s
     rng = np.random.default_rng(0)
     model_time, gemm_time = {}, {}
     for batch in batch_sizes:
-        allocator = lab.BlockAllocator(batch * -(-context_len // block_size) + 1, block_size)
-        kv_cache = lab.KVCache(config, allocator.num_blocks, block_size)
-        tables = [lab.BlockTable(allocator) for _ in range(batch)]
-        for table in tables:
-            table.append_tokens(rng.integers(0, vocab_size, context_len).tolist())
-        model.forward(kv_cache, tables, [0] * batch, [context_len] * batch)   # prefill
-        x = rng.standard_normal((batch, n_embd), dtype=np.float32)
-        h = rng.standard_normal((batch, 4 * n_embd), dtype=np.float32)
-
-        def weight_gemms():
-            for layer in model.layers:
-                x @ layer["attn.c_attn.weight"], x @ layer["attn.c_proj.weight"]
-                x @ layer["mlp.c_fc.weight"], h @ layer["mlp.c_proj.weight"]
-            return x @ model.weights["wte.weight"].T
-
-        step = lambda: model.forward(kv_cache, tables, [context_len - 1] * batch, [1] * batch)
-        logits = step()
-        fns = {"model": step, "gemm": weight_gemms}
-        if batch == 1:  # the roofline is measured in the same turns as the step it judges
-            fns["matvec"], matvec_bytes = _large_matvec()
-        t = _best_side_by_side(fns, repeats)
+        t, logits = _decode_step_against_gemms(model, batch, context_len, block_size, rng, repeats)
         if batch == 1:
-            matvec_bw = matvec_bytes / t["matvec"]
+            matvec_bw = t["matvec bytes"] / t["matvec"]
         model_time[batch], gemm_time[batch] = t["model"], t["gemm"]
         say(f"  batch {batch:2d}: model {t['model'] * 1e3:6.1f} ms/step = {batch / t['model']:6.0f} tok/s, "
             f"weight GEMMs {t['gemm'] * 1e3:6.1f} ms = {batch / t['gemm']:6.0f} tok/s "
@@ -103,4 +77,37 @@ def bench_decode(n_embd: int = 1024, n_layer: int = 6, n_head: int = 16, vocab_s
         say(f"  batch-1 step reads {(weight_bytes + kv_bytes) / 2**20:.0f} MiB (weights + KV) at "
             f"{achieved / 1e9:.1f} GB/s; a large float32 matvec reads {roof / 1e9:.1f} GB/s: "
             f"{achieved / roof:.0%} of the roofline (goal >= 70%)")
-    return "\n".join(lines)
+    return say.text()
+
+
+def _decode_step_against_gemms(model, batch: int, context_len: int, block_size: int, rng,
+                               repeats: int) -> tuple[dict, np.ndarray]:
+    """One decode step of `batch` prefilled sequences timed beside the bare weight products of
+    the same batch (and, at batch 1, a large matvec: the roofline, in the same turns as the step
+    it judges); (the best times, with "matvec bytes" at batch 1; the step's logits)."""
+    config = model.config
+    allocator = lab.BlockAllocator(batch * -(-context_len // block_size) + 1, block_size)
+    kv_cache = lab.KVCache(config, allocator.num_blocks, block_size)
+    tables = [lab.BlockTable(allocator) for _ in range(batch)]
+    for table in tables:
+        table.append_tokens(rng.integers(0, config.vocab_size, context_len).tolist())
+    model.forward(kv_cache, tables, [0] * batch, [context_len] * batch)   # prefill
+    x = rng.standard_normal((batch, config.n_embd), dtype=np.float32)
+    h = rng.standard_normal((batch, 4 * config.n_embd), dtype=np.float32)
+
+    def weight_gemms():
+        for layer in model.layers:
+            x @ layer["attn.c_attn.weight"], x @ layer["attn.c_proj.weight"]
+            x @ layer["mlp.c_fc.weight"], h @ layer["mlp.c_proj.weight"]
+        return x @ model.weights["wte.weight"].T
+
+    step = lambda: model.forward(kv_cache, tables, [context_len - 1] * batch, [1] * batch)
+    logits = step()
+    fns = {"model": step, "gemm": weight_gemms}
+    matvec_bytes = None
+    if batch == 1:
+        fns["matvec"], matvec_bytes = _large_matvec()
+    t = _best_side_by_side(fns, repeats)
+    if matvec_bytes is not None:
+        t["matvec bytes"] = matvec_bytes
+    return t, logits

@@ -12,7 +12,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-
+from bench_common import Report  # noqa: E402
 
 lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
 clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
@@ -26,13 +26,7 @@ def bench_kv_int8(num_prompts: int = 32, max_tokens: int = 32, seed: int = 0, lo
     forced along the float32 engine's outputs (so both caches see the same tokens), the share of
     positions whose argmax agrees and the max |logit difference|.
     """
-    lines: list[str] = []
-
-    def say(line: str) -> None:
-        lines.append(line)
-        if log is not None:
-            log(line)
-
+    say = Report(log)
     for config in (lab.ModelConfig(), lab.ModelConfig(vocab_size=1024, n_embd=256, n_layer=4, n_head=4)):
         model = lab.ToyTransformer(config, seed=seed)
         rng = np.random.default_rng(seed)
@@ -64,4 +58,4 @@ def bench_kv_int8(num_prompts: int = 32, max_tokens: int = 32, seed: int = 0, lo
         say(f"  greedy outputs identical {whole}/{num_prompts}, first tokens {first}/{num_prompts}; teacher-"
             f"forced argmax agreement {agree}/{total} = {agree / total:.1%}; max |logit diff| {max_err:.3f} "
             f"(logits up to {max_logit:.1f})")
-    return "\n".join(lines)
+    return say.text()

@@ -14,7 +14,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_common import _best_side_by_side  # noqa: E402
+from bench_common import Report, _best_side_by_side  # noqa: E402
 
 lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
 clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
@@ -89,12 +89,7 @@ def bench_shortcuts(repeats: int = 7, log=print) -> str:
     """Each shortcut and its plainer form, in turns, best of `repeats`: the plain one's time over the
     shortcut's. Their outputs are compared first (equal, or within float32 rounding)."""
     rng = np.random.default_rng(0)
-    lines = []
-
-    def say(text: str) -> None:
-        lines.append(text)
-        log(text)
-
+    say = Report(log)
     say(f"== The chapter's shortcuts against the plainer code, best of {repeats} in turns ==")
     say(f"{'where':<72}{'shortcut':>12}{'plain':>12}{'plain/shortcut':>16}")
     for where, shortcut, plain, fast, slow in cases(rng):
@@ -106,4 +101,4 @@ def bench_shortcuts(repeats: int = 7, log=print) -> str:
         say(f"{where:<72}{best['shortcut'] * scale:>9.1f} {unit}{best['plain'] * scale:>9.1f} {unit}"
             f"{best['plain'] / best['shortcut']:>15.2f}x")
         say(f"    {shortcut} vs {plain}")
-    return "\n".join(lines)
+    return say.text()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_common import _best_side_by_side  # noqa: E402
+from bench_common import Report, _best_side_by_side  # noqa: E402
 
 from course import trace  # noqa: E402
 from loadtest import datasets  # noqa: E402
@@ -31,12 +31,7 @@ def bench_trace(repeats: int = 7, log=print) -> str:
     recorder reading the queues, the pool and the tables after every step), in turns, best of
     `repeats`; then the size of the page of a 200-step trace (a 64-request ShareGPT-like
     `loadtest --save-workload` file replayed, cut at 200 steps)."""
-    lines = []
-
-    def say(text: str) -> None:
-        lines.append(text)
-        log(text)
-
+    say = Report(log)
     say(f"== The trace's recorder: one engine run of each workload, untraced and traced, best of {repeats} ==")
     say(f"{'workload':<17}{'steps':>6}{'untraced ms':>13}{'traced ms':>11}{'traced/untraced':>17}{'page KB':>9}")
     for name in trace.WORKLOADS:
@@ -59,7 +54,7 @@ def bench_trace(repeats: int = 7, log=print) -> str:
         f"{len(page) / 1024 / (len(long.frames) - 1):.1f} KB a step")
     say("An engine that is not traced sends no event and runs the plain BlockAllocator: the recorder is the traced "
         "engine's observer and wraps nothing (`python tools/bench.py events` measures what the events cost).")
-    return "\n".join(lines)
+    return say.text()
 
 
 # The chapter just before the engine's events were added (issue 44): the baseline of `bench events`.
@@ -99,12 +94,7 @@ def bench_events(repeats: int = 9, baseline: str = EVENTS_BASELINE, log=print) -
     engine with an observer that does nothing (what sending the events costs). Each workload of
     `python solution.py trace`, and `busy_workload`, whole runs in turns, best of `repeats`; the
     outputs of every contestant are checked equal first."""
-    lines = []
-
-    def say(text: str) -> None:
-        lines.append(text)
-        log(text)
-
+    say = Report(log)
     def run(module, workload, observer=None):
         engine = trace.build_engine(module, workload, observer=observer)
         return trace.drive(engine, module, workload)
@@ -135,4 +125,4 @@ def bench_events(repeats: int = 9, baseline: str = EVENTS_BASELINE, log=print) -
             say(f"{workload.name:<17}{len(none):>6}{before_ms:>11}{best['none'] * 1e3:>9.1f}"
                 f"{best['no-op'] * 1e3:>10.1f}{none_vs_before:>13}{best['no-op'] / best['none']:>11.3f}x")
         sys.modules.pop("chapter_before_events", None)
-    return "\n".join(lines)
+    return say.text()

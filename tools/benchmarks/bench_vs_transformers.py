@@ -16,7 +16,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
-from bench_common import _best_side_by_side, _timeit  # noqa: E402
+from bench_common import Report, _best_side_by_side, _timeit  # noqa: E402
 
 lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
 clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
@@ -180,13 +180,7 @@ def bench_vs_transformers(num_requests: int = 64, static_batch: int = 8, decode_
         if log is not None:
             log(VS_TRANSFORMERS_INSTALL)
         return VS_TRANSFORMERS_INSTALL
-    lines: list[str] = []
-
-    def say(line: str) -> None:
-        lines.append(line)
-        if log is not None:
-            log(line)
-
+    say = Report(log)
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
     model = lab.ToyTransformer(lab.ModelConfig(**VS_TRANSFORMERS_MODEL), seed=0)
@@ -199,7 +193,38 @@ def bench_vs_transformers(num_requests: int = 64, static_batch: int = 8, decode_
         f"1 in 8 asking 192-256 output tokens, the rest 8-32 ({useful} useful tokens), greedy; torch "
         f"{torch.__version__} ({torch.get_num_threads()} thread), transformers {transformers.__version__}, "
         f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, clock {clock.__name__}")
+    _against_generate(say, torch, hf, model, requests, static_batch, rounds)
 
+    # Batch 1: a decode step = (time of 1 + n tokens - time of 1 token) / n, sampling included.
+    prompt = requests[1][0]
+    one = lab.SamplingParams(max_tokens=1)
+    many = lab.SamplingParams(max_tokens=1 + decode_tokens)
+    fns = {"engine 1": lambda: lab.LLMEngine(model).generate([prompt], one),
+           "engine n": lambda: lab.LLMEngine(model).generate([prompt], many),
+           "hf 1": lambda: _hf_generate(torch, hf, [prompt], 1),
+           "hf n": lambda: _hf_generate(torch, hf, [prompt], 1 + decode_tokens)}
+    t = _best_side_by_side(fns, 3)
+    step_engine = (t["engine n"] - t["engine 1"]) / decode_tokens
+    step_hf = (t["hf n"] - t["hf 1"]) / decode_tokens
+    weight_bytes = sum(w.nbytes for name, w in model.weights.items() if name != "wpe.weight")
+    say(f"  batch-1 decode step: engine {step_engine * 1e3:.2f} ms, transformers {step_hf * 1e3:.2f} ms: "
+        f"engine / transformers = {step_engine / step_hf:.2f}x (goal <= 0.8x); the weights are "
+        f"{weight_bytes / 2**20:.0f} MiB, {weight_bytes / step_engine / 1e9:.1f} GB/s for the engine")
+
+    say("  where an engine decode step goes (ms per step; weights = the step's GEMMs timed on their own):")
+    keys = ("weights", "attention", "rest of forward", "sampling", "model call rest", "scheduling")
+    say("    batch " + "".join(f"{k:>17}" for k in ("step",) + keys))
+    for batch in (1, 8, 32, 64):
+        b = _engine_breakdown(model, batch)
+        say(f"    {batch:5d} " + "".join(f"{b[k] * 1e3:17.2f}" for k in ("step",) + keys))
+    return say.text()
+
+
+def _against_generate(say: Report, torch, hf, model, requests: list, static_batch: int, rounds: int) -> None:
+    """The workload through the engine, through `generate` one request at a time (in turns,
+    best of `rounds`) and in static batches; the outputs compared token by token (a divergence
+    must be a near tie of the two float32 implementations) before the ratios are reported."""
+    num_requests, useful = len(requests), sum(m for _, m in requests)
     # Correctness first: the logits of one prompt agree, then every greedy output, token by token.
     prompt = requests[0][0]
     with torch.inference_mode():
@@ -247,27 +272,3 @@ def bench_vs_transformers(num_requests: int = 64, static_batch: int = 8, decode_
                              "weights where the logits are no near tie")
     say(f"  engine / generate one at a time = {t_single / t_engine:.2f}x (goal >= 4x), engine / static "
         f"batches of {static_batch} = {t_static / t_engine:.2f}x (goal >= 5x)")
-
-    # Batch 1: a decode step = (time of 1 + n tokens - time of 1 token) / n, sampling included.
-    prompt = requests[1][0]
-    one = lab.SamplingParams(max_tokens=1)
-    many = lab.SamplingParams(max_tokens=1 + decode_tokens)
-    fns = {"engine 1": lambda: lab.LLMEngine(model).generate([prompt], one),
-           "engine n": lambda: lab.LLMEngine(model).generate([prompt], many),
-           "hf 1": lambda: _hf_generate(torch, hf, [prompt], 1),
-           "hf n": lambda: _hf_generate(torch, hf, [prompt], 1 + decode_tokens)}
-    t = _best_side_by_side(fns, 3)
-    step_engine = (t["engine n"] - t["engine 1"]) / decode_tokens
-    step_hf = (t["hf n"] - t["hf 1"]) / decode_tokens
-    weight_bytes = sum(w.nbytes for name, w in model.weights.items() if name != "wpe.weight")
-    say(f"  batch-1 decode step: engine {step_engine * 1e3:.2f} ms, transformers {step_hf * 1e3:.2f} ms: "
-        f"engine / transformers = {step_engine / step_hf:.2f}x (goal <= 0.8x); the weights are "
-        f"{weight_bytes / 2**20:.0f} MiB, {weight_bytes / step_engine / 1e9:.1f} GB/s for the engine")
-
-    say("  where an engine decode step goes (ms per step; weights = the step's GEMMs timed on their own):")
-    keys = ("weights", "attention", "rest of forward", "sampling", "model call rest", "scheduling")
-    say("    batch " + "".join(f"{k:>17}" for k in ("step",) + keys))
-    for batch in (1, 8, 32, 64):
-        b = _engine_breakdown(model, batch)
-        say(f"    {batch:5d} " + "".join(f"{b[k] * 1e3:17.2f}" for k in ("step",) + keys))
-    return "\n".join(lines)

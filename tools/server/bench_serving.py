@@ -86,12 +86,13 @@ def _health_round_trip(url: str) -> float:
 
 def _parse_time(config: dict, payloads: list[dict]) -> float:
     """Median seconds the front end spends parsing and checking one of `payloads` (in this process)."""
-    model_config, tokenizer = lab.ModelConfig(**config), ByteTokenizer(config["vocab_size"])
+    served = protocol.ServedModel(lab, lab.ModelConfig(**config), ByteTokenizer(config["vocab_size"]), ("bench",),
+                                  max_n=1)
     bodies = [json.dumps(p).encode() for p in payloads]
     times = []
     for body in bodies * 4:
         start = time.perf_counter()
-        protocol.parse_completion_request(lab, body, model_config, tokenizer, "")
+        protocol.parse_completion_request(served, body)
         times.append(time.perf_counter() - start)
     return float(np.median(times))
 
@@ -122,41 +123,11 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
         model = lab.ToyTransformer(lab.ModelConfig(**config))
         requests = datasets.make_workload(lab, workload, num_prompts, 0, model.config.n_positions,
                                           model.config.vocab_size)
-        sampling = [lab.SamplingParams(max_tokens=r.max_tokens) for r in requests]
-        num_tokens = sum(r.max_tokens for r in requests)
-        payloads = [benchmark_serving.completion_payload(r, "") for r in requests]
         servers = {frontend: _serve_in_subprocess(config, frontend, blas_threads) for frontend in ("process", "thread")}
         servers["interval"] = _serve_in_subprocess(config, "process", blas_threads, STREAM_INTERVAL)
-        offline, served = 0.0, {frontend: 0.0 for frontend in servers}
         try:
-            for _ in range(repeats):  # in turns, so that a noisy moment of the machine hits all three
-                start = time.perf_counter()
-                lab.LLMEngine(model).generate([r.prompt_token_ids for r in requests], sampling)
-                offline = max(offline, num_tokens / (time.perf_counter() - start))
-                for frontend, (_, url) in servers.items():
-                    load = benchmark_serving.run_load(url, payloads, math.inf)
-                    summary = benchmark_serving.summarize_load(lab, *load)
-                    if summary["completed"] != num_prompts:
-                        raise RuntimeError(f"{frontend}: {summary['completed']}/{num_prompts} requests completed")
-                    served[frontend] = max(served[frontend], summary["output_throughput"])
-            # A warm engine, as the server's is after the loads: a fresh engine's first request
-            # took 0.5-1.5 ms longer to its first token than its second on this VM.
-            engine = lab.LLMEngine(model)
-            engine.generate([r.prompt_token_ids for r in requests], sampling)
-            alone = [engine.generate([r.prompt_token_ids], [s])[0].metrics
-                     for r, s in zip(requests[:num_alone], sampling)]
-            url = servers["process"][1]
-            with benchmark_serving.LoadClient(url, 60.0) as client:  # kept alive, as vLLM's benchmark
-                client.run(payloads[:1])  # which also sends a test request first
-                kept = [client.run([p])[0] for p in payloads[:num_alone]]
-            fresh = [benchmark_serving.stream_completion(url, p, 60.0) for p in payloads[:num_alone]]
-            if failed := [r.error for r in kept + fresh if not r.ok]:  # check the outputs before timing them
-                raise RuntimeError(f"{len(failed)} lone requests failed, the first: {failed[0]}")
-            health = [_health_round_trip(url) for _ in range(num_alone)]
-            lone[name] = tuple(float(np.median(x)) for x in (
-                [m.ttft for m in alone], [benchmark_serving.stream_metrics(lab, r).ttft for r in kept],
-                [benchmark_serving.stream_metrics(lab, r).ttft for r in fresh], [g for m in alone for g in m.itl],
-                health)) + (_parse_time(config, payloads[:num_alone]),)
+            offline, served = _saturation(model, requests, {f: url for f, (_, url) in servers.items()}, repeats)
+            lone[name] = _lone_requests(model, config, requests, servers["process"][1], num_alone)
         finally:
             for proc, _ in servers.values():
                 _stop(proc)
@@ -170,3 +141,49 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
             f"(one: {step * 1e3:.2f} ms); of which the HTTP layer (a GET /health) {health * 1e3:.2f} ms, parsing "
             f"and checking {parse * 1e3:.2f} ms, the rest (two hops between the processes, the first chunk, the "
             f"client reading it) {(added - health - parse) * 1e3:.2f} ms")
+
+
+def _saturation(model, requests: list, urls: dict[str, str], repeats: int) -> tuple[float, dict[str, float]]:
+    """The same requests offline through `generate` and sent all at once to each server, in
+    turns so that a noisy moment of the machine hits all of them; the best output tokens/s of
+    each (offline, {server: tokens/s}), every request checked completed first."""
+    sampling = [lab.SamplingParams(max_tokens=r.max_tokens) for r in requests]
+    num_tokens = sum(r.max_tokens for r in requests)
+    payloads = [benchmark_serving.completion_payload(r, "") for r in requests]
+    offline, served = 0.0, {frontend: 0.0 for frontend in urls}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        lab.LLMEngine(model).generate([r.prompt_token_ids for r in requests], sampling)
+        offline = max(offline, num_tokens / (time.perf_counter() - start))
+        for frontend, url in urls.items():
+            load = benchmark_serving.run_load(url, payloads, math.inf)
+            summary = benchmark_serving.summarize_load(lab, *load)
+            if summary["completed"] != len(requests):
+                raise RuntimeError(f"{frontend}: {summary['completed']}/{len(requests)} requests completed")
+            served[frontend] = max(served[frontend], summary["output_throughput"])
+    return offline, served
+
+
+def _lone_requests(model, config: dict, requests: list, url: str, num_alone: int) -> tuple[float, ...]:
+    """Requests one at a time, through a warm engine and through the server at `url` (on a
+    kept-alive connection and on new ones): the medians of (engine TTFT, served TTFT, served TTFT
+    on a new connection, decode step, /health round trip, parsing a request)."""
+    sampling = [lab.SamplingParams(max_tokens=r.max_tokens) for r in requests]
+    payloads = [benchmark_serving.completion_payload(r, "") for r in requests]
+    # A warm engine, as the server's is after the loads: a fresh engine's first request
+    # took 0.5-1.5 ms longer to its first token than its second on this VM.
+    engine = lab.LLMEngine(model)
+    engine.generate([r.prompt_token_ids for r in requests], sampling)
+    alone = [engine.generate([r.prompt_token_ids], [s])[0].metrics
+             for r, s in zip(requests[:num_alone], sampling)]
+    with benchmark_serving.LoadClient(url, 60.0) as client:  # kept alive, as vLLM's benchmark
+        client.run(payloads[:1])  # which also sends a test request first
+        kept = [client.run([p])[0] for p in payloads[:num_alone]]
+    fresh = [benchmark_serving.stream_completion(url, p, 60.0) for p in payloads[:num_alone]]
+    if failed := [r.error for r in kept + fresh if not r.ok]:  # check the outputs before timing them
+        raise RuntimeError(f"{len(failed)} lone requests failed, the first: {failed[0]}")
+    health = [_health_round_trip(url) for _ in range(num_alone)]
+    return tuple(float(np.median(x)) for x in (
+        [m.ttft for m in alone], [benchmark_serving.stream_metrics(lab, r).ttft for r in kept],
+        [benchmark_serving.stream_metrics(lab, r).ttft for r in fresh], [g for m in alone for g in m.itl],
+        health)) + (_parse_time(config, payloads[:num_alone]),)
