@@ -1,5 +1,6 @@
 """Shared by the benchmarks of tools/ (benchmarks/, server/): the module under test, the clock,
-side-by-side timing, and solution.py as another git revision had it.
+side-by-side timing, the report's lines, and solution.py (or the whole tree) as another git
+revision had it.
 
 Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
 
@@ -84,3 +85,11 @@ def solution_at(rev: str, name: str = "solution_before"):
     path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(source)
     return load_module(path, name)
+
+
+def tree_at(rev: str) -> Path:
+    """The repository at git revision `rev`, unpacked into a scratch folder."""
+    where = Path(tempfile.mkdtemp())
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    return where

@@ -1,26 +1,32 @@
 #!/usr/bin/env python3
-"""A batch-1 decode step at GPT-2 124M's shape: the engine of solution.py (and, with --against, of
-another revision's solution.py) against PyTorch's GPT2LMHeadModel, in turns, in one process.
+"""A batch-1 decode step at GPT-2 124M's shape: the engine of solution.py at each git revision
+named (or of this checkout) against PyTorch's GPT2LMHeadModel, in turns, in one process.
 
-    OPENBLAS_NUM_THREADS=1 python tools/benchmarks/bench_gpt2_step.py --against HEAD~3
-    OPENBLAS_NUM_THREADS=1 /tmp/venv/bin/python tools/benchmarks/bench_gpt2_step.py --against HEAD~3   # with torch
+    OPENBLAS_NUM_THREADS=1 python tools/benchmarks/bench_gpt2_step.py 6521113 56cc7bd   # two revisions
+    OPENBLAS_NUM_THREADS=1 python tools/benchmarks/bench_gpt2_step.py --against HEAD~3  # it and this checkout
+    OPENBLAS_NUM_THREADS=1 /tmp/venv/bin/python tools/benchmarks/bench_gpt2_step.py REV REV   # with torch
 
 The model is random (the weights' values do not change the time), vocab 50257, 1024 positions,
 768 wide, 12 layers of 12 heads. Each engine holds one request whose prompt of `context` tokens
 has been prefilled; a timed step is one `engine.step()` (schedule, forward, sample, emit). PyTorch
 (eager, one thread) runs the same weights one token at a time with its KV cache
 (`past_key_values`), under `inference_mode`. Rounds alternate the contestants so that a noisy
-minute of the machine moves all of them; the median of each contestant's per-round best is shown.
-torch is never a dependency of the lab: without it, only the engines are compared.
+minute of the machine moves all of them; the median of each contestant's per-round best is shown,
+and the last engine's time over the first's in each round (their range: what the noise left).
+torch is never a dependency of the lab: without it, only the engines are compared. Each
+revision's solution.py is read from git (`git show REV:solution.py`): the chapter's engine
+imports nothing beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +58,8 @@ def torch_step(weights: dict, context: int):
     from bench_vs_transformers import _hf_gpt2
 
     torch.set_num_threads(1)
+    transformers.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers renaming past_key_values
 
     class Config:  # what _hf_gpt2 reads of a lab model
         pass
@@ -75,39 +83,52 @@ def torch_step(weights: dict, context: int):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--against", metavar="REV", help="also time solution.py of this git revision")
+    parser.add_argument("revisions", nargs="*", metavar="REV",
+                        help="time solution.py of each git revision (default: this checkout's)")
+    parser.add_argument("--against", metavar="REV", help="also time solution.py of this git revision, first")
     parser.add_argument("--context", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per contestant per round")
     args = parser.parse_args(argv)
-    modules = {"solution": importlib.import_module("solution")}
-    if args.against:
-        modules = {args.against: solution_at(args.against), **modules}
-    weights = modules["solution"].init_gpt2_weights(modules["solution"].ModelConfig(**GPT2_124M), seed=0)
+    revisions = [args.against] * bool(args.against) + args.revisions
+    modules = {rev: solution_at(rev, f"solution_at_{i}") for i, rev in enumerate(revisions)}
+    if args.against or not args.revisions:
+        modules["solution"] = importlib.import_module("solution")
+    first = next(iter(modules.values()))
+    weights = first.init_gpt2_weights(first.ModelConfig(**GPT2_124M), seed=0)
     total = args.rounds * args.steps + 2
     steps = {name: engine_step(lab, weights, args.context, total) for name, lab in modules.items()}
     try:
         steps["pytorch"] = torch_step(weights, args.context)
     except ImportError:
         print("(no torch here: the engines only)")
+    best = _in_turns(steps, args.rounds, args.steps)
+    median = {name: statistics.median(times) for name, times in best.items()}
+    print(f"batch-1 decode step at GPT-2 124M's shape, context {args.context}, median of {args.rounds} rounds' best "
+          f"of {args.steps} (ms); OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}:")
+    for name, t in median.items():
+        vs = f"   {t / median['pytorch']:.2f}x PyTorch's" if "pytorch" in median and name != "pytorch" else ""
+        print(f"  {name:<12}{t * 1e3:8.1f}{vs}")
+    names = list(modules)
+    if len(names) > 1:
+        a, b = names[0], names[-1]
+        ratios = [after / before for before, after in zip(best[a], best[b])]
+        print(f"  {b} / {a}: {median[b] / median[a]:.3f} (medians); per round {min(ratios):.3f}-{max(ratios):.3f}")
+    return 0
+
+
+def _in_turns(steps: dict, rounds: int, per_round: int) -> dict[str, list[float]]:
+    """Each contestant's best of `per_round` steps, per round, the contestants in turns."""
     best: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name, step in steps.items():
             times = []
-            for _ in range(args.steps):
+            for _ in range(per_round):
                 start = time.perf_counter()
                 step()
                 times.append(time.perf_counter() - start)
             best[name].append(min(times))
-    median = {name: statistics.median(times) for name, times in best.items()}
-    print(f"batch-1 decode step at GPT-2 124M's shape, context {args.context}, median of {args.rounds} rounds' best "
-          f"of {args.steps} (ms):")
-    for name, t in median.items():
-        vs = f"   {t / median['pytorch']:.2f}x PyTorch's" if "pytorch" in median and name != "pytorch" else ""
-        print(f"  {name:<12}{t * 1e3:8.1f}{vs}")
-    if args.against:
-        print(f"  solution / {args.against}: {median['solution'] / median[args.against]:.3f}")
-    return 0
+    return best
 
 
 if __name__ == "__main__":

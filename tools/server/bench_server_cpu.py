@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""The server's CPU time per request at a load near its knee, this checkout against an earlier one.
+"""The server's CPU time per request at a load near its knee, one git revision against another.
 
-    python tools/server/bench_server_cpu.py --against REV [--qps 128] [--num-prompts 512] [--rounds 2]
+    python tools/server/bench_server_cpu.py 6521113 56cc7bd [--qps 128] [--num-prompts 512] [--rounds 2]
+    python tools/server/bench_server_cpu.py --against REV      # that revision and this checkout
 
 Each side runs `python solution.py serve` (the toy model, its defaults) from its own tree on
-127.0.0.1, and this checkout's load generator sends the same Alpaca-like requests at `--qps`
-(open loop, Poisson arrivals, seed 0). The figure is the CPU seconds the server's processes (the
-engine's and the forked HTTP front end's, read from /proc) spent during the load, over the
-requests that completed: what one request costs the server, whatever the machine's other load
-does to wall time. The sides alternate, `--rounds` times each. Linux only (/proc).
+127.0.0.1 (a revision's tree unpacked from git), and this checkout's load generator sends the
+same Alpaca-like requests at `--qps` (open loop, Poisson arrivals, seed 0). The figure is the
+CPU seconds the server's processes (the engine's and the forked HTTP front end's, read from
+/proc) spent during the load, over the requests that completed: what one request costs the
+server, whatever the machine's other load does to wall time. The sides alternate, `--rounds`
+times each; the last side's cost over the first's is given per round too. Linux only (/proc).
 """
 
 from __future__ import annotations
@@ -18,24 +20,17 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+from bench_common import tree_at  # noqa: E402
+
 import solution  # noqa: E402
 from loadtest.benchmark_serving import loadtest  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def tree_at(rev: str) -> Path:
-    """The repository at `rev`, unpacked into a scratch folder."""
-    where = Path(tempfile.mkdtemp())
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
-    return where
 
 
 def cpu_seconds(pid: int) -> float:
@@ -75,12 +70,16 @@ def measure(tree: Path, qps: float, num_prompts: int) -> tuple[float, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--against", required=True, metavar="REV")
+    parser.add_argument("revisions", nargs="*", metavar="REV", help="the git revisions whose servers to measure")
+    parser.add_argument("--against", metavar="REV", help="this revision's server, then this checkout's")
     parser.add_argument("--qps", type=float, default=128.0)
     parser.add_argument("--num-prompts", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
-    trees = {args.against: tree_at(args.against), "this checkout": ROOT}
+    revisions = [args.against] * bool(args.against) + args.revisions
+    trees = {rev: tree_at(rev) for rev in revisions}
+    if args.against or not args.revisions:
+        trees["this checkout"] = ROOT
     per_request: dict[str, list[float]] = {name: [] for name in trees}
     for _ in range(args.rounds):
         for name, tree in trees.items():
@@ -92,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in per_request.items():
         print(f"{name:<16} server CPU per request: {min(values):.2f} ms (best of {len(values)}; all: "
               f"{', '.join(f'{v:.2f}' for v in values)})")
+    names = list(trees)
+    if len(names) > 1:
+        a, b = per_request[names[0]], per_request[names[-1]]
+        ratios = [after / before for before, after in zip(a, b)]
+        print(f"{names[-1]} / {names[0]}: {min(b) / min(a):.3f} (best of each); per round "
+              f"{min(ratios):.3f}-{max(ratios):.3f}")
     return 0
 
 
