@@ -7,11 +7,12 @@
 Each revision's tree is unpacked from git into a scratch folder, and `python -m pytest -q -m
 exercise1` runs there with LAB_MODULE=solution (every exercise written: each test runs to its
 end, none stops at a stub), this interpreter and its packages. Two ways, each timed in turns
-across the trees so that a noisy minute of the machine moves every tree alike: with
-PYTHONDONTWRITEBYTECODE=1 (as CI runs: nothing is cached, pytest rewrites the test files'
-asserts at every run), and with bytecode written (a student's machine: a first, untimed run
-caches it). Wall seconds and the run's CPU seconds (its process and children), best and worst of
-`--rounds`; a run that does not exit 0 or passes no test stops the benchmark.
+across the trees (in the opposite order every other round) so that a noisy minute of the machine
+moves every tree alike: with PYTHONDONTWRITEBYTECODE=1 (as CI runs: nothing is cached, pytest
+rewrites the test files' asserts at every run), and with bytecode written (a student's machine:
+a first, untimed run caches it). Wall seconds and the run's CPU seconds (its process and
+children), best and worst of `--rounds`; a run that does not exit 0 or passes no test stops the
+benchmark.
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         envs = {rev: run_env(tree, changes) for rev, tree in trees.items()}
         counts = {rev: run_once(tree, args.marker, envs[rev])[2] for rev, tree in trees.items()}  # warm-up
         times: dict[str, list[tuple[float, float]]] = {rev: [] for rev in trees}
-        for _ in range(args.rounds):
-            for rev, tree in trees.items():
+        for i in range(args.rounds):
+            for rev, tree in list(trees.items())[::-1 if i % 2 else 1]:  # the order reversed every other round
                 times[rev].append(run_once(tree, args.marker, envs[rev])[:2])
         print(f"{mode}:")
         for rev, runs in times.items():

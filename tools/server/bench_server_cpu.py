@@ -10,7 +10,8 @@ same Alpaca-like requests at `--qps` (open loop, Poisson arrivals, seed 0). The 
 CPU seconds the server's processes (the engine's and the forked HTTP front end's, read from
 /proc) spent during the load, over the requests that completed: what one request costs the
 server, whatever the machine's other load does to wall time. The sides alternate, `--rounds`
-times each; the last side's cost over the first's is given per round too. Linux only (/proc).
+times each, in the opposite order every other round; the last side's cost over the first's is
+given per round too. Linux only (/proc).
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.against or not args.revisions:
         trees["this checkout"] = ROOT
     per_request: dict[str, list[float]] = {name: [] for name in trees}
-    for _ in range(args.rounds):
-        for name, tree in trees.items():
+    for i in range(args.rounds):
+        for name, tree in list(trees.items())[::-1 if i % 2 else 1]:  # the order reversed every other round
             spent, done = measure(tree, args.qps, args.num_prompts)
             if done == 0:
                 raise SystemExit(f"{name}: no request completed")
