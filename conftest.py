@@ -386,9 +386,9 @@ LOOKS_LIKE_A_LOOP = 10.0  # paged / contiguous at or above this: named a Python 
 
 
 def _load_bench():
-    """tools/bench_attention.py, whose reference kernels (contiguous attention, a loop over tokens)
+    """tools/benchmarks/bench_attention.py, whose reference kernels (contiguous attention, a loop over tokens)
     the scoreboard times the student's kernel against. Loading it imports no module under test."""
-    path = Path(__file__).parent / "tools" / "bench_attention.py"
+    path = Path(__file__).parent / "tools" / "benchmarks" / "bench_attention.py"
     spec = importlib.util.spec_from_file_location("bench_attention", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

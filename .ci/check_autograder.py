@@ -4,7 +4,7 @@ sentence that says why and no traceback.
     python .ci/check_autograder.py ROOT      # ROOT/source: the zip, unpacked and set up
 
 The half-way states (a stub lab, a half-written one, a finished one, ...) are graded by
-`tools/half_way.py check DIR --graded ROOT`, which checks their scores.
+`tools/handout/half_way.py check DIR --graded ROOT`, which checks their scores.
 """
 
 import json

@@ -6,7 +6,7 @@ workloads, and the model-free step simulator that predicts such runs from the mo
     datasets.py           synthetic traffic and load-test workloads       vllm/benchmarks/datasets.py
     simulator.py          each scheduled step costed by a model           (none: vLLM benchmarks the engine)
     costmodel.py          a step's cost: roofline, measured operators, or a fit  Vidur's execution_time_predictor/
-    vidur_profile.json    the measured cost's coefficients (tools/fit_vidur.py)   Vidur's data/profiling/
+    vidur_profile.json    the measured cost's coefficients (tools/fleet/fit_vidur.py)   Vidur's data/profiling/
 """
 
 from .simulator import simulate_serving

@@ -17,7 +17,7 @@ reads `num_context_tokens` tokens of K/V? Three answers live here:
   them, attention at FlashAttention's and paged decoding's published efficiencies, plus the
   engine's CPU time per step. The terms add: one CUDA stream runs the kernels in turn, and a
   synchronous engine loop waits for the CPU. Coefficients in vidur_profile.json, fitted by
-  tools/fit_vidur.py (docs/fleet.md: the form, the fit, the error table).
+  tools/fleet/fit_vidur.py (docs/fleet.md: the form, the fit, the error table).
 - `fit_step_cost(samples)`: a line through measured steps, `fixed + per_token * tokens +
   per_context_token * context`. On a CPU the parts add up (one core does the matmuls, the attention
   and the Python in turn), so a sum fits where a GPU's max() would not.
@@ -161,7 +161,7 @@ class NoProfile(ValueError):
 
 @functools.cache
 def load_profile(path: str = str(PROFILE_PATH)) -> dict:
-    """The fitted coefficients (vidur_profile.json, written by tools/fit_vidur.py)."""
+    """The fitted coefficients (vidur_profile.json, written by tools/fleet/fit_vidur.py)."""
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)
 

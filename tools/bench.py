@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Benchmarks of the lab's mechanisms, measured side by side on this machine: one file each under
-tools/ (bench_attention.py, bench_decode.py, ...), run from this table.
+"""Benchmarks of the lab's mechanisms, measured side by side on this machine: one file each, in
+tools/benchmarks/ (bench_attention.py, bench_decode.py, ...) and tools/server/ (bench_serving.py,
+bench_request_trip.py), run from this table.
 
     python tools/bench.py                      # all of them, on solution.py
     python tools/bench.py attention            # one: attention, decode, kv-int8, batching, speculative, serving,
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "tools" / "benchmarks"), str(ROOT / "tools" / "server")]
 import bench_attention  # noqa: E402
 import bench_batching  # noqa: E402
 import bench_blas_threads  # noqa: E402

@@ -1,7 +1,7 @@
 """Tests of the project's own tooling, not the students' spec: what make_lab generates keeps the
 contract, the chapter stays a chapter, and what runs it stands above it. Run with the README's test
 command. They read solution.py and the lab text GENERATED from it, never the lab.py a student is
-editing (whether lab.py is that text is CI's `python tools/make_lab.py --check`)."""
+editing (whether lab.py is that text is CI's `python tools/handout/make_lab.py --check`)."""
 
 from __future__ import annotations
 
@@ -74,12 +74,13 @@ def test_lab_and_solution_expose_the_same_public_names_and_signatures():
     differ = sorted(n for n in set(lab_api) & set(solution_api) if lab_api[n] != solution_api[n])
     assert not (missing or extra or differ), (
         f"lab.py drifted from solution.py: missing {missing}, extra {extra}, different signatures {differ}; "
-        "regenerate it with `python tools/make_lab.py`"
+        "regenerate it with `python tools/handout/make_lab.py`"
     )
 
 
 def load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    path, = (ROOT / "tools").glob(f"*/{name}.py")  # tools/handout/, tools/checks/, ...
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -148,7 +149,7 @@ def test_the_chapter_stays_a_chapter_and_each_reading_map_says_where():
         assert size < 210, f"{name} is {size} lines: under 210 (nano-vllm's is under 100)"
     for name, text in (("solution.py", solution), ("lab.py", lab_text)):
         assert load_tool("make_lab").refresh_reading_map(text) == text, (
-            f"the reading map in {name}'s docstring names stale line ranges: run python tools/make_lab.py")
+            f"the reading map in {name}'s docstring names stale line ranges: run python tools/handout/make_lab.py")
 
 
 @pytest.mark.provided
@@ -475,15 +476,16 @@ def test_grade_on_a_half_written_lab_is_a_gradescope_result_that_agrees_with_the
 
 
 @pytest.mark.provided
-@pytest.mark.skipif(not (ROOT / "tools" / "second_lab.py").exists(), reason="a maintainers' tool (it holds answers)")
+@pytest.mark.skipif(not (ROOT / "tools" / "checks" / "second_lab.py").exists(),
+                    reason="a maintainers' tool (it holds answers)")
 def test_the_second_implementation_fills_every_stub_of_the_generated_lab():
-    # The suite on it is `python tools/second_lab.py --run` (issue 35): this checks it still fits lab.py.
+    # The suite on it is `python tools/checks/second_lab.py --run` (issue 35): this checks it still fits lab.py.
     text = load_tool("second_lab").second_lab(generated_lab_text())
     assert "raise NotImplementedError(\"Exercise" not in text, "a stub of lab.py has no second implementation"
     compile(text, "second_lab.py", "exec")
 
 
-# --- the pages' words: README.md and docs/ (tools/check_docs.py) --------------------------------
+# --- the pages' words: README.md and docs/ (tools/checks/check_words.py) -------------------------------
 
 
 def tracked_files() -> set[str]:
@@ -493,13 +495,13 @@ def tracked_files() -> set[str]:
 
 @pytest.mark.provided
 def test_no_page_narrates_the_projects_rounds_or_types_the_suites_counts_and_every_link_resolves():
-    check_docs = load_tool("check_docs")
-    pages = check_docs.pages()
-    rounds = [f"{path}: {found}" for path, text in pages.items() for found in check_docs.history(text)]
+    check_words = load_tool("check_words")
+    pages = load_tool("check_docs").pages()
+    rounds = [f"{path}: {found}" for path, text in pages.items() for found in check_words.history(text)]
     assert not rounds, "a figure carries its date and machine, not the round it was taken in:\n" + "\n".join(rounds)
-    counts = [f"{path}: {found}" for path, text in pages.items() for found in check_docs.typed_counts(text)]
+    counts = [f"{path}: {found}" for path, text in pages.items() for found in check_words.typed_counts(text)]
     assert not counts, "the suite's counts change with every test: the scoreboard prints them\n" + "\n".join(counts)
-    broken = check_docs.link_problems(pages, tracked_files())
+    broken = check_words.link_problems(pages, tracked_files())
     assert not broken, "links to nothing:\n" + "\n".join(broken)
 
 
@@ -527,18 +529,18 @@ def test_the_copys_pages_fit_the_copy_no_history_no_reference_no_maintainers_fil
     ("see [the graders' page](teaching.md)", "a file this checkout lacks"),
     ("see [the load test](serving.md#no-such-heading)", "a heading docs/serving.md lacks"),
     ("run `python solution.py size`", "runs the reference"),
-    ("```bash\npython tools/mutants.py -k trace\n```", "names tools/mutants.py, which the copy lacks"),
-    ("    python tools/bench_server_cpu.py --against 8c096fd", "needs the project's git history"),
+    ("```bash\npython tools/checks/mutants.py -k trace\n```", "names tools/checks/mutants.py, which the copy lacks"),
+    ("    python tools/server/bench_server_cpu.py --against 8c096fd", "needs the project's git history"),
 ])
 def test_the_copys_words_check_names_each_kind_of_word_that_does_not_fit(page, says):
-    check_docs = load_tool("check_docs")
-    files = {"docs/x.md", "docs/serving.md", "tools/bench_server_cpu.py"}
+    check_words = load_tool("check_words")
+    files = {"docs/x.md", "docs/serving.md", "tools/server/bench_server_cpu.py"}
     pages = {"docs/x.md": f"# A page\n\nText.\n\n{page}\n", "docs/serving.md": "# Serving\n\n## The load test\n"}
-    found = check_docs.copy_problems(pages, files)
+    found = check_words.copy_problems(pages, files)
     assert any(says in problem for problem in found), f"{page!r}: expected a problem saying {says!r}, got {found}"
     clean = {"docs/x.md": "# A page\n\nRun `python lab.py size`; a [link](serving.md#the-load-test); the "
                           "final round of speculation.\n", "docs/serving.md": pages["docs/serving.md"]}
-    assert check_docs.copy_problems(clean, files) == []
+    assert check_words.copy_problems(clean, files) == []
 
 
 @pytest.mark.provided

@@ -1,7 +1,7 @@
 """test_hints.py: `hint`, `quiz` and `status` (course/hints.py, course/quiz/, course/cli.py) on a
 fresh lab (every exercise a stub), a half-written one and a finished one.
 
-The labs are generated into a temporary directory by tools/make_lab.py, as tools/check_stubs.py does,
+The labs are generated into a temporary directory by tools/handout/make_lab.py, as tools/checks/check_stubs.py does,
 so that no test reads or moves the `.hints.json` of the lab.py a student is working in. Only the
 last tests run the quiz on the module under test, and they are marked with the exercise they need.
 """
@@ -29,7 +29,7 @@ TIMEOUT = 60
 
 
 def _make_lab_text(only: set[str] | None = None) -> str:
-    spec = importlib.util.spec_from_file_location("make_lab", ROOT / "tools" / "make_lab.py")
+    spec = importlib.util.spec_from_file_location("make_lab", ROOT / "tools" / "handout" / "make_lab.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.make_lab(REFERENCE.read_text(), only=only)

@@ -135,11 +135,11 @@ def test_cli_trace_says_in_one_line_that_it_cannot_write_the_page(tmp_path):
 @pytest.mark.provided
 @needs_reference
 def test_cli_trace_on_a_half_written_lab_names_the_missing_stub(tmp_path):
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "handout"))
     try:
         from make_lab import make_lab
     finally:
-        sys.path.remove(str(ROOT / "tools"))
+        sys.path.remove(str(ROOT / "tools" / "handout"))
     script = tmp_path / "lab_half.py"
     script.write_text(make_lab((ROOT / "solution.py").read_text(), only={"5"}))
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")

@@ -1,6 +1,6 @@
 """test_costmodel.py: the measured step cost (loadtest/costmodel.py, provided): a step's seconds from
 Vidur's published operator profiles, fitted on Llama-2-7B and -70B and the DGX all-reduces
-(loadtest/vidur_profile.json, by tools/fit_vidur.py). Its contract: the four terms, each positive
+(loadtest/vidur_profile.json, by tools/fleet/fit_vidur.py). Its contract: the four terms, each positive
 where the step has that work, growing with the work, never below the roofline (the floor), for any
 model shape; the roofline for GPUs without a profile. Where Vidur's CSVs are on this machine
 ($VIDUR_DIR, a clone or bare mirror of microsoft/vidur), the shipped coefficients are checked
@@ -257,7 +257,7 @@ def _vidur() -> str | None:
 
 
 def _fit_tool():
-    spec = importlib.util.spec_from_file_location("fit_vidur", ROOT / "tools" / "fit_vidur.py")
+    spec = importlib.util.spec_from_file_location("fit_vidur", ROOT / "tools" / "fleet" / "fit_vidur.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,0 +1,99 @@
+"""The pages' words, checked without running anything (tools/test_tooling.py runs the checks;
+tools/handout/student_copy.py refuses a copy that fails them): no page names the round a figure
+was taken in (history) or types the suite's counts (typed_counts: the scoreboard prints them); no
+link points at a missing file or heading (link_problems); and the copy's pages narrate no
+history, and show no command that runs the reference, a maintainers' tool, or the git history
+(copy_problems). The commands themselves are found and run by check_docs.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_docs import FENCE, INLINE, INLINE_COMMAND, not_run, snippets_of  # noqa: E402
+
+# The project's history, in any page: a figure carries its date and machine instead.
+ROUNDS = re.compile(r"\b(?:this|that|earlier|last|previous|latest|prior)\s+rounds?\b|\bround\s+before\b"
+                    r"|\brounds?'s?\s+code\b", re.I)
+# ... and in the copy a course hands out, any narration of it: a student reads what is, not what was.
+HISTORY = re.compile(ROUNDS.pattern + r"|\b(?:until\s+)?issues?\s+\d+\b"
+                     r"|\b(?:an|the)\s+earlier\s+(?:version|engine|kernel|client|code)\b"
+                     r"|\bthe\s+old\s+(?:code|client|kernel|engine)\b|\bused\s+to\s+(?:leave|be|run|take)\b", re.I)
+
+
+def history(text: str, copy: bool = False) -> list[str]:
+    """`line N: words` for each phrase of the project's history in a page (`copy`: the stricter
+    rule of the student's copy)."""
+    pattern = HISTORY if copy else ROUNDS
+    return [f"line {text.count(chr(10), 0, m.start()) + 1}: {' '.join(m.group().split())!r}"
+            for m in pattern.finditer(text)]
+
+
+# The suite's own counts and time, which change with every test: the scoreboard prints them.
+# (Hundreds of them: "at most 10 tests" is a limit, not a count.)
+SUITE_COUNTS = re.compile(r"\b\d[\d,]{2,}\s+(?:of\s+\d[\d,]*\s+)?tests\b|\b\d[\d,]{2,}\s+(?:passed|green|on\s+stubs)\b",
+                          re.I)
+
+
+def typed_counts(text: str) -> list[str]:
+    """`line N: words` for each count of the suite's tests typed into a page."""
+    return [f"line {text.count(chr(10), 0, m.start()) + 1}: {' '.join(m.group().split())!r}"
+            for m in SUITE_COUNTS.finditer(text)]
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def link_problems(pages: dict[str, str], files: set[str]) -> list[str]:
+    """Relative links that point at no file of `files` (or of a folder of them), or at no heading."""
+    anchors = {path: {anchor(h) for h in re.findall(r"^#+\s+(.*?)\s*$", FENCE.sub("", text), re.M)}
+               for path, text in pages.items()}
+    problems = []
+    for path, text in pages.items():
+        for m in re.finditer(r"\]\(([^)\s]+)\)", FENCE.sub("", text)):
+            target = m.group(1)
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, fragment = target.partition("#")
+            resolved = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+            if resolved not in files and not any(f.startswith(resolved.rstrip("/") + "/") for f in files):
+                problems.append(f"{path}: a link to {target}, a file this checkout lacks")
+            elif fragment and resolved in anchors and fragment not in anchors[resolved]:
+                problems.append(f"{path}: a link to {target}, a heading {resolved} lacks")
+    return problems
+
+
+COPY_FILE = re.compile(r"(?<![\w/.])((?:tools|docs|tests|\.ci)/[\w./-]*\w|solution\.py)")
+
+
+def copy_problems(pages: dict[str, str], files: set[str]) -> list[str]:
+    """What in the copy's pages does not fit the copy: a phrase of history, a command that names
+    the reference or a file the copy lacks or needs the project's git history, a link to no file."""
+    problems = []
+    for path, text in pages.items():
+        problems += [f"{path}: {found} narrates history" for found in history(text, copy=True)]
+        problems += [f"{path}: {found} is the suite's count typed by hand" for found in typed_counts(text)]
+        for snippet in snippets_of(path, text):
+            for command in snippet.commands:
+                if not_run(snippet, command):
+                    continue
+                first = command.split("\n")[0]
+                if re.search(r"\bsolution\b", command):
+                    problems.append(f"{snippet.where}: `{first}` runs the reference, which the copy lacks")
+                if re.search(r"--against\b|\bgit\s+show\b", command):
+                    problems.append(f"{snippet.where}: `{first}` needs the project's git history")
+                for name in COPY_FILE.findall(command):
+                    if name not in files and not any(f.startswith(name.rstrip("/") + "/") for f in files):
+                        problems.append(f"{snippet.where}: `{first}` names {name}, which the copy lacks")
+        prose = INLINE.sub(lambda m: m.group() if not INLINE_COMMAND.match(m.group(1)) else "", FENCE.sub("", text))
+        for m in re.finditer(r"`([^`\n]+)`", prose):
+            for name in COPY_FILE.findall(m.group(1)):
+                if name != "solution.py" and name not in files and not any(f.startswith(name + "/") for f in files):
+                    problems.append(f"{path}: `{m.group(1)}` names {name}, which the copy lacks")
+    return problems + link_problems(pages, files)

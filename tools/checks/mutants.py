@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Plant the classic mistakes in scratch copies of solution.py and show that the suite catches each.
+
+Every mutant is one textual edit of solution.py (the table in mutants_chapter.py), or of a file
+of the packages beside it when a fifth field names it (mutants_packages.py); it must apply exactly
+once. For a solution.py mutant the tool writes the mutated module to a temporary folder and runs
+the students' suite (test_lab.py) against it (`LAB_MODULE=<mutant>`); for a package's mutant it
+runs the suite against solution in a scratch copy of the project whose file is mutated. The suite
+is the spec (test_lab.py) and the tests of the packages (tests/). It reports the first test that
+went red; the tooling tests (tools/) never count as a catch. A mutant that survives is a hole in
+the spec. A full run writes tools/checks/mutants_caught.json (which test caught which mutant);
+later runs try that test first, so proving all of them takes minutes, not a quarter of an hour.
+
+    python tools/checks/mutants.py              # all mutants, two at a time (-j), hints first
+    python tools/checks/mutants.py -k slot      # those whose name contains "slot"
+    python tools/checks/mutants.py --no-hints   # each mutant's whole marker: finds the first test that fails
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutants_chapter import CHAPTER  # noqa: E402
+from mutants_packages import PACKAGES  # noqa: E402
+
+# (name, exercise marker to run, old text, new text[, file: default solution.py])
+MUTANTS: list[tuple[str, ...]] = CHAPTER + PACKAGES
+
+
+HINTS = Path(__file__).with_name("mutants_caught.json")  # mutant name -> the test (file::name) that caught it last time
+SUITE = ["test_lab.py", "tests"]
+
+
+def _pytest_env(module: str, pythonpath: str) -> dict:
+    """The suite's environment for one mutant. Bytecode is written even where the caller asked
+    for none (CI does): pytest keeps its rewritten test_lab.py there, and rewriting its asserts
+    takes longer than most mutants' tests."""
+    env = dict(os.environ, LAB_MODULE=module, PYTHONPATH=pythonpath, HYPOTHESIS_PROFILE="ci")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _pytest(project: Path, env: dict, selection: list[str]) -> tuple[int, list[str], str]:
+    proc = subprocess.run([sys.executable, "-m", "pytest", *selection, "-x", "-q", "-rf", "-p", "no:cacheprovider"],
+                          cwd=project, env=env, capture_output=True, text=True)
+    failed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+    return proc.returncode, failed, (proc.stdout + proc.stderr).strip()
+
+
+def run(name: str, marker: str, path: str, source: str, workdir: Path, hint: str | None = None) -> tuple[bool, str]:
+    """Whether the suite goes red on the mutant, and the test that did it. With a `hint` (the test
+    that caught this mutant before) that test runs first; only if it passes does the mutant's
+    whole marker run: the proof is the same (a test of the spec fails), found in a second."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    if path == "solution.py":
+        module = "mutant_" + "".join(c if c.isalnum() else "_" for c in name)[:40]
+        (workdir / f"{module}.py").write_text(source)
+        project, pythonpath = ROOT, f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    else:  # a scratch copy of the project, with this one file mutated
+        module, project, pythonpath = "solution", workdir / "project", os.environ.get("PYTHONPATH", "")
+        # __pycache__ comes along: it holds test_lab.py with pytest's assertions already rewritten
+        # (about 4 s to redo per process), valid in the copy because copytree keeps mtimes.
+        shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(".git", ".hypothesis", ".venv"))
+        (project / path).write_text(source)
+    env = _pytest_env(module, pythonpath)
+    if hint:
+        code, failed, _ = _pytest(project, env, [hint])
+        if code == 1 and failed:
+            return True, failed[0]
+    # serving/'s tests that run the exercises' code are marked needs(N), not exerciseN
+    code, failed, out = _pytest(project, env, [*SUITE, "-m", marker if path == "solution.py" else f"{marker} or needs"])
+    if failed:
+        return code == 1, failed[0]
+    return False, out.splitlines()[-1:] or f"pytest exited {code}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-k", default="", help="only mutants whose name contains this")
+    parser.add_argument("-j", type=int, default=os.cpu_count() or 2, help="mutants run at once")
+    parser.add_argument("--no-hints", action="store_true",
+                        help="run each mutant's whole marker, ignoring " + HINTS.name)
+    args = parser.parse_args(argv)
+    hints = {} if args.no_hints or not HINTS.exists() else json.loads(HINTS.read_text())
+    chosen = [(name, marker, old, new, where[0] if where else "solution.py")
+              for name, marker, old, new, *where in MUTANTS if args.k in name]
+    survivors, caught_by = 0, {}
+    # Once, before the workers start: pytest rewrites test_lab.py's asserts into __pycache__.
+    _pytest(ROOT, _pytest_env("solution", os.environ.get("PYTHONPATH", "")), [*SUITE, "--collect-only"])
+
+    def one(i: int, mutant: tuple) -> tuple[str, bool, str, float]:
+        name, marker, old, new, path = mutant
+        text = (ROOT / path).read_text()
+        if text.count(old) != 1:
+            return name, False, f"the text to mutate occurs {text.count(old)} times in {path}", 0.0
+        start = time.perf_counter()
+        caught, test = run(name, marker, path, text.replace(old, new), Path(tmp) / str(i), hints.get(name))
+        return name, caught, test, time.perf_counter() - start
+
+    with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(max(1, args.j)) as pool:
+        for name, caught, test, seconds in pool.map(one, range(len(chosen)), chosen):  # in table order
+            survivors += not caught
+            if caught:
+                caught_by[name] = test
+            verdict = "caught by" if caught else "SURVIVED:"
+            print(f"{'ok' if caught else '!!'} {name:<66} {verdict} {test}  ({seconds:.1f}s)", flush=True)
+    if not args.k:  # a full run refreshes the hints (only this file's own mutants' names are kept)
+        HINTS.write_text(json.dumps(dict(sorted(caught_by.items())), indent=1) + "\n")
+    print(f"{survivors} mutant(s) survived")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""The states a student sits in: the lab with Exercises 1..k written and the rest still stubs.
+
+The promise is "red only where you still have to write" at every step, not only at the two ends
+(all stubs, all written). State k is the lab with the bodies of Exercises 1..k taken from
+solution.py and Exercises k+1..8 stubbed (tools/handout/make_lab.py's markers). In each state, the check
+asks of the suite's report (LAB_REPORT, .ci/check_lab_report.py) that every failure is a stub's,
+named by an exercise not yet written; that the provided code's tests pass; that every exercise
+still stubbed has a red test; and that the scoreboard lists no failure pytest did not print.
+
+    python tools/handout/half_way.py write K OUT.py          # the lab of state K, written to OUT.py
+    python tools/handout/half_way.py check DIR               # every state 0..8 in DIR (the student's copy)
+    python tools/handout/half_way.py check DIR --states 3 5  # only these
+
+`check` runs in DIR with DIR's own virtual environment (DIR/.venv) when it has one: state 0 is
+DIR's own lab.py (as the copy hands it out); state k > 0 is written to DIR/lab_k<k>.py and run as
+LAB_MODULE=lab_k<k>. With `--graded ROOT` (the autograder zip unpacked in ROOT/source and set up
+by its setup.sh: tools/handout/autograder.py), every state is submitted to the autograder instead, as
+Gradescope would run it, and its grade is checked too (Exercises 1..k full marks, the others 0);
+state 0 also runs in DIR as a student first runs it. Two runs at a time (-j); one line a state
+with its tests, its time and what failed the check. A maintainers' tool (it reads solution.py),
+run by .ci/run on the copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_lab import ROOT, make_lab, refresh_reading_map  # noqa: E402
+
+CHECKER = ROOT / ".ci" / "check_lab_report.py"
+
+
+def exercise_numbers(source: str) -> list[int]:
+    from make_lab import BEGIN
+
+    return sorted({int(m.group(2)) for line in source.splitlines() if (m := BEGIN.match(line))})
+
+
+def state(source: str, k: int) -> str:
+    """The lab text with Exercises 1..k written (solution.py's bodies) and the others stubs."""
+    numbers = exercise_numbers(source)
+    if not 0 <= k <= max(numbers):
+        raise ValueError(f"k must be 0..{max(numbers)}, not {k}")
+    return refresh_reading_map(make_lab(source, only={str(n) for n in numbers if n > k}))
+
+
+def python_of(folder: Path) -> str:
+    venv = folder / ".venv" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    return str(venv) if venv.exists() else sys.executable
+
+
+def run_checker(folder: Path, module: str, report: Path, log: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, LAB_MODULE=module)
+    return subprocess.run([python_of(folder), str(CHECKER), str(report), str(log)], cwd=folder, env=env,
+                          capture_output=True, text=True)
+
+
+def module_of(folder: Path, source: str, k: int) -> str:
+    """The module of state k in `folder`: its own lab.py for 0 (checked to be the stubbed lab),
+    else lab_k<k>.py, written."""
+    if k == 0:
+        if (folder / "lab.py").read_text() != state(source, 0):
+            raise ValueError("state 0: DIR/lab.py is not the stubbed lab that solution.py generates")
+        return "lab"
+    (folder / f"lab_k{k}.py").write_text(state(source, k))
+    return f"lab_k{k}"
+
+
+def check_state(folder: Path, source: str, k: int, extra: list[str]) -> tuple[int, str, float]:
+    """State k run in `folder` as a student runs it (`python -m pytest -q`, LAB_MODULE for k > 0),
+    its report checked: (exit status, lines, seconds)."""
+    module = module_of(folder, source, k)
+    report, log = folder / f".state_{k}.json", folder / f".state_{k}.log"
+    env = dict(os.environ, LAB_MODULE=module, LAB_REPORT=str(report), HYPOTHESIS_PROFILE="ci",
+               PYTHONDONTWRITEBYTECODE="1")
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.run([python_of(folder), "-m", "pytest", "-q", *extra], cwd=folder, env=env,
+                              stdout=out, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    text = log.read_text()
+    final = text.strip().splitlines()[-1].strip("= ") if text.strip() else "(no output)"
+    expected = 0 if k == max(exercise_numbers(source)) else 1
+    if proc.returncode != expected or not report.exists():
+        tail = "\n    ".join(text.strip().splitlines()[-30:])
+        return 1, f"state {k}: pytest exited {proc.returncode}, expected {expected}:\n    {tail}", seconds
+    check = run_checker(folder, module, report, log)
+    lines = f"state {k} in the copy ({module}, {seconds:.0f} s): {final}\n  {check.stdout.strip()}"
+    if check.returncode == 0:
+        report.unlink()
+        log.unlink()
+    return check.returncode, lines, seconds
+
+
+def grade_state(folder: Path, graders: Path, source: str, k: int) -> tuple[int, str, float]:
+    """State k submitted to the autograder unpacked in `graders` (its source/, set up by its
+    setup.sh): the run's report checked as check_state's, and the grade: Exercises 1..k full
+    marks, the others 0."""
+    module = module_of(folder, source, k)
+    root = graders.parent / f"{graders.name}-state{k}"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "submission").mkdir(parents=True)
+    (root / "source").symlink_to(graders / "source", target_is_directory=True)
+    (root / "submission" / "lab.py").write_text(state(source, k))
+    report = root / "report.json"
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), LAB_REPORT=str(report))
+    start = time.perf_counter()
+    run = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    results = root / "results" / "results.json"
+    if run.returncode != 0 or not results.exists() or not report.exists():
+        return 1, f"state {k} graded: run_autograder exited {run.returncode}:\n    {run.stdout[-2000:]}", seconds
+    graded = json.loads(results.read_text())
+    check = run_checker(folder, module, report, root / "results" / "pytest.log")
+    scores = [t["score"] for t in graded["tests"]]
+    full = [t["max_score"] for t in graded["tests"]]
+    want = [m if n <= k else 0 for n, m in enumerate(full, 1)]
+    problems = [] if scores == want and graded["score"] == sum(want) else [
+        f"FAIL: the grade is {graded['score']} ({scores}); Exercises 1..{k} written must score {sum(want)} ({want})"]
+    lines = (f"state {k} graded by the autograder ({seconds:.0f} s): {graded['score']:g}/{graded['max_score']:g}\n  "
+             + "\n  ".join([check.stdout.strip(), *problems]))
+    code = check.returncode or bool(problems)
+    if not code:
+        shutil.rmtree(root)
+    return code, lines, seconds
+
+
+def guarded(fn, *args) -> tuple[int, str, float]:
+    try:
+        return fn(*args)
+    except (ValueError, OSError) as exc:
+        return 1, f"FAIL: {exc}", 0.0
+
+
+def failed_states(results: dict) -> list[int]:
+    return sorted({k for (k, _), (code, _, _) in results.items() if code})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    write = sub.add_parser("write", help="write the lab of state K (Exercises 1..K written) to OUT")
+    write.add_argument("k", type=int)
+    write.add_argument("out", type=Path)
+    check = sub.add_parser("check", help="run and check every state in DIR (the student's copy)")
+    check.add_argument("dir", type=Path)
+    check.add_argument("--states", type=int, nargs="+", help="which k (default: 0..8)")
+    check.add_argument("--graded", type=Path, metavar="ROOT",
+                       help="an autograder unpacked in ROOT/source and set up: every state but 0 runs through it "
+                            "(and 0 too, after its run in DIR), its grade checked")
+    check.add_argument("-j", type=int, default=2, help="runs at a time (default 2)")
+    check.add_argument("pytest_args", nargs="*", help="after --: passed on to pytest (runs in DIR only)")
+    args = parser.parse_args(argv)
+    source = (ROOT / "solution.py").read_text()
+    if args.command == "write":
+        try:
+            args.out.write_text(state(source, args.k))
+        except ValueError as exc:
+            parser.error(str(exc))
+        print(f"wrote {args.out}: Exercises 1..{args.k} written, the rest stubs")
+        return 0
+    states = args.states if args.states is not None else [0, *exercise_numbers(source)]
+    folder = args.dir.resolve()
+    jobs = {(k, "graded"): (grade_state, (folder, args.graded.resolve(), source, k)) for k in states} \
+        if args.graded else {}
+    jobs |= {(k, "copy"): (check_state, (folder, source, k, args.pytest_args)) for k in states
+             if not args.graded or k == 0}
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(args.j) as pool:
+        # The slowest (most exercises written: the server's tests run) first, so that the
+        # workers finish together.
+        futures = {key: pool.submit(guarded, fn, *fargs) for key, (fn, fargs) in sorted(jobs.items(), reverse=True)}
+        results = {key: futures[key].result() for key in sorted(jobs)}
+    for k in set(states) - set(failed_states(results)) - {0}:
+        (folder / f"lab_k{k}.py").unlink(missing_ok=True)
+    for _, lines, _ in results.values():
+        print(lines)
+    failed = failed_states(results)
+    print(f"half-way states {sorted(states)}: {len(states) - len(failed)} honest, failed {failed or 'none'} "
+          f"({len(jobs)} runs, {time.perf_counter() - start:.0f} s wall, "
+          f"{sum(s for _, _, s in results.values()):.0f} s of runs, {args.j} at a time)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

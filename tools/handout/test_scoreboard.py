@@ -1,0 +1,138 @@
+"""conftest.py's accounting, on a lab of one exercise and a handful of tests made to fail each way:
+a stub's failure is counted, not printed; a `needs(N)` test waits (is not run) while N is a stub;
+the scoreboard lists only the failures pytest printed, and its "... and N more" counts them; the
+grade carries each failed test's rule; LAB_REPORT says which stub each test waits for."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY_LAB = '''
+EXERCISES = {1: "the one: double, half"}
+
+
+def double(x):
+    """Exercise 1."""
+    {double}
+
+
+def half(x):
+    if x < 0:
+        raise ValueError("x must be >= 0")
+    {half}
+'''
+
+TESTS = '''
+import pytest
+from conftest import lab
+
+RAN = __import__("pathlib").Path(__file__).parent / "ran"
+
+
+@pytest.mark.exercise1
+def test_double():
+    assert lab.double(2) == 4, "rule 1: double(2) is 4"
+
+
+@pytest.mark.provided  # half's argument check runs before its body: provided code, green on the stub
+def test_half_refuses_a_negative():
+    with pytest.raises(ValueError):
+        lab.half(-1)
+
+
+@pytest.mark.exercise1
+def test_half():
+    assert lab.half(4) == 2, "rule 2: half(4) is 2\\nand more words on a second line"
+
+
+@pytest.mark.provided
+def test_provided_reaching_a_stub_unmarked():
+    lab.double(1)
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("n", range(7))
+def test_provided_broken(n):
+    assert n < 0, f"rule 9: provided rule {n} broke"
+
+
+@pytest.mark.needs(1)
+def test_needs_the_exercise():
+    RAN.write_text("ran")
+    assert lab.double(3) == 6
+'''
+
+
+def run(tmp_path: Path, double: str, half: str, *args: str) -> tuple[str, list[dict]]:
+    (tmp_path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
+    (tmp_path / "lab_tiny.py").write_text(TINY_LAB.replace("{double}", double).replace("{half}", half))
+    (tmp_path / "test_tiny.py").write_text(TESTS)
+    shutil.rmtree(tmp_path / "ran", ignore_errors=True)
+    report = tmp_path / "report.json"
+    env = dict(os.environ, LAB_MODULE="lab_tiny", LAB_REPORT=str(report), PYTHONPATH=str(ROOT),
+               HYPOTHESIS_PROFILE="ci")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rN", "test_tiny.py",
+                           *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    return proc.stdout, json.loads(report.read_text())
+
+
+STUB_DOUBLE = 'raise NotImplementedError("Exercise 1: double")'
+STUB_HALF = 'raise NotImplementedError("Exercise 1: half")'
+
+
+@pytest.fixture(scope="module")
+def stubbed(tmp_path_factory) -> tuple[Path, str, list[dict]]:
+    """The tiny lab with both functions stubs: its folder, the run's output and its report."""
+    where = tmp_path_factory.mktemp("tiny")
+    return (where, *run(where, STUB_DOUBLE, STUB_HALF))
+
+
+@pytest.mark.provided
+def test_stubs_are_counted_and_a_needs_test_waits_without_running(stubbed):
+    tmp_path, out, rows = stubbed
+    by_test = {r["test"].split("::")[-1]: r for r in rows}
+    assert not (tmp_path / "ran").exists(), "a needs(1) test ran while Exercise 1 is a stub: it must wait"
+    waiting = by_test["test_needs_the_exercise"]
+    assert waiting["outcome"] == "failed" and waiting["stub"] and waiting["stub_of"] == 1, waiting
+    assert "provided code running your exercises (the server, the command line): 0/1, waiting for double" in out
+    assert "_ test_double _" not in out and "_ test_needs_the_exercise _" not in out, "stubs are counted, not printed"
+    assert by_test["test_half_refuses_a_negative"]["outcome"] == "passed"
+
+
+@pytest.mark.provided
+def test_the_provided_row_lists_only_what_pytest_printed_and_counts_the_rest_right(stubbed):
+    _, out, _ = stubbed
+    board = out[out.index("scoreboard (lab_tiny)"):]
+    assert "provided code (nothing to write): 1/9, 1 on stubs (double (Exercise 1))" in board, board
+    listed = re.findall(r"^  failed: (\S+)", board, re.M)
+    assert "test_provided_reaching_a_stub_unmarked" not in listed, "a stub's failure is not a failure of provided code"
+    assert len(listed) == 5 and "  ... and 2 more failed (see above)" in board, board
+    printed = re.findall(r"^_+ (test_provided_broken\[\d\]) _+$", out, re.M)
+    assert len(printed) == 7 and set(listed) <= set(printed), f"the scoreboard lists {listed}; pytest printed {printed}"
+
+
+@pytest.mark.provided
+def test_the_grade_is_the_share_passed_and_carries_each_failed_tests_rule(tmp_path):
+    grade = tmp_path / "results.json"
+    run(tmp_path, STUB_DOUBLE, STUB_HALF, "--grade", str(grade))
+    test = json.loads(grade.read_text())["tests"][0]
+    assert test["score"] == 0 and "write double, half" in test["output"], "a stubbed exercise scores 0"
+    run(tmp_path, STUB_DOUBLE, "return x // 2", "--grade", str(grade))  # half written
+    test = json.loads(grade.read_text())["tests"][0]
+    assert test["score"] == 5 and "write double" in test["output"], "a half-written exercise earns its share"
+    run(tmp_path, "return 2 * x", "return x // 3", "--grade", str(grade))
+    test = json.loads(grade.read_text())["tests"][0]
+    assert test["score"] == 5, test
+    assert "failed: test_half: rule 2: half(4) is 2" in test["output"], test["output"]
+    assert "second line" not in test["output"], "only the rule's first line"
