@@ -6,10 +6,9 @@ Nothing here imports `solution` or `lab` by name: it is handed an engine of eith
     http_server.py          HTTP/1.1: connections, framing, keep-alive      (uvicorn, under vLLM)
     api_server.py           the server's processes, routes, model card      vllm/entrypoints/openai/api_server.py
     protocol.py             a request's JSON read into the module's Requests vllm/entrypoints/openai/protocol.py
-    chat.py                 chat messages and the plain chat template       vllm/entrypoints/chat_utils.py
     serving_engine.py       one request run and answered, whole or streamed .../openai/serving_engine.py
     serving_completion.py   the completions endpoint's choices              .../openai/serving_completion.py
-    serving_chat.py         the chat endpoint's choices                     .../openai/serving_chat.py
+    serving_chat.py         chat messages, the plain template, the choices  .../openai/serving_chat.py, chat_utils.py
     serving_tokenization.py /tokenize and /detokenize                       .../openai/serving_tokenization.py
     async_llm.py            engine thread <-pipes-> HTTP front end process  vllm/v1/engine/async_llm.py, core.py
     sampling.py             vLLM's sampling extras as logits processors     vllm/v1/sample/

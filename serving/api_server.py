@@ -11,8 +11,8 @@ library talk to it as to a vLLM deployment.
 
 Where each job lives: the engine stays in the caller's process, stepped by a thread of its own
 (`async_llm.EngineCore`); the HTTP front end runs in a forked process (`async_llm` says why):
-its connections and framing are `http_server.py`'s, a request's fields `protocol.py`'s and
-`chat.py`'s, running it and answering `serving_engine.py`'s (with the choices of
+its connections and framing are `http_server.py`'s, a request's fields `protocol.py`'s (a chat's
+messages `serving_chat.py`'s), running it and answering `serving_engine.py`'s (with the choices of
 `serving_completion.py` and `serving_chat.py`), and tokens to text `output.py`'s. The server is
 handed the engine, never the module by name: `sys.modules` gives the module the engine's class
 lives in, so `python lab.py serve` serves the student's own code.
@@ -43,11 +43,11 @@ from checkpoints.tokenizer import ByteTokenizer
 
 from . import sampling, serving_tokenization
 from .async_llm import AsyncLLM, CommandWriter, EngineCore, Ready, Shutdown, StartupError, command_pipe
-from .chat import parse_chat_request
 from .http_server import Connection as ClientConnection
 from .http_server import Connections, HTTPRequest, Sink
 from .metrics import prometheus_text
 from .protocol import APIError, ServedModel, model_not_found, parse_completion_request
+from .serving_chat import parse_chat_request
 from .serving_engine import FrontendStats, OpenAIServing
 
 SHUTDOWN_TIMEOUT_S = 10.0

@@ -377,6 +377,30 @@ def _extra_args(served: ServedModel, fields: Fields, max_tokens: int, logprobs: 
     return args
 
 
+def _samples(served: ServedModel, f: Fields, num_prompts: int) -> int:
+    """`n`, the samples of each prompt, checked with `best_of` and against the server's limits."""
+    n = f.integer("n", 1, 1, what="an int >= 1")
+    if n > served.max_n:
+        f.fail("n", f"is at most {served.max_n} on this server (half of its running seats: one request may not "
+                    f"hold them all), got {n}")
+    best_of = f.integer("best_of", None, 1, what="an int >= 1")
+    if best_of is not None and best_of != n:
+        f.fail("best_of", f"must equal n ({n}): this server returns every sample it draws (vLLM V1 does too)")
+    if n * num_prompts > MAX_CHOICES:
+        f.fail("n", f"x the number of prompts must be at most {MAX_CHOICES}, got {n * num_prompts}")
+    return n
+
+
+def _body_cache_salt(f: Fields) -> str | None:
+    """The body's own `cache_salt`, if it sent one: a non-empty string of text."""
+    cache_salt = f.get("cache_salt", (str,), None, "a non-empty string")
+    if cache_salt is not None:
+        if not cache_salt:
+            f.fail("cache_salt", "must be a non-empty string")
+        check_text(cache_salt, "cache_salt")
+    return cache_salt
+
+
 def build_request(served: ServedModel, fields: Fields, kind: str, model: str, response_id: str,
                   prompts: list[list[int]], texts: list[str | None], max_tokens: int | None, *, echo: bool = False,
                   logprobs: int | None = None, prompt_logprobs: int | None = None,
@@ -385,15 +409,7 @@ def build_request(served: ServedModel, fields: Fields, kind: str, model: str, re
     samples), each with the prefix-cache salt of `request_cache_salt(tenant_salt, <the body's
     cache_salt>)`."""
     f, lab, config, params = fields, served.lab, served.config, dict(params or {})
-    n = f.integer("n", 1, 1, what="an int >= 1")
-    if n > served.max_n:
-        f.fail("n", f"is at most {served.max_n} on this server (half of its running seats: one request may not "
-                    f"hold them all), got {n}")
-    best_of = f.integer("best_of", None, 1, what="an int >= 1")
-    if best_of is not None and best_of != n:
-        f.fail("best_of", f"must equal n ({n}): this server returns every sample it draws (vLLM V1 does too)")
-    if n * len(prompts) > MAX_CHOICES:
-        f.fail("n", f"x the number of prompts must be at most {MAX_CHOICES}, got {n * len(prompts)}")
+    n = _samples(served, f, len(prompts))
     stream = f.get("stream", (bool,), False, "true or false")
     options = f.get("stream_options", (dict,), None, "an object")
     if options is not None and not stream:
@@ -420,12 +436,7 @@ def build_request(served: ServedModel, fields: Fields, kind: str, model: str, re
     ignore_eos = f.get("ignore_eos", (bool,), False, "true or false")
     eos = None if ignore_eos else served.tokenizer.eos_token_id
     args = _extra_args(served, f, max_tokens, logprobs, prompt_logprobs, params)
-    cache_salt = f.get("cache_salt", (str,), None, "a non-empty string")
-    if cache_salt is not None:
-        if not cache_salt:
-            f.fail("cache_salt", "must be a non-empty string")
-        check_text(cache_salt, "cache_salt")
-    cache_salt = request_cache_salt(tenant_salt, cache_salt)
+    cache_salt = request_cache_salt(tenant_salt, _body_cache_salt(f))
     flags = {name: f.get(name, (bool,), default, "true or false") for name, default in (
         ("include_stop_str_in_output", False), ("skip_special_tokens", True), ("return_token_ids", False),
         ("return_tokens_as_token_ids", False))}

@@ -5,8 +5,8 @@ Bodies and answers have vLLM's shapes; bad input is a 400 naming the field, as e
 
 from __future__ import annotations
 
-from .chat import parse_messages, render_chat
 from .protocol import APIError, Fields, ServedModel, check_model, load_json, prompt_ids
+from .serving_chat import parse_messages, render_chat
 
 
 def tokenize(served: ServedModel, body: bytes) -> dict:

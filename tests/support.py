@@ -24,8 +24,9 @@ import pytest
 import course
 import serving
 import test_lab
+from checkpoints.tokenizer import ByteTokenizer
 from conftest import lab
-from serving import protocol
+from serving import protocol, serving_chat
 from serving.sampling import logits_processors
 from test_lab import (  # noqa: F401 - the spec's models, references and fixtures, shared
     ENGINE_TINY,
@@ -274,3 +275,24 @@ HAND_MERGES = [("l", "o"), ("lo", "w"), ("e", "r"), ("Ġ", "low"), ("e", "s"), (
 def write_tokenizer(path: Path, vocab=HAND_VOCAB, merges=HAND_MERGES) -> None:
     (path / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+
+
+def raw_exchange(server, request_bytes):
+    """Everything the server sends back until it closes the connection (bounded)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
+        sock.sendall(request_bytes)
+        reply = b""
+        for _ in range(1000):
+            data = sock.recv(65536)
+            if not data:
+                return reply
+            reply += data
+    raise AssertionError("the server did not close the connection")
+
+
+BYTES = lab.ModelConfig(**MODEL_CONFIGS["bytes"])  # a byte-level model's shape: the server's request tests
+
+
+def chat_request(payload: dict):
+    """A chat body parsed as the server parses it, for the byte-level model."""
+    return serving_chat.parse_chat_request(served_model(BYTES, ByteTokenizer(256)), json.dumps(payload).encode())

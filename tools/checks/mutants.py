@@ -54,7 +54,9 @@ def _pytest_env(module: str, pythonpath: str) -> dict:
 def _pytest(project: Path, env: dict, selection: list[str]) -> tuple[int, list[str], str]:
     proc = subprocess.run([sys.executable, "-m", "pytest", *selection, "-x", "-q", "-rf", "-p", "no:cacheprovider"],
                           cwd=project, env=env, capture_output=True, text=True)
-    failed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+    # "FAILED <node id> - <message>": a parametrized id may hold spaces, so cut at the dash
+    failed = [line.removeprefix("FAILED ").split(" - ")[0] for line in proc.stdout.splitlines()
+              if line.startswith("FAILED")]
     return proc.returncode, failed, (proc.stdout + proc.stderr).strip()
 
 

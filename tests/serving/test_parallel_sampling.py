@@ -21,6 +21,7 @@ from checkpoints.tokenizer import ByteTokenizer
 from conftest import lab
 from serving.async_llm import sample_ids
 from serving.serving_engine import Release
+from tests.serving.test_sampling import api_sampling, reference_run
 from tests.support import (
     HTTP_TIMEOUT,
     MODEL_CONFIGS,
@@ -32,7 +33,6 @@ from tests.support import (
     stream_events_at,
     stream_then_hang_up,
 )
-from tests.test_sampling import api_sampling, reference_run
 
 PROMPT = list(range(5, 23))  # 18 tokens: 4 full blocks of 4 and a partial one
 

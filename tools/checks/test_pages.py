@@ -1,0 +1,117 @@
+"""The pages' words, held by the tools that check them: no narrated rounds nor hand-typed counts,
+links that resolve, a student's copy whose pages fit it, and every command a page shows found
+complete and run (tools/checks/check_words.py, tools/checks/check_docs.py)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tool_support import load_tool, tracked_files  # noqa: E402
+
+
+@pytest.mark.provided
+def test_no_page_narrates_the_projects_rounds_or_types_the_suites_counts_and_every_link_resolves():
+    check_words = load_tool("check_words")
+    pages = load_tool("check_docs").pages()
+    rounds = [f"{path}: {found}" for path, text in pages.items() for found in check_words.history(text)]
+    assert not rounds, "a figure carries its date and machine, not the round it was taken in:\n" + "\n".join(rounds)
+    counts = [f"{path}: {found}" for path, text in pages.items() for found in check_words.typed_counts(text)]
+    assert not counts, "the suite's counts change with every test: the scoreboard prints them\n" + "\n".join(counts)
+    broken = check_words.link_problems(pages, tracked_files())
+    assert not broken, "links to nothing:\n" + "\n".join(broken)
+
+
+@pytest.mark.provided
+def test_the_copys_pages_fit_the_copy_no_history_no_reference_no_maintainers_file():
+    student_copy = load_tool("student_copy")
+    texts, binaries = student_copy.copy_files()
+    assert "docs/teaching.md" not in texts, "the graders' page ships only in the maintainers' checkout"
+    pages = {path: text for path, text in texts.items() if student_copy.is_page(path)}
+    assert {"README.md", "docs/hints.md", "docs/trace.md"} <= set(pages)
+    unfit = student_copy.words_unfit(texts, binaries)
+    assert not unfit, "the copy's pages say what the copy cannot do:\n" + "\n".join(unfit)
+    shown = [c for path, text in pages.items() for s in load_tool("check_docs").snippets_of(path, text)
+             for c in s.commands]
+    assert "python lab.py size" in shown and not [c for c in shown if "solution.py" in c], (
+        "the copy's commands run lab.py where the maintainers' pages run solution.py")
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("page, says", [
+    ("measured in this round's run", "narrates history"),
+    ("the earlier rounds gave 2x", "narrates history"),
+    ("Until issue 36 the entry kept", "narrates history"),
+    ("the provided code passes (341 of 913 tests on stubs)", "the suite's count typed by hand"),
+    ("see [the graders' page](teaching.md)", "a file this checkout lacks"),
+    ("see [the load test](serving.md#no-such-heading)", "a heading docs/serving.md lacks"),
+    ("run `python solution.py size`", "runs the reference"),
+    ("```bash\npython tools/checks/mutants.py -k trace\n```", "names tools/checks/mutants.py, which the copy lacks"),
+    ("    python tools/server/bench_server_cpu.py --against 8c096fd", "needs the project's git history"),
+])
+def test_the_copys_words_check_names_each_kind_of_word_that_does_not_fit(page, says):
+    check_words = load_tool("check_words")
+    files = {"docs/x.md", "docs/serving.md", "tools/server/bench_server_cpu.py"}
+    pages = {"docs/x.md": f"# A page\n\nText.\n\n{page}\n", "docs/serving.md": "# Serving\n\n## The load test\n"}
+    found = check_words.copy_problems(pages, files)
+    assert any(says in problem for problem in found), f"{page!r}: expected a problem saying {says!r}, got {found}"
+    clean = {"docs/x.md": "# A page\n\nRun `python lab.py size`; a [link](serving.md#the-load-test); the "
+                          "final round of speculation.\n", "docs/serving.md": pages["docs/serving.md"]}
+    assert check_words.copy_problems(clean, files) == []
+
+
+@pytest.mark.provided
+def test_every_command_shown_is_found_complete_and_the_few_not_run_say_why():
+    check_docs = load_tool("check_docs")
+    found = check_docs.snippets()
+    commands = [(s, c) for s in found for c in s.commands]
+    blocks = [s.commands for s in found if s.page == "README.md" and s.kind == "bash"]
+    setup = "python3 -m venv .venv && . .venv/bin/activate && python -m pip install -e '.[test]' && python solution.py"
+    assert blocks[0] == [setup], f"the README's first block: one set-up line that ends in the main job: {blocks[0]}"
+    assert ["LAB_MODULE=solution python -m pytest"] in blocks, "the README shows the command whose tests pass"
+    serve_model = importlib.import_module("course.commands").SERVE_MODEL
+    served = "toy-gpt2-{n_layer}x{n_embd}-v{vocab_size}".format(**serve_model)
+    curl = [b for b in blocks if b[0].startswith("python solution.py serve &") and b[1].startswith("curl ")]
+    assert curl and f'"model": "{served}"' in curl[0][1] and served in curl[0][0], (
+        f"the README's first curl asks `serve` for the model id it prints ({served}): {curl}")
+    incomplete = [f"{s.where}: {c}" for s, c in commands if check_docs.incomplete(c)]
+    assert not incomplete, "a command shown must run as written (`...` is not an argument):\n" + "\n".join(incomplete)
+    unused = [needle for needle, _, _ in check_docs.NOT_RUN if not any(needle in c for _, c in commands)]
+    assert not unused, f"NOT_RUN names commands no page shows any more: {unused}"
+    assert len(check_docs.NOT_RUN) <= 12, "a snippet that can run, runs: keep NOT_RUN short"
+    assert sum(bool(check_docs.not_run(s, c)) for s, c in commands) < len(commands) / 4
+
+
+@pytest.mark.provided
+def test_a_pages_shell_is_read_as_its_commands_continuations_here_documents_and_quotes_whole():
+    check_docs = load_tool("check_docs")
+    text = ('a \\\n  b\n# a comment\n\ncat > f <<\'EOF\'\nx\n"\nEOF\npython -c "\nprint(1)"   # done\n'
+            'serve &  # in the background\n')
+    assert check_docs.logical_commands(text) == ["a \\\n  b", "cat > f <<'EOF'\nx\n\"\nEOF",
+                                                 'python -c "\nprint(1)"   # done', "serve &  # in the background"]
+
+
+@pytest.mark.provided
+def test_the_snippet_runner_fails_a_failing_or_incomplete_command_and_keeps_a_blocks_cd_and_export(tmp_path):
+    check_docs = load_tool("check_docs")
+    env = check_docs.environment(tmp_path)
+
+    def status(*commands):
+        return [o.status for o in check_docs.run_snippet(check_docs.Snippet("x.md", 1, "bash", list(commands)),
+                                                         tmp_path, env)]
+    assert status("python -c 'print(1)'", "true") == ["ok", "ok"]
+    assert status("python -c 'raise SystemExit(3)'", "true") == ["FAIL"]
+    assert status("python lab.py loadtest ...") == ["FAIL"]
+    assert status("vllm serve meta-llama/Llama-3.1-8B-Instruct") == ["not run"]
+    assert status("mkdir -p sub && cd sub", "export WORD=kept",  # a block's later commands run where it went
+                  "python -c 'import os; assert os.getcwd().endswith(\"sub\") and os.environ[\"WORD\"] == \"kept\"'"
+                  ) == ["ok", "ok", "ok"]
+    seen: dict = {}  # a command shown again, alone, runs once; after a cd it runs again
+    shown = [check_docs.Snippet("x.md", n, "bash", ["python -c 'print(1)'"]) for n in (1, 2)]
+    assert [o.status for s in shown for o in check_docs.run_snippet(s, tmp_path, env, seen)] == ["ok", "same"]
+    after_cd = check_docs.Snippet("x.md", 3, "bash", ["cd sub", "python -c 'print(1)'"])
+    assert [o.status for o in check_docs.run_snippet(after_cd, tmp_path, env, seen)] == ["ok", "ok"]
