@@ -53,7 +53,7 @@ CUT_S = 3.0  # a LONG command must not have failed by then: its imports, its fla
 # A command (after its `VAR=value` prefixes) that runs until stopped, or for minutes: checked for
 # CUT_S seconds, then stopped.
 LONG = re.compile(r"""
-    \s(serve|loadtest|fleet|bench|attack)\b    # the server, the load generator, the fleet search, the benchmarks, the attack
+    \s(serve|loadtest|fleet|bench|attack)\b    # the server, the load test, the fleet search, benchmarks, the attack
   | tools/(?:\w+/)?(bench\w*|peer_bench|probe_closes|mutants|teach_check|second_lab|check_stubs|check_docs)\.py
   | -m\ pytest(?!.*\s-m\s)(?!.*::)(?!.*\stests/[\w/]+\.py)   # the whole suite (one exercise or file finishes)
   | protocol\.MAX_CHOICES                      # docs/serving.md's measurement of the choice cap, to 200,000
@@ -74,7 +74,7 @@ NOT_RUN: tuple[tuple[str, str, str], ...] = (
     ("python bench_serving.py", "command", "needs SGLang's bench_serving.py and its packages (docs/serving.md)"),
     ("from transformers import", "command", "needs transformers, outside the lab's dependencies"),
     ("tools/checks/check_docs.py", "command", "this check itself"),
-    ("--vidur DIR", "command", "needs Vidur's profiling CSVs (a clone of microsoft/vidur), which the lab does not ship"),
+    ("--vidur DIR", "command", "needs Vidur's profiling CSVs (a clone of microsoft/vidur); the lab ships no CSV"),
 )
 
 # A template's placeholder and the value a run gives it (`python lab.py hint N`).

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -51,13 +52,55 @@ def _pytest_env(module: str, pythonpath: str) -> dict:
     return env
 
 
+# Each run is a process of its own, forked from a server that imported pytest, NumPy and Hypothesis
+# once (multiprocessing's forkserver, one task a process): a new interpreter per run spent half its
+# second importing them. Python 3.10 has no one-task pools: a subprocess per run there.
+PRELOAD = ["pytest", "numpy", "hypothesis"]
+PYTEST_ARGS = ["-x", "-q", "-rf", "-p", "no:cacheprovider"]
+
+
+def _pytest_in_child(project: str, env: dict, args: list[str]) -> tuple[int, str]:
+    """In a fresh process: `python -m pytest ARGS` as run in `project` under `env`, and its output."""
+    os.chdir(project)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:0] = [project, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    sys.dont_write_bytecode = False
+    import pytest
+
+    with tempfile.TemporaryFile("w+") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        code = int(pytest.main(args))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        out.seek(0)
+        return code, out.read()
+
+
+def _pool(jobs: int):
+    """Where the runs go: one-task processes forked from a server with PRELOAD imported, or None."""
+    if sys.version_info < (3, 11):
+        return None
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return concurrent.futures.ProcessPoolExecutor(max(1, jobs), mp_context=context, max_tasks_per_child=1)
+
+
+_POOL: concurrent.futures.Executor | None = None
+
+
 def _pytest(project: Path, env: dict, selection: list[str]) -> tuple[int, list[str], str]:
-    proc = subprocess.run([sys.executable, "-m", "pytest", *selection, "-x", "-q", "-rf", "-p", "no:cacheprovider"],
-                          cwd=project, env=env, capture_output=True, text=True)
+    args = [*selection, *PYTEST_ARGS]
+    if _POOL is not None:
+        code, out = _POOL.submit(_pytest_in_child, str(project), env, args).result()
+    else:
+        proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=project, env=env, capture_output=True,
+                              text=True)
+        code, out = proc.returncode, proc.stdout + proc.stderr
     # "FAILED <node id> - <message>": a parametrized id may hold spaces, so cut at the dash
-    failed = [line.removeprefix("FAILED ").split(" - ")[0] for line in proc.stdout.splitlines()
-              if line.startswith("FAILED")]
-    return proc.returncode, failed, (proc.stdout + proc.stderr).strip()
+    failed = [line.removeprefix("FAILED ").split(" - ")[0] for line in out.splitlines() if line.startswith("FAILED")]
+    return code, failed, out.strip()
 
 
 def run(name: str, marker: str, path: str, source: str, workdir: Path, hint: str | None = None) -> tuple[bool, str]:
@@ -98,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [(name, marker, old, new, where[0] if where else "solution.py")
               for name, marker, old, new, *where in MUTANTS if args.k in name]
     survivors, caught_by = 0, {}
+    global _POOL
+    _POOL = _pool(args.j)
     # Once, before the workers start: pytest rewrites test_lab.py's asserts into __pycache__.
     _pytest(ROOT, _pytest_env("solution", os.environ.get("PYTHONPATH", "")), [*SUITE, "--collect-only"])
 
@@ -117,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                 caught_by[name] = test
             verdict = "caught by" if caught else "SURVIVED:"
             print(f"{'ok' if caught else '!!'} {name:<66} {verdict} {test}  ({seconds:.1f}s)", flush=True)
+    if _POOL is not None:
+        _POOL.shutdown()
     if not args.k:  # a full run refreshes the hints (only this file's own mutants' names are kept)
         HINTS.write_text(json.dumps(dict(sorted(caught_by.items())), indent=1) + "\n")
     print(f"{survivors} mutant(s) survived")

@@ -42,13 +42,15 @@ from make_lab import BEGIN, END, make_lab  # noqa: E402
 
 # Paths (a trailing slash: a folder) that stay with the maintainers: the reference, the tools that
 # make the lab and its copy (tools/handout/), the planted mistakes and the checks of the reference
-# against the lab (tools/checks/: they read solution.py), the tooling's tests, the graders' page.
+# against the lab (tools/checks/: they read solution.py), the tooling's tests and what they share,
+# the graders' page.
 MAINTAINERS_ONLY = (
     "solution.py",
     ".ci/",
     "tools/handout/",
     "tools/checks/",
     "tools/test_tooling.py",
+    "tools/tool_support.py",
     "docs/teaching.md",  # the graders' page
 )
 MAINTAINERS = re.compile(r"\n?<!-- maintainers -->.*?<!-- /maintainers -->\n?", re.S)

@@ -83,16 +83,16 @@ def success_counts(metrics: str) -> tuple[float, float]:
     return answers, aborts
 
 
-def worker(root: str, seed: int) -> dict:
-    """In a child process whose sys.path starts at `root`: serve, run the clients, count."""
-    sys.path.insert(0, root)
+def worker(root: str, seed: int, serve_model: dict) -> dict:
+    """In a child process whose imports come from `root` alone: serve `serve_model` (this checkout's
+    `serve` model, the same for every tree), run the clients, count."""
+    sys.path[:] = [root] + [p for p in sys.path if Path(p).resolve() not in (ROOT, ROOT / "tools")]
     import http.client
 
     import serving
     import solution as lab
-    from course.commands import SERVE_MODEL
 
-    model = lab.ToyTransformer(lab.ModelConfig(**SERVE_MODEL), seed=0)
+    model = lab.ToyTransformer(lab.ModelConfig(**serve_model), seed=0)
     engine = lab.LLMEngine(model, max_num_seqs=64, block_size=16, max_num_batched_tokens=512)
     step, run = engine.step, {"tokens": 0, "finished": {}}
 
@@ -133,7 +133,10 @@ def worker(root: str, seed: int) -> dict:
 
 def measure(root: Path, seed: int) -> dict:
     """One run of the worker on the tree at `root`, in a child process (one OpenBLAS thread, as `serve`)."""
-    proc = subprocess.run([sys.executable, __file__, "--worker", str(root), "--seed", str(seed)],
+    from course.commands import SERVE_MODEL
+
+    proc = subprocess.run([sys.executable, __file__, "--worker", str(root), "--seed", str(seed),
+                           "--serve-model", json.dumps(SERVE_MODEL)],
                           capture_output=True, text=True, env=_blas_env(1), timeout=DRAIN_TIMEOUT_S + 60)
     if proc.returncode != 0:
         raise RuntimeError(f"the worker on {root} failed:\n{proc.stderr[-2000:]}")
@@ -146,9 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="runs of each, in turns (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="of the clients' jitter")
     parser.add_argument("--worker", metavar="ROOT", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-model", type=json.loads, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.seed)))
+        print(json.dumps(worker(args.worker, args.seed, args.serve_model)))
         return 0
     trees = {"this checkout": ROOT}
     if args.against:
