@@ -231,10 +231,13 @@ def stream_events_at(server, path, **fields):
     return [json.loads(e) for e in events[:-1]] + ["[DONE]"]
 
 
-def read_to_close(sock: socket.socket) -> bytes:
-    """Everything until the server's end of stream (bounded by the socket's timeout and a count)."""
+def read_to_close(sock: socket.socket, done=None) -> bytes:
+    """Everything until the server's end of stream, or until `done(reply)` holds (bounded by the
+    socket's timeout and a count). A reset ends the reply with "<reset>"."""
     reply = b""
     for _ in range(1000):
+        if done is not None and done(reply):
+            return reply
         try:
             data = sock.recv(65536)
         except ConnectionResetError:
@@ -242,7 +245,7 @@ def read_to_close(sock: socket.socket) -> bytes:
         if not data:
             return reply
         reply += data
-    raise AssertionError("the server did not close the connection")
+    raise AssertionError("the server did not close the connection" if done is None else "the response did not end")
 
 
 def stream_then_hang_up(srv, count: int, **fields) -> bytes:

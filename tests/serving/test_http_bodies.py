@@ -228,20 +228,12 @@ def test_rule8_a_head_of_exactly_the_limit_is_served_and_one_byte_more_is_a_431(
 
 def read_response(sock: socket.socket) -> bytes:
     """One response with a Content-Length: its head and body (bounded by the socket's timeout and a count)."""
-    reply = b""
-    for _ in range(1000):
+    def whole(reply: bytes) -> bool:
         head, sep, body = reply.partition(b"\r\n\r\n")
         length = re.search(rb"(?i)content-length: (\d+)", head)
-        if sep and length and len(body) >= int(length.group(1)):
-            return reply
-        try:
-            data = sock.recv(65536)
-        except ConnectionResetError:
-            return reply + b"<reset>"
-        if not data:
-            return reply
-        reply += data
-    raise AssertionError("the response did not end")
+        return bool(sep and length and len(body) >= int(length.group(1)))
+
+    return read_to_close(sock, whole)
 
 
 def send_ignoring_close(sock: socket.socket, data: bytes) -> None:
