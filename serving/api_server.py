@@ -127,7 +127,7 @@ def read_api_keys_file(path: str) -> dict[str, str]:
     return mapping
 
 
-class CompletionServer:
+class APIServer:
     """An OpenAI-compatible server for one LLMEngine (see start_server): the engine stays in
     this process, stepped by a thread of its own, and the HTTP front end runs in a forked child
     process (`async_llm` says why), or in a thread where there is no fork.
@@ -220,7 +220,7 @@ class CompletionServer:
         for end in self._pipes:
             end.close()
 
-    def __enter__(self) -> CompletionServer:
+    def __enter__(self) -> APIServer:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -391,7 +391,7 @@ def _has_fileno(stream) -> bool:
 
 def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
                  model_name: str | Sequence[str] | None = None, stream_interval: int = 1,
-                 max_n: int | None = None, api_keys: Mapping[str, str] | None = None) -> CompletionServer:
+                 max_n: int | None = None, api_keys: Mapping[str, str] | None = None) -> APIServer:
     """Serve `engine` over HTTP from a background thread (port 0: any free port) and return the
     handle once it accepts connections. The server owns the engine until `close()`.
     `tokenizer`: encodes string prompts and decodes outputs (None: a ByteTokenizer of the model's
@@ -410,7 +410,7 @@ def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=No
     key that called (`APIKeys`), so no two tenants share a block, and a body's `cache_salt` narrows
     its tenant's sharing, never reaches another's (`protocol.request_cache_salt`). Keys of one
     tenant share its cache."""
-    return CompletionServer(engine, host, port, tokenizer=tokenizer, model_name=model_name,
+    return APIServer(engine, host, port, tokenizer=tokenizer, model_name=model_name,
                             stream_interval=stream_interval, max_n=max_n, api_keys=api_keys)
 
 
