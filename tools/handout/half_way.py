@@ -16,8 +16,8 @@ still stubbed has a red test; and that the scoreboard lists no failure pytest di
 DIR's own lab.py (as the copy hands it out); state k > 0 is written to DIR/lab_k<k>.py and run as
 LAB_MODULE=lab_k<k>. With `--graded ROOT` (the autograder zip unpacked in ROOT/source and set up
 by its setup.sh: tools/handout/autograder.py), every state is submitted to the autograder instead, as
-Gradescope would run it, and its grade is checked too (Exercises 1..k full marks, the others 0);
-state 0 also runs in DIR as a student first runs it. Two runs at a time (-j); one line a state
+Gradescope would run it, and its report and grade are checked (Exercises 1..k full marks, the
+others 0); state 0's submission is DIR's own lab.py. Two runs at a time (-j); one line a state
 with its tests, its time and what failed the check. A maintainers' tool (it reads solution.py),
 run by .ci/run on the copy.
 """
@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("dir", type=Path)
     check.add_argument("--states", type=int, nargs="+", help="which k (default: 0..8)")
     check.add_argument("--graded", type=Path, metavar="ROOT",
-                       help="an autograder unpacked in ROOT/source and set up: every state but 0 runs through it "
-                            "(and 0 too, after its run in DIR), its grade checked")
+                       help="an autograder unpacked in ROOT/source and set up: every state runs through it, its "
+                            "report and grade checked")
     check.add_argument("-j", type=int, default=2, help="runs at a time (default 2)")
     check.add_argument("pytest_args", nargs="*", help="after --: passed on to pytest (runs in DIR only)")
     args = parser.parse_args(argv)
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = {(k, "graded"): (grade_state, (folder, args.graded.resolve(), source, k)) for k in states} \
         if args.graded else {}
     jobs |= {(k, "copy"): (check_state, (folder, source, k, args.pytest_args)) for k in states
-             if not args.graded or k == 0}
+             if not args.graded}
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(args.j) as pool:
         # The slowest (most exercises written: the server's tests run) first, so that the
