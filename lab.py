@@ -10,10 +10,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              41-154       checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          155-395      blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   396-964      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      965-1710     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1711-1992    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1993-2296    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2297-2320    the list of exercises, and `__main__`
+   3. Continuous batching                      965-1711     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1712-1993    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        1994-2297    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2298-2321    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -1420,8 +1420,9 @@ class StaticBatchScheduler(Scheduler):
         return worst + (seq.num_samples - 1) * (worst - prompt // size)
 
     def _rejection(self, seq: SequenceState) -> str | None:
-        if self._worst_case(seq) > self.allocator.num_blocks:  # a batch holds a request's samples together
-            return (f"{seq.num_samples} samples of prompt + max_tokens need {self._worst_case(seq)} KV blocks at "
+        need = self._worst_case(seq)
+        if need > self.allocator.num_blocks:  # a batch holds a request's samples together
+            return (f"{seq.num_samples} samples of prompt + max_tokens need {need} KV blocks at "
                     f"once in a static batch, the whole cache has {self.allocator.num_blocks}")
         return super()._rejection(seq)
 

@@ -8,10 +8,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              39-152       checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          153-505      blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   506-1133     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1134-1932    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1933-2268    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2269-2613    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2614-2637    the list of exercises, and `__main__`
+   3. Continuous batching                      1134-1933    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1934-2269    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2270-2614    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2615-2638    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -1642,8 +1642,9 @@ class StaticBatchScheduler(Scheduler):
         return worst + (seq.num_samples - 1) * (worst - prompt // size)
 
     def _rejection(self, seq: SequenceState) -> str | None:
-        if self._worst_case(seq) > self.allocator.num_blocks:  # a batch holds a request's samples together
-            return (f"{seq.num_samples} samples of prompt + max_tokens need {self._worst_case(seq)} KV blocks at "
+        need = self._worst_case(seq)
+        if need > self.allocator.num_blocks:  # a batch holds a request's samples together
+            return (f"{seq.num_samples} samples of prompt + max_tokens need {need} KV blocks at "
                     f"once in a static batch, the whole cache has {self.allocator.num_blocks}")
         return super()._rejection(seq)
 

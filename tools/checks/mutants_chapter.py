@@ -240,7 +240,7 @@ CHAPTER: list[tuple[str, ...]] = [
     ("issue 44: a static batch reserves one sample's blocks for a request's n", 'exercise5 or needs',
      '        return worst + (seq.num_samples - 1) * (worst - prompt // size)', '        return worst'),
     ("issue 44: a static batch admits a request whose samples can never fit together", 'exercise5 or needs',
-     '        if self._worst_case(seq) > self.allocator.num_blocks:  # a batch holds', '        if False:  # a batch holds'),
+     '        if need > self.allocator.num_blocks:  # a batch holds', '        if False:  # a batch holds'),
     # issue 35: the tests through the contract, and the first failures that check their cause
     ('a freed plain block of a caching allocator goes to the evictable queue', 'exercise1',
      'queue = self._evictable if block_id in self._block_hash else self._free',
