@@ -284,13 +284,7 @@ def raw_exchange(server, request_bytes):
     """Everything the server sends back until it closes the connection (bounded)."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
         sock.sendall(request_bytes)
-        reply = b""
-        for _ in range(1000):
-            data = sock.recv(65536)
-            if not data:
-                return reply
-            reply += data
-    raise AssertionError("the server did not close the connection")
+        return read_to_close(sock)
 
 
 BYTES = lab.ModelConfig(**MODEL_CONFIGS["bytes"])  # a byte-level model's shape: the server's request tests
