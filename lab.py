@@ -10,10 +10,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              41-154       checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          155-395      blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   396-964      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      965-1711     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1712-1993    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        1994-2297    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2298-2321    the list of exercises, and `__main__`
+   3. Continuous batching                      965-1718     requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1719-2000    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2001-2304    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2305-2328    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -1263,7 +1263,8 @@ class Scheduler:
 
     Each step, running sequences come first, oldest first, each given its missing tokens (one for a decode, a
     chunk for a prefill) within the `max_num_batched_tokens` budget; then waiting ones, first come first served,
-    while `max_num_seqs`, the budget and free blocks allow. A running sequence that cannot get a block preempts
+    while `max_num_seqs`, the budget and free blocks allow (a request that will fork `n` samples takes its `n`
+    seats at admission: `_try_admit` counts them). A running sequence that cannot get a block preempts
     the most recently admitted running sequence by recompute: its blocks are freed and it waits at the FRONT of
     the queue with every token it produced; it and the scheduler each count it (`num_preemptions`). A step that
     preempted anyone admits nobody (a newcomer would be the next victim).
@@ -1306,6 +1307,8 @@ class Scheduler:
         """Why this request can never finish here (judged on prompt + max_tokens), or None."""
         worst = len(seq.prompt_token_ids) + seq.sampling.max_tokens
         need = blocks_needed(worst, self.allocator.block_size)
+        if seq.num_samples > self.max_num_seqs:
+            return f"n = {seq.num_samples} samples run at once, and max_num_seqs is {self.max_num_seqs}"
         if need > self.allocator.num_blocks:
             return (f"prompt + max_tokens = {worst} tokens need {need} KV blocks of "
                     f"{self.allocator.block_size}, the whole cache has {self.allocator.num_blocks}")
@@ -1334,7 +1337,8 @@ class Scheduler:
         num_new = seq.num_tokens - num_cached
         if self.enable_chunked_prefill:
             num_new = min(num_new, token_budget)
-        if not 0 < num_new <= token_budget or len(self.running) >= self.max_num_seqs:
+        seats = sum(s.num_samples for s in self.running) + seq.num_samples  # its forks' seats too
+        if not 0 < num_new <= token_budget or seats > self.max_num_seqs:
             return 0
         try:
             tokens = seq.token_ids_slice(0, num_cached + num_new)  # a whole prompt is passed on, not copied
@@ -1447,6 +1451,8 @@ class StaticBatchScheduler(Scheduler):
             if reserved + worst > free:
                 break
             num_new = self._try_admit(seq, self.max_num_batched_tokens)
+            if num_new == 0:  # its samples' seats are not left in this batch
+                break
             reserved += worst
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
@@ -1674,6 +1680,7 @@ class LLMEngine:
     def _fork(self, seq: SequenceState, plan: SchedulerOutput) -> list[SequenceState]:
         """The samples of `seq` (`add_request`), its prompt's K/V written: they run on as it does."""
         children = [seq.fork(request) for request in self._forks.pop(seq.request_id, ())]
+        seq.num_samples = 1  # each sample holds the seat it was admitted with
         for child in children:
             child.arrival_time = seq.arrival_time
             child.rng = np.random.default_rng(child.sampling.seed)

@@ -2283,22 +2283,22 @@ def test_engine_asks_the_model_for_one_logits_row_per_sequence(tiny_model):
 
 def forked_run(engine_model, n=3, seed=7):
     """A prompt of 10 tokens (two full blocks of 4 and half of a third) sampled n times by fork:
-    the engine, each step's copy-on-write pairs, and the block tables after the first step."""
-    engine = lab.LLMEngine(engine_model, block_size=4)
-    copies, schedule = [], engine.scheduler.schedule
-
-    def recording_schedule():
-        plan = schedule()
-        copies.append(list(plan.blocks_to_copy))
-        return plan
-
-    engine.scheduler.schedule = recording_schedule
+    the engine, each step's copy-on-write pairs (its COPIED events), and the block tables after the
+    first step."""
+    events = []
+    engine = lab.LLMEngine(engine_model, block_size=4, observer=events.append)
     prompt = random_prompts(1, seed=41, low=10, high=11)[0]
     rid = engine.add_request(prompt, lab.SamplingParams(temperature=1.0, max_tokens=6, seed=seed), n=n)
-    wholes = {}
-    fold(wholes, engine.step())
-    tables = {s.request_id: list(s.block_table.block_ids) for s in engine.scheduler.running}
-    return engine, prompt, rid, drain(engine, wholes), copies, tables
+    wholes, copies = {}, []
+    for step in range(100):
+        if not engine.has_unfinished():
+            break
+        start = len(events)
+        fold(wholes, engine.step())
+        copies.append([e.block_ids for e in events[start:] if e.type == lab.EngineEventType.COPIED])
+        if step == 0:
+            tables = {s.request_id: list(s.block_table.block_ids) for s in engine.scheduler.running}
+    return engine, prompt, rid, wholes, copies, tables
 
 
 @pytest.mark.exercise5
@@ -2328,6 +2328,49 @@ def test_each_forked_sample_gets_the_tokens_of_its_own_request_with_its_seed(eng
     assert forked == alone, rule(
         2, f"the samples drew {forked}, separate requests with seeds 7, 8, 9 draw {alone}: a fork shares the "
            "prompt's K/V, so a copy-on-write that left a copy unwritten (KVCache.copy_blocks) reads garbage")
+
+
+@pytest.mark.exercise5
+@pytest.mark.parametrize("scheduling", ["continuous", "static"])
+def test_a_request_that_forks_takes_a_seat_for_each_of_its_samples(engine_model, scheduling):
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_seqs=4, scheduling=scheduling)
+    for i, prompt in enumerate(random_prompts(3, seed=43, low=5, high=12)):  # 3 x 2 samples for 4 seats
+        engine.add_request(prompt, lab.SamplingParams(temperature=1.0, max_tokens=5, seed=i), n=2)
+    most, wholes = 0, {}
+    for _ in range(200):
+        if not engine.has_unfinished():
+            break
+        fold(wholes, engine.step())
+        most = max(most, len(engine.scheduler.running))
+    assert most <= 4 and len(wholes) == 6 and all(w.finish_reason == "length" for w in wholes.values()), rule(
+        5, f"at most {most} sequences ran at once with max_num_seqs = 4, and {len(wholes)} of the 6 samples "
+           "finished: admit a request only when its n samples fit in the seats left (Scheduler._try_admit)")
+
+
+@pytest.mark.exercise5
+def test_a_forked_request_frees_its_samples_seats_as_they_run_on_their_own(engine_model):
+    engine = lab.LLMEngine(engine_model, block_size=4, max_num_seqs=4)
+    a = engine.add_request([1, 2, 3, 4, 5], lab.SamplingParams(temperature=1.0, max_tokens=8, seed=0), n=2)
+    wholes = {}
+    fold(wholes, engine.step())  # a's prompt runs, and its 2 samples hold 2 of the 4 seats
+    b = engine.add_request([6, 7, 8], lab.SamplingParams(temperature=1.0, max_tokens=2, seed=1), n=2)
+    for _ in range(3):
+        fold(wholes, engine.step())
+    assert b in wholes and wholes[b].finish_reason == "length" and a not in {i for i, w in wholes.items()
+                                                                               if w.finish_reason}, rule(
+        5, f"outputs after 4 steps: { {i: w.finish_reason for i, w in wholes.items()} }: a request of 2 samples "
+           "fits in the 2 seats the running one leaves, and runs at once")
+
+
+@pytest.mark.needs(1)
+def test_a_request_of_more_samples_than_seats_is_rejected_at_once():
+    scheduler = lab.Scheduler(lab.BlockAllocator(64, 4), max_num_seqs=4)
+    too_many = scheduler.add_request(request("five samples", 3, 2), num_samples=5)
+    assert too_many.finish_reason == "rejected" and "max_num_seqs" in too_many.finish_detail, rule(
+        5, "5 samples can never run at once in 4 seats (max_num_seqs), so the request is rejected on arrival, "
+           "not left waiting")
+    fits = scheduler.add_request(request("four samples", 3, 2), num_samples=4)
+    assert fits.finish_reason is None and scheduler.has_unfinished(), rule(5, "4 samples fit in 4 seats")
 
 
 @pytest.mark.exercise5

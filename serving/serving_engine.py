@@ -43,6 +43,8 @@ class Release:
     `cap` (>= n) of the response's choices run at once, the next prompt as soon as its n fit."""
 
     def __init__(self, requests: list, n: int, cap: int):
+        if not 1 <= n <= cap:  # else no prompt ever fits, and the response would wait forever
+            raise ValueError(f"n must be 1..cap ({cap}), got {n}")
         self.ready = collections.deque(requests)
         self.running: set[str] = set()  # the samples in the engine
         self.n, self.cap = n, cap
