@@ -231,9 +231,10 @@ def stream_events_at(server, path, **fields):
     return [json.loads(e) for e in events[:-1]] + ["[DONE]"]
 
 
-def read_to_close(sock: socket.socket, done=None) -> bytes:
+def read_to_close(sock: socket.socket, done=None, allow_reset: bool = True) -> bytes:
     """Everything until the server's end of stream, or until `done(reply)` holds (bounded by the
-    socket's timeout and a count). A reset ends the reply with "<reset>"."""
+    socket's timeout and a count). A reset ends the reply with "<reset>", or, unless `allow_reset`,
+    fails the test: the server must close, not reset."""
     reply = b""
     for _ in range(1000):
         if done is not None and done(reply):
@@ -241,6 +242,8 @@ def read_to_close(sock: socket.socket, done=None) -> bytes:
         try:
             data = sock.recv(65536)
         except ConnectionResetError:
+            if not allow_reset:
+                raise AssertionError(f"the server reset the connection instead of closing it, after {reply[:120]!r}") from None
             return reply + b"<reset>"
         if not data:
             return reply
@@ -284,7 +287,7 @@ def raw_exchange(server, request_bytes):
     """Everything the server sends back until it closes the connection (bounded)."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
         sock.sendall(request_bytes)
-        return read_to_close(sock)
+        return read_to_close(sock, allow_reset=False)
 
 
 BYTES = lab.ModelConfig(**MODEL_CONFIGS["bytes"])  # a byte-level model's shape: the server's request tests

@@ -242,7 +242,7 @@ def streamed_post_to_close(server, fields) -> tuple[bytes, list[bytes], bytes]:
     with socket.create_connection(("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(body), body))
-        reply = read_to_close(sock)
+        reply = read_to_close(sock, allow_reset=False)
     head, _, rest = reply.partition(b"\r\n\r\n")
     text = b""
     while rest:  # the chunked coding: a size in hex, CRLF, the data, CRLF; size 0 ends the body
