@@ -243,7 +243,8 @@ def read_to_close(sock: socket.socket, done=None, allow_reset: bool = True) -> b
             data = sock.recv(65536)
         except ConnectionResetError:
             if not allow_reset:
-                raise AssertionError(f"the server reset the connection instead of closing it, after {reply[:120]!r}") from None
+                raise AssertionError(
+                    f"the server reset the connection instead of closing it, after {reply[:120]!r}") from None
             return reply + b"<reset>"
         if not data:
             return reply
