@@ -321,7 +321,7 @@ def test_the_benchmarks_import_the_module_they_measure_and_it_never_imports_them
 # --- modules a reader holds (issue 44) -----------------------------------------------------------
 
 MAX_MODULE_LINES, MAX_FOLDER_MODULES, MAX_FUNCTION_LINES = 600, 12, 60
-# The top level is the user's (DEVELOPERS.md): the chapter, the lab generated from it and the students'
+# The top level is fixed by the project's owner: the chapter, the lab generated from it and the students'
 # spec are as long as the chapter needs, and the user decides their size there. Their functions are held
 # to the fence all the same, but for the chapter's exercises (a function that holds a `# BEGIN SOLUTION`
 # region, or its stub in lab.py): a student's answer is as long as the student writes it.
