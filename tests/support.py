@@ -19,6 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import course
@@ -297,3 +298,17 @@ BYTES = lab.ModelConfig(**MODEL_CONFIGS["bytes"])  # a byte-level model's shape:
 def chat_request(payload: dict):
     """A chat body parsed as the server parses it, for the byte-level model."""
     return serving_chat.parse_chat_request(served_model(BYTES, ByteTokenizer(256)), json.dumps(payload).encode())
+
+
+def log_softmax(row) -> np.ndarray:
+    """log p of a logits row, in float64: the reference the server's logprobs are held to."""
+    row = np.asarray(row, dtype=np.float64)
+    return row - row.max() - np.log(np.exp(row - row.max()).sum())
+
+
+class EosTokenizer(ByteTokenizer):
+    """A byte tokenizer whose token `eos_token_id` is the end of text."""
+
+    def __init__(self, vocab_size, eos_token_id):
+        super().__init__(vocab_size)
+        self.eos_token_id = eos_token_id

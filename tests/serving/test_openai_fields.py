@@ -18,6 +18,7 @@ from conftest import lab
 from serving import api_server, protocol
 from tests.support import (
     HTTP_TIMEOUT,
+    EosTokenizer,
     answered,
     api_engine,
     at_once,
@@ -26,6 +27,7 @@ from tests.support import (
     error_of,
     greedy_reference,
     http_call,
+    log_softmax,
     random_prompts,
     read_to_close,
     served_model,
@@ -33,11 +35,6 @@ from tests.support import (
 )
 
 # --- logprobs, prompt logprobs and the end-of-text token, checked against the model itself ------
-
-
-def log_softmax(row):
-    row = np.asarray(row, dtype=np.float64)
-    return row - row.max() - np.log(np.exp(row - row.max()).sum())
 
 
 def ids_of(top: dict) -> dict[int, float]:
@@ -81,14 +78,6 @@ def test_rule4_prompt_logprobs_score_every_prompt_token_but_the_first(server, en
             assert entry["logprob"] == pytest.approx(want[prompt[t]], abs=1e-4), (
                 f"prompt token {t}: its logprob under the logits of position t - 1")
             assert entry["rank"] == 1 + int((want > want[prompt[t]]).sum()), "rank: 1 + the tokens more likely"
-
-
-class EosTokenizer(ByteTokenizer):
-    """A byte tokenizer whose token `eos_token_id` is the end of text."""
-
-    def __init__(self, vocab_size, eos_token_id):
-        super().__init__(vocab_size)
-        self.eos_token_id = eos_token_id
 
 
 @pytest.mark.needs(5)

@@ -11,7 +11,6 @@ import threading
 import time
 import types
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,10 +24,12 @@ from tests.serving.test_sampling import api_sampling, reference_run
 from tests.support import (
     HTTP_TIMEOUT,
     MODEL_CONFIGS,
+    EosTokenizer,
     api_engine,
     complete,
     error_of,
     http_call,
+    log_softmax,
     read_labelled,
     stream_events_at,
     stream_then_hang_up,
@@ -91,15 +92,9 @@ def test_samples_under_memory_pressure_or_static_batching_still_equal_their_sing
         assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, f"{options}: blocks leaked"
 
 
-class EosTokenizer(ByteTokenizer):
-    """A byte tokenizer whose token 9 is the end of text."""
-
-    eos_token_id = 9
-
-
 @pytest.mark.needs(5)
 def test_every_sample_inherits_the_end_of_text_rule_and_the_sampling_fields(engine_model):
-    with serving.start_server(api_engine(engine_model), tokenizer=EosTokenizer(64)) as srv:
+    with serving.start_server(api_engine(engine_model), tokenizer=EosTokenizer(64, 9)) as srv:
         body = complete(srv, prompt=PROMPT, n=4, seed=3, temperature=1.0, max_tokens=40, logit_bias={"9": 4},
                         return_token_ids=True)
         kept = complete(srv, prompt=PROMPT, n=4, seed=3, temperature=1.0, max_tokens=40, logit_bias={"9": 4},
@@ -234,11 +229,6 @@ def test_a_streamed_chats_samples_are_its_single_requests_seeded_seed_plus_their
     for j in range(3):
         want, _ = reference_run(model, prompts[j], api_sampling(temperature=1.0, seed=8 + j, max_tokens=5))
         assert tokens[j] == want, f"streamed chat choice {j} must be what the request alone draws with seed {8 + j}"
-
-
-def log_softmax(row):
-    row = np.asarray(row, dtype=np.float64)
-    return row - row.max() - np.log(np.exp(row - row.max()).sum())
 
 
 @pytest.mark.needs(5)

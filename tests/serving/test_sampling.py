@@ -14,7 +14,7 @@ import pytest
 from conftest import lab
 from serving import sampling
 from test_lab import ROW, assert_drawn_from_the_kept_tokens, reference_draws  # the chapter sampler's row and reference
-from tests.support import random_prompts
+from tests.support import log_softmax, random_prompts
 
 CORE = ("temperature", "max_tokens", "seed", "stop_token_ids", "top_k", "top_p")
 
@@ -173,11 +173,6 @@ def test_token_logprobs_are_the_raw_log_softmax_with_the_sampled_token_first():
             assert value.logprob == pytest.approx(log_softmax(row)[token], abs=1e-5)
             assert value.rank == 1 + (log_softmax(row) > log_softmax(row)[token]).sum(), "rank 1 is the most likely"
     assert list(sampling.token_logprobs(logits[:1], [1], 2)[0]) == [1, 3], "a sampled token in the top k appears once"
-
-
-def log_softmax(row):
-    row = np.asarray(row, dtype=np.float64)
-    return row - row.max() - np.log(np.exp(row - row.max()).sum())
 
 
 @pytest.mark.provided
