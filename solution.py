@@ -8,10 +8,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              39-152       checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          153-505      blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   506-1133     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1134-1940    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1941-2276    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2277-2621    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2622-2645    the list of exercises, and `__main__`
+   3. Continuous batching                      1134-1939    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1940-2275    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2276-2620    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2621-2644    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -1432,11 +1432,10 @@ class Scheduler:
 
     Each step, running sequences come first, oldest first, each given its missing tokens (one for a decode, a
     chunk for a prefill) within the `max_num_batched_tokens` budget; then waiting ones, first come first served,
-    while `max_num_seqs`, the budget and free blocks allow (a request that will fork `n` samples takes its `n`
-    seats at admission: `_try_admit` counts them). A running sequence that cannot get a block preempts
-    the most recently admitted running sequence by recompute: its blocks are freed and it waits at the FRONT of
-    the queue with every token it produced; it and the scheduler each count it (`num_preemptions`). A step that
-    preempted anyone admits nobody (a newcomer would be the next victim).
+    while `max_num_seqs` (a seat per sample), the budget and free blocks allow. A running sequence that cannot
+    get a block preempts the most recently admitted running sequence by recompute: its blocks are freed and it
+    waits at the FRONT of the queue with every token it produced; it and the scheduler each count it
+    (`num_preemptions`). A step that preempted anyone admits nobody (a newcomer would be the next victim).
 
     Liveness: the oldest running sequence is never preempted for a newer one, and a request whose
     worst case cannot fit in the whole cache is rejected on arrival."""

@@ -129,8 +129,9 @@ def test_the_chapter_stays_a_chapter_and_each_reading_map_says_where():
     starts = [i for i, line in enumerate(lines) if re.match(r"# \d+\. ", line)]
     batching = next(i for i in starts if lines[i].startswith("# 3. "))
     section3 = starts[starts.index(batching) + 1] - batching
-    # 700 until issue 44 added the engine's events to it (784 lines then).
-    assert section3 <= 800, f"section 3 (continuous batching) is {section3} lines, at most 800"
+    # 700 until the engine's events joined it (784 lines then); 810 since a request that forks takes a
+    # seat for each of its samples (the admission, the rejection and the fork: 806 lines then).
+    assert section3 <= 810, f"section 3 (continuous batching) is {section3} lines, at most 810"
     tree = ast.parse(solution)
     for name in ("Scheduler", "LLMEngine"):
         node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
