@@ -7,13 +7,13 @@ Reading map (this file's own line numbers): the chapter, read top to bottom, eac
 the ideas it needs; the exercises' own code is an afternoon, the whole file a day.
 
    section                                     lines        what it holds
-   0. Conventions                              41-154       checked arguments: what the exercises start from
-   1. Paged KV-cache (PagedAttention)          155-395      blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   396-964      a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      965-1717     requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1718-1999    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2000-2303    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2304-2327    the list of exercises, and `__main__`
+   0. Conventions                              42-155       checked arguments: what the exercises start from
+   1. Paged KV-cache (PagedAttention)          156-396      blocks, allocator, block tables, prefix cache (Ex. 1-3)
+   2. The model and the paged attention path   397-1036     a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      1037-1789    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1790-2071    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2072-2375    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2376-2399    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -754,6 +755,72 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     raise NotImplementedError("Exercise 4: paged_attention")
 
 
+# --- the model's products, split over a CPU's cores -----------------------------------------
+#
+# On a CPU a step's time is its products with the weights (docs/performance.md): each weight
+# matrix is read from memory once a step and, at 16 rows, multiplied on one core. NumPy lets
+# threads multiply at once (BLAS runs without the GIL), so the model splits each big product
+# over a few threads the two ways tensor parallelism splits a layer over GPUs: by the weight's
+# columns (vLLM's ColumnParallelLinear: each thread owns whole output columns, nothing to add
+# up) and, for the one row of a lone decode, by its rows (RowParallelLinear: partial products
+# added, the all-reduce). A thread takes the next slice whenever it is free, so one whose core
+# another job holds does less of the product instead of holding it back. OpenBLAS's own threads
+# stay at one (`serve` pins them): they spin while they wait, and a busy core stalls them all.
+
+SLICES_PER_THREAD = 2  # a few slices each: a late thread leaves its share to the others
+# A product is split only where each slice holds this much of b (1 MiB of float32): reading it
+# takes several times what waking a worker does (tens of microseconds; docs/performance.md).
+MIN_SLICE_ELEMENTS = 2**18
+
+
+class ThreadedMatmul:
+    """`a @ b` for 2-D float32 `a` (M, K) and `b` (K, N), split over `num_threads` threads: the
+    caller's and `num_threads - 1` workers. With one thread, or a `b` too small for slices of
+    `MIN_SLICE_ELEMENTS`, it is `a @ b` on the caller's thread. Otherwise the result equals
+    `a @ b` up to float32 rounding, and is the same from call to call whichever thread took
+    which slice: rows (M > 1) are split by b's columns, each column the same dot products as in
+    `a @ b`; a single row (a matrix-vector product, which reads b's rows faster than its column
+    slices) by b's rows, the slices' partial products added in order."""
+
+    def __init__(self, num_threads: int = 1):
+        self.num_threads = check_int("num_threads", num_threads, 1)
+        self._workers = (ThreadPoolExecutor(num_threads - 1, thread_name_prefix="matmul")
+                         if num_threads > 1 else None)
+
+    def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        (m, k), n = a.shape, b.shape[1]
+        if self._workers is None or k * n < self.num_threads * SLICES_PER_THREAD * MIN_SLICE_ELEMENTS:
+            return a @ b
+        dtype = np.result_type(a, b)
+        if m == 1:
+            slices = self._slices(k)
+            parts = np.empty((len(slices), n), dtype)
+            self._run(lambda i, j: np.matmul(a[:, j], b[j], out=parts[i:i + 1]), slices)
+            return parts.sum(axis=0, keepdims=True)
+        out = np.empty((m, n), dtype)
+        self._run(lambda i, j: np.matmul(a, b[:, j], out=out[:, j]), self._slices(n))
+        return out
+
+    def _slices(self, length: int) -> list[slice]:
+        """`range(length)` cut into about SLICES_PER_THREAD slices a thread, in whole 64-element blocks."""
+        share = -(-length // (self.num_threads * SLICES_PER_THREAD))
+        width = -(-share // 64) * 64
+        return [slice(j, j + width) for j in range(0, length, width)]
+
+    def _run(self, task: Callable[[int, slice], object], slices: list[slice]) -> None:
+        """`task(i, slices[i])` for every slice, each on whichever thread asks first."""
+        todo = iter(enumerate(slices))  # shared: its next() hands each slice out once
+
+        def work() -> None:
+            for i, j in todo:
+                task(i, j)
+
+        pending = [self._workers.submit(work) for _ in range(self.num_threads - 1)]
+        work()
+        for worker in pending:
+            worker.result()
+
+
 # --- the model: a reference path and the serving path -------------------------------------
 
 
@@ -806,10 +873,13 @@ def _check_logits_indices(logits_indices, num_rows: int) -> np.ndarray | None:
 
 
 class ToyTransformer:
-    """GPT-2: learned positions, pre-LayerNorm blocks, fused qkv, tanh-GELU MLP, tied LM head."""
+    """GPT-2: learned positions, pre-LayerNorm blocks, fused qkv, tanh-GELU MLP, tied LM head.
+    `num_threads` threads share each big product with the weights (`ThreadedMatmul`)."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray] | None = None, seed: int = 0):
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray] | None = None, seed: int = 0,
+                 num_threads: int = 1):
         self.config = config
+        self.matmul = ThreadedMatmul(num_threads)
         self.weights = _checked_gpt2_weights(config, init_gpt2_weights(config, seed) if weights is None else weights)
         w = self.weights
         self.layers = [{name.split(".", 2)[2]: w[name] for name in w if name.startswith(f"h.{i}.")}
@@ -823,14 +893,15 @@ class ToyTransformer:
     def _qkv(self, x: np.ndarray, layer: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The block's first half, up to attention: q, k, v = split(LN_1(x) W_attn + b_attn)."""
         T, H, D = x.shape[0], self.config.n_head, self.config.head_dim
-        qkv = self._ln(x, layer, "ln_1") @ layer["attn.c_attn.weight"] + layer["attn.c_attn.bias"]  # (T, 3C)
+        qkv = self.matmul(self._ln(x, layer, "ln_1"), layer["attn.c_attn.weight"])  # (T, 3C)
+        qkv += layer["attn.c_attn.bias"]
         return tuple(qkv.reshape(T, 3, H, D).transpose(1, 0, 2, 3))  # q, k, v: (T, H, D) each
 
     def _finish_layer(self, x: np.ndarray, attn: np.ndarray, layer: dict) -> np.ndarray:
         """The block's second half, given attention's output (T, H, D): two residual adds."""
-        x = x + attn.reshape(x.shape) @ layer["attn.c_proj.weight"] + layer["attn.c_proj.bias"]  # (T, C)
-        h = _gelu(self._ln(x, layer, "ln_2") @ layer["mlp.c_fc.weight"] + layer["mlp.c_fc.bias"])  # (T, 4C)
-        return x + h @ layer["mlp.c_proj.weight"] + layer["mlp.c_proj.bias"]  # (T, C)
+        x = x + self.matmul(attn.reshape(x.shape), layer["attn.c_proj.weight"]) + layer["attn.c_proj.bias"]  # (T, C)
+        h = _gelu(self.matmul(self._ln(x, layer, "ln_2"), layer["mlp.c_fc.weight"]) + layer["mlp.c_fc.bias"])  # (T, 4C)
+        return x + self.matmul(h, layer["mlp.c_proj.weight"]) + layer["mlp.c_proj.bias"]  # (T, C)
 
     def _embed(self, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """x_0 = wte[token] + wpe[position]: (T,) ids -> (T, C)."""
@@ -839,7 +910,8 @@ class ToyTransformer:
     def _logits(self, x: np.ndarray) -> np.ndarray:
         """LN_f(x) wte^T, the LM head tied to the embedding: (T, C) -> (T, V)."""
         w = self.weights
-        return _layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], self.config.layer_norm_epsilon) @ w["wte.weight"].T
+        return self.matmul(_layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], self.config.layer_norm_epsilon),
+                           w["wte.weight"].T)
 
     # --- the reference path ----------------------------------------------------------
 

@@ -3347,6 +3347,58 @@ def test_bad_weights_are_a_value_error_naming_the_tensor(edit, name):
         lab.ToyTransformer(config, weights)
 
 
+@pytest.mark.provided
+@pytest.mark.parametrize("num_threads", [2, 3])
+@pytest.mark.parametrize("m, k, n", [(1, 768, 4096), (16, 768, 4096), (5, 777, 4099), (16, 64, 64)],
+                         ids=["one-row", "sixteen-rows", "odd-sizes", "too-small-to-split"])
+def test_a_product_split_over_threads_equals_the_plain_product(num_threads, m, k, n):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    split = k * n >= num_threads * lab.SLICES_PER_THREAD * lab.MIN_SLICE_ELEMENTS
+    assert split == (n != 64), "the first three products are big enough to split, the last is not"
+    got = lab.ThreadedMatmul(num_threads)(a, b)
+    assert got.shape == (m, n) and got.dtype == np.float32, f"a @ b is ({m}, {n}) float32, got {got.dtype} {got.shape}"
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-4 * np.sqrt(k),
+                               err_msg=f"{num_threads} threads compute every slice of a @ b, each once")
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("m", [1, 16])
+def test_a_split_product_is_the_same_from_call_to_call(m):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((m, 768), dtype=np.float32)
+    b = rng.standard_normal((768, 8192), dtype=np.float32)
+    matmul = lab.ThreadedMatmul(3)
+    first = matmul(a, b)
+    for _ in range(5):
+        np.testing.assert_array_equal(matmul(a, b), first, err_msg="whichever thread takes which slice, the "
+                                                                   "product is summed the same way every call")
+
+
+# Provided code (the threads the model's products take), run on Exercises 1-5's engine.
+@pytest.mark.needs(5)
+def test_the_engine_writes_the_same_tokens_whatever_its_threads():
+    config = lab.ModelConfig(vocab_size=4096, n_positions=64, n_embd=512, n_layer=2, n_head=8)
+    weights = lab.init_gpt2_weights(config, seed=3)
+    assert 512 * 2048 >= 2 * lab.SLICES_PER_THREAD * lab.MIN_SLICE_ELEMENTS, "the MLP's products split over 2 threads"
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 4096, int(rng.integers(3, 20))).tolist() for _ in range(16)]
+    outputs = {}
+    for num_threads in (1, 2):
+        engine = lab.LLMEngine(lab.ToyTransformer(config, weights, num_threads=num_threads), num_blocks=64,
+                               block_size=8, max_num_seqs=16)
+        outputs[num_threads] = [o.output_token_ids for o in engine.generate(prompts, lab.SamplingParams(max_tokens=6))]
+    assert outputs[2] == outputs[1], "threads share the model's products: the tokens are the same with 1 or 2"
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("bad", [0, 1.0, True])
+def test_num_threads_is_an_int_of_at_least_one(bad):
+    with pytest.raises((TypeError, ValueError), match="num_threads"):
+        lab.ToyTransformer(lab.ModelConfig(**TINY), num_threads=bad)
+
+
 # --- an int8 KV cache ---------------------------------------------------------------------
 
 

@@ -25,17 +25,18 @@ DEFAULT_PROMPT = ("The city council met on Tuesday to discuss the new budget. Af
                   "agreed that")
 
 
-def checkpoint_engine(lab: ModuleType, model_dir: str | os.PathLike, max_num_seqs: int = 4,
+def checkpoint_engine(lab: ModuleType, model_dir: str | os.PathLike, max_num_seqs: int = 4, num_threads: int = 1,
                       **engine_kwargs) -> tuple[object, GPT2Tokenizer]:
     """`(lab.LLMEngine, tokenizer)` for a checkpoint, its KV-cache sized for `max_num_seqs`
-    sequences of the model's full length (n_positions = the server's max_model_len). The server
+    sequences of the model's full length (n_positions = the server's max_model_len), the model's
+    products split over `num_threads` threads. The server
     installs the API's logits processors with the tokenizer's `<|endoftext|>` (min_tokens holds
     it back) when it is handed the engine.
 
     GPT-2 124M holds 73.7 KB of float32 K/V per token (2 x 12 layers x 768), so the default 4 x
     1024 tokens take 302 MB; the engine's own default of 64 sequences would take 4.8 GB.
     """
-    model, tokenizer = load_gpt2(lab, model_dir)
+    model, tokenizer = load_gpt2(lab, model_dir, num_threads)
     return lab.LLMEngine(model, max_num_seqs=max_num_seqs, **engine_kwargs), tokenizer
 
 

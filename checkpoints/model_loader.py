@@ -259,8 +259,9 @@ def _gpt2_weights(path: str) -> dict[str, np.ndarray]:
     return weights
 
 
-def load_gpt2(lab: ModuleType, path: str | os.PathLike) -> tuple[object, GPT2Tokenizer]:
-    """A Hugging Face GPT-2 directory as `(lab.ToyTransformer, GPT2Tokenizer)`.
+def load_gpt2(lab: ModuleType, path: str | os.PathLike, num_threads: int = 1) -> tuple[object, GPT2Tokenizer]:
+    """A Hugging Face GPT-2 directory as `(lab.ToyTransformer, GPT2Tokenizer)`, the model's
+    products split over `num_threads` threads.
 
     Reads `config.json` (`gpt2_config`), `model.safetensors` (`read_safetensors`: F32, F16 or
     BF16; names with or without the `transformer.` prefix; `lm_head.weight` may be present and
@@ -283,7 +284,7 @@ def load_gpt2(lab: ModuleType, path: str | os.PathLike) -> tuple[object, GPT2Tok
         raise ValueError(f"{weights_path}: no such file; a GPT-2 directory holds its weights in model.safetensors")
     config = gpt2_config(lab, os.path.join(path, "config.json"))
     try:
-        model = lab.ToyTransformer(config, _gpt2_weights(weights_path))
+        model = lab.ToyTransformer(config, _gpt2_weights(weights_path), num_threads=num_threads)
     except ValueError as exc:
         message = str(exc)
         if not message.startswith(weights_path):

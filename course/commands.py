@@ -40,6 +40,17 @@ from .status import status_report
 # like requests (prompt + output <= 512 tokens).
 SERVE_MODEL = dict(vocab_size=256, n_positions=512, n_embd=64, n_layer=2, n_head=4)
 
+# `serve` splits the model's big products over the CPUs it may run on, up to a few.
+MAX_DEFAULT_THREADS = 8
+
+
+def default_num_threads() -> int:
+    """The CPUs this process may run on (its affinity, which a container or `taskset` narrows), at
+    most MAX_DEFAULT_THREADS."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    return max(1, min(len(cpus), MAX_DEFAULT_THREADS))
+
+
 CPU_OVERHEAD_HELP = (f"the engine's CPU time per step in the measured cost (default {CPU_OVERHEAD_S * 1e3:g}: vLLM's "
                      "synchronous loop; 0: an engine that overlaps it with the GPU)")
 
@@ -259,6 +270,9 @@ def _serve_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str
     parser.add_argument("--stream-interval", type=positive(int), default=1,
                         help="tokens per streamed chunk (SGLang's flag): fewer, larger events for more throughput")
     parser.add_argument("--max-num-batched-tokens", type=positive(int), default=512)
+    parser.add_argument("--num-threads", type=positive(int), default=default_num_threads(),
+                        help="threads that share each big product of the model (default: the CPUs this process may "
+                             f"run on, at most {MAX_DEFAULT_THREADS}; docs/performance.md)")
     parser.add_argument("--no-chunked-prefill", action="store_true")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the K/V of cached prompt blocks (on by default, as in vLLM V1); the samples of "
@@ -291,13 +305,13 @@ def _serve(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
                    enable_prefix_caching=args.enable_prefix_caching,
                    enable_chunked_prefill=not args.no_chunked_prefill)
     if args.model:  # max_model_len is the checkpoint's n_positions; the KV-cache fits max_num_seqs of them
-        engine, tokenizer = checkpoint_engine(lab, args.model, args.max_num_seqs or 4, **options)
+        engine, tokenizer = checkpoint_engine(lab, args.model, args.max_num_seqs or 4, args.num_threads, **options)
         # The directory's name, and the --model string as given (vLLM's name for it)
         names = args.served_model_name or list(dict.fromkeys([os.path.basename(os.path.normpath(args.model)),
                                                               args.model]))
     else:
         model = lab.ToyTransformer(lab.ModelConfig(**{k: getattr(args, k) for k in SERVE_MODEL}),
-                                   seed=args.seed)
+                                   seed=args.seed, num_threads=args.num_threads)
         engine = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs or 64,
                                **options)
         tokenizer, names = None, args.served_model_name

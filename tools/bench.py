@@ -8,6 +8,7 @@ bench_request_trip.py), run from this table.
                                                #   trace, events, shortcuts, request-trip, vs-transformers
                                                #   (needs torch + transformers, never a dependency)
     python tools/bench.py blas-threads         # not in "all": 1 vs 2 OpenBLAS threads; serving-threads likewise
+    python tools/bench.py step-profile         # not in "all": GPT-2 124M's decode step by part, beside the floors
     python tools/bench.py attention --module lab   # time YOUR kernel (lab.py) instead
 
 `python solution.py bench [which]` runs this file. It imports the module it measures (never the
@@ -36,11 +37,13 @@ import bench_request_trip  # noqa: E402
 import bench_serving  # noqa: E402
 import bench_shortcuts  # noqa: E402
 import bench_speculative  # noqa: E402
+import bench_step_profile  # noqa: E402
 import bench_trace  # noqa: E402
 import bench_vs_transformers  # noqa: E402
 
 MODULES = (bench_common, bench_attention, bench_decode, bench_kv_int8, bench_batching, bench_speculative,
-           bench_serving, bench_blas_threads, bench_vs_transformers, bench_trace, bench_shortcuts)
+           bench_serving, bench_blas_threads, bench_vs_transformers, bench_trace, bench_shortcuts,
+           bench_step_profile)
 
 
 def use_module(name: str, clock=time.perf_counter) -> None:
@@ -64,10 +67,11 @@ BENCHMARKS = {
     "request-trip": lambda args: bench_request_trip.main(["--module", args.module]),
     "vs-transformers": lambda args: bench_vs_transformers.bench_vs_transformers(log=print),
     "blas-threads": lambda args: print(bench_blas_threads.bench_blas_threads()),
+    "step-profile": lambda args: bench_step_profile.bench_step_profile(log=print),
     "serving-threads": lambda args: [bench_serving.bench_serving(blas_threads=n, log=print) for n in (1, 2)],
 }
 
-NOT_IN_ALL = ("blas-threads", "serving-threads")  # what-if measurements, each minutes long
+NOT_IN_ALL = ("blas-threads", "serving-threads", "step-profile")  # what-if measurements, or minutes long
 
 
 def main(argv: list[str] | None = None) -> int:

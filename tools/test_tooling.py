@@ -117,14 +117,12 @@ def test_the_chapter_stays_a_chapter_and_each_reading_map_says_where():
     solution, lab_text = (ROOT / "solution.py").read_text(), generated_lab_text()
     titles = [int(m.group(1)) for line in solution.split("\n") if (m := re.match(r"# (\d+)\. ", line))]
     assert titles == sorted(titles), f"sections must come in their numbered order, found {titles}"
-    # The fence: the mechanisms and their checks. What vLLM's API adds (serving/sampling.py), what
-    # runs the chapter (server, simulator, scenarios, command line) and what measures it live beside.
-    # Raised from 2,500 and 2,200 by 150 and 130 (issue 44): the engine's events (96 lines: what an
-    # observer is told, the allocator that reports, the scheduler's and the engine's part) and the
-    # assignments that packed unrelated values into one line, unpacked (27); it was 2,622 then.
-    assert solution.count("\n") <= 2650 and lab_text.count("\n") <= 2330, (
-        f"solution.py has {solution.count(chr(10))} lines (at most 2,650) and lab.py {lab_text.count(chr(10))} "
-        "(at most 2,330): what a student need not read belongs in serving/ or tools/")
+    # The day's reading: the mechanisms and their checks. What vLLM's API adds (serving/sampling.py),
+    # what runs the chapter (server, simulator, scenarios, command line) and what measures it live
+    # beside. lab.py is the same file with the exercises' bodies cut, so one budget holds both.
+    assert solution.count("\n") <= 3000, (
+        f"solution.py has {solution.count(chr(10))} lines, more than a day's reading (3,000): what a student "
+        "need not read belongs in serving/ or tools/")
     lines = solution.split("\n")
     starts = [i for i, line in enumerate(lines) if re.match(r"# \d+\. ", line)]
     batching = next(i for i in starts if lines[i].startswith("# 3. "))

@@ -40,6 +40,8 @@ CHAPTER: list[tuple[str, ...]] = [
      '            self.allocator.register(self.block_ids[i], hashes[i])\n', '            pass\n'),
     ('a fully cached prompt reuses (and rewrites) its last cached block', 'exercise3',
      'return run[:-1] if run and len(run) * self.block_size >= num_tokens else run', 'return run'),
+    ("a product's last slice is never computed", 'provided',
+     'todo = iter(enumerate(slices))', 'todo = iter(enumerate(slices[:-1]))'),
     ("attend before writing the new token's K/V", 'exercise4',
      '            kv_cache.write(i, batch.slots, k, v)  #', '            kv_cache.write(i, batch.slots, k * 0.0, v * 0.0)  #'),
     ('causal mask off by one inside a prefill chunk', 'exercise4',
