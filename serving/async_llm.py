@@ -286,8 +286,7 @@ class EngineCore:
         self._forks: dict[str, list[str]] = {}  # request id -> its samples' ids, until its first output
         self._logprobs = sampling.logprobs_of(engine)
         self._lab = sys.modules[type(engine).__module__]  # the module whose checks the engine runs
-        self.counts = StepCounts(engine.allocator.enable_prefix_caching)  # /metrics' per-step counters
-        engine.scheduler.observer = _also(engine.scheduler.observer, self.counts.observe)
+        self.counts = StepCounts.attached(engine)  # /metrics' per-step counters
         self._answered = self._gone = False
         self._send_lock = threading.Lock()  # `close` sends from the caller's thread
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -478,17 +477,6 @@ class EngineCore:
                 "kv_usage": 1.0 - free / allocator.num_blocks, "preemptions": engine.num_preemptions,
                 "queries": self.counts.queries, "hits": self.counts.hits,
                 "iteration_tokens": self.counts.iteration_tokens}
-
-
-def _also(observer, another):
-    """An observer that tells `observer` (if any) of each event, then `another`."""
-    if observer is None:
-        return another
-
-    def both(event) -> None:
-        observer(event)
-        another(event)
-    return both
 
 
 class AsyncLLM:

@@ -50,6 +50,18 @@ class StepCounts:
         self._scheduled: dict[str, int] = {}  # request id -> tokens scheduled in this step
         self._computed_prompt: dict[str, int] = {}  # request id -> its prompt tokens not cached, until its first token
 
+    @classmethod
+    def attached(cls, engine) -> StepCounts:
+        """Counts for `engine`, told of its scheduler's events after any observer it already had."""
+        counts, previous = cls(engine.allocator.enable_prefix_caching), engine.scheduler.observer
+
+        def observe(event) -> None:
+            if previous is not None:
+                previous(event)
+            counts.observe(event)
+        engine.scheduler.observer = observe
+        return counts
+
     def before_step(self, waiting) -> None:
         """Before a step: `waiting`, the scheduler's queue."""
         self._new = {s.request_id: s for s in waiting if not s.num_preemptions and not s.output_token_ids}

