@@ -56,12 +56,13 @@ def test_vllms_metrics_are_summed_over_engines_and_split_by_finished_reason():
     assert found["steps <= 16384"] == found["vllm:iteration_tokens_total_count"], (
         "the last finite bucket of tokens per step holds every step here (le is read as a number: vLLM writes 1.0)")
     assert found["finished length"] > 0 and found["vllm:generation_tokens_total"] > 0
+    assert found["running now"] == 0, "the gauge of running requests, as it was when recorded"
 
 
 def test_the_labs_metrics_read_under_the_same_names():
     found = readings.counters((RECORDED / "lab-metrics.txt").read_text())
     assert found["vllm:prompt_tokens_total"] == 130 and found["vllm:prefix_cache_hits_total"] == 16
-    assert found["finished length"] == 16 and found["finished abort"] == 0
+    assert found["finished length"] == 16 and found["finished abort"] == 0 and found["running now"] == 0
     assert found["steps <= 1"] <= found["steps <= 8"] <= found["vllm:iteration_tokens_total_count"], "cumulative"
 
 

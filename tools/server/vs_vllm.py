@@ -325,16 +325,35 @@ def pressure_workload(seed: int = 1) -> tuple[list[dict], float]:
     return payloads, math.inf
 
 
+def client_leaves(server: Server, events: int = 3) -> None:
+    """One streamed request for 200 tokens whose client closes its connection after `events` events,
+    as a client that gives up; returns once the server runs nothing (at most 60 s)."""
+    body = json.dumps({"model": MODEL_NAME, "prompt": list(range(1, 33)), "max_tokens": 200, "stream": True,
+                       "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        reply = b""
+        while reply.count(b"data: ") < events and (data := sock.recv(4096)):
+            reply += data
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline and server.metrics().get("running now", 1) > 0:
+        time.sleep(0.5)
+
+
 def run_behaviour(lab, server: Server, payloads: list[dict], rate: float) -> dict[str, float]:
-    """Send `payloads` with the lab's load client; what /metrics counted meanwhile, and what the
-    client saw ("client: ..." keys)."""
+    """Send `payloads` with the lab's load client, then one request whose client leaves after 3
+    tokens; what /metrics counted meanwhile, and what the client saw ("client: ..." keys)."""
     before = server.metrics()
     results, duration = benchmark_serving.run_load(server.url, payloads, rate, seed=0, timeout=600.0)
     summary = benchmark_serving.summarize_load(lab, results, duration)
+    client_leaves(server)
     time.sleep(1.0)  # vLLM's front end logs a step's stats just after it
     counted = delta(before, server.metrics())
+    counted.pop("running now", None)
     return counted | {"client: completed": summary["completed"], "client: prompt tokens sent":
-                      sum(len(p["prompt"]) for p in payloads), "client: output tokens": summary["output_tokens"]}
+                      sum(len(p["prompt"]) for p in payloads), "client: output tokens": summary["output_tokens"],
+                      "client: requests that left after 3 tokens (32 prompt tokens)": 1}
 
 
 # --- the runs ----------------------------------------------------------------------------------------

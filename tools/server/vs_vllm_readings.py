@@ -84,8 +84,9 @@ COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:pr
 
 def counters(text: str) -> dict[str, float]:
     """The counters the comparison reads, summed over labels other than finished_reason and le:
-    COUNTERS, `vllm:request_success_total{finished_reason=R}` as "finished R", and the buckets of
-    vllm:iteration_tokens_total as "steps <= B" (cumulative; B as a float)."""
+    COUNTERS, `vllm:request_success_total{finished_reason=R}` as "finished R", the buckets of
+    vllm:iteration_tokens_total as "steps <= B" (cumulative; B as a float), and the gauge
+    vllm:num_requests_running as "running now"."""
     found: dict[str, float] = {}
     for (name, labels), value in parse_metrics(text).items():
         tags = dict(labels)
@@ -95,6 +96,8 @@ def counters(text: str) -> dict[str, float]:
             key = f"finished {tags.get('finished_reason')}"
         elif name == "vllm:iteration_tokens_total_bucket":
             key = f"steps <= {float(tags['le']):g}"
+        elif name == "vllm:num_requests_running":
+            key = "running now"
         else:
             continue
         found[key] = found.get(key, 0.0) + value
