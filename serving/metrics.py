@@ -117,7 +117,8 @@ def prometheus_text(model_name: str, gauges: dict, counters: dict[str, int], ttf
     metric("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
            gauges["queries"])
     metric("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", gauges["hits"])
-    metric("vllm:prompt_tokens_total", "counter", "Prompt tokens of completed requests.", counters["prompt_tokens"])
+    metric("vllm:prompt_tokens_total", "counter", "Prompt tokens, counted once a prompt's prefill is done.",
+           counters["prompt_tokens"])
     metric("vllm:generation_tokens_total", "counter", "Generated tokens, counted as they are produced.",
            counters["generation_tokens"])
     name = "vllm:request_success_total"

@@ -291,6 +291,9 @@ def test_metrics_count_the_tokens_of_a_stream_its_client_abandoned(engine_model)
         text = http_call(srv, "GET", "/metrics")[2].decode()
     generated = read_metric(text, "vllm:generation_tokens_total")
     completed = answered(text)
+    prompt = read_metric(text, "vllm:prompt_tokens_total")
+    assert prompt == 20, (f"the abandoned stream's 20 prompt tokens were counted as {prompt:g}: vLLM counts a "
+                          "prompt's tokens once its prefill is done, whether or not the request completes")
     assert completed == 0 and 3 <= generated < 100, (
         f"a stream cut off after 3+ tokens left generation_tokens_total = {generated:g} and request_success_total "
         f"(stop, length) = {completed:g}: generated tokens are counted as they are produced (as vLLM counts them), "
