@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from tool_support import load_tool  # noqa: E402
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "fleet")]  # as the tools import their neighbours when run
+import sim_vs_vllm  # noqa: E402
+import vs_vllm  # noqa: E402
+import vs_vllm_readings as readings  # noqa: E402
 
-vs_vllm = load_tool("vs_vllm")
-readings = load_tool("vs_vllm_readings")
-sim_vs_vllm = load_tool("sim_vs_vllm")
-RECORDED = Path(__file__).resolve().parent / "recorded"
+RECORDED = HERE / "recorded"
 
 
 def test_loadtests_table_is_read_one_row_per_rate_in_ms():
