@@ -11,8 +11,9 @@ scheduler's plan for it read: the tokens it scheduled and the context those sequ
 (`num_computed_tokens` after scheduling: what came before plus what this step computes). Batches
 of 1 to 16 requests are added at once, a prompt length each, and stepped to the end, so the
 steps sweep the prefills (batch x prompt tokens) and the decodes (one token per sequence at
-contexts from the prompt to prompt + max_tokens). Each plan runs `--repeat` times; the caller
-keeps each step's fastest time (tools/fleet/sim_vs_vllm.py).
+contexts from the prompt to prompt + max_tokens). The plans run once untimed first (a shape's
+first step pays for compiling it: 1 s for a 16-token prefill here), then `--repeat` times; the
+caller keeps each step's fastest time (tools/fleet/sim_vs_vllm.py).
 
 The settings are those of the served comparison (tools/server/vs_vllm.py): float32,
 max_num_seqs 16, max_num_batched_tokens 512, prefix caching off, greedy, no EOS; OpenMP threads
@@ -75,6 +76,12 @@ def run(checkpoint: str, out, repeat: int, max_seconds: float, batches, prompt_l
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     deadline = time.monotonic() + max_seconds
     count = 0
+    for batch, prompt_len, _ in plans(batches, prompt_lens, max_tokens):  # warm-up: each shape's first run is slow
+        for i in range(batch):
+            engine.add_request(f"warm-{batch}-{prompt_len}-{i}", {"prompt_token_ids": [i + 1] * prompt_len},
+                               SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+        while engine.has_unfinished_requests() and time.monotonic() < deadline:
+            engine.step()
     for round_ in range(repeat):
         for batch, prompt_len, _ in plans(batches, prompt_lens, max_tokens):
             for i in range(batch):
