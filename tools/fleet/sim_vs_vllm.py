@@ -71,6 +71,17 @@ def best_steps(rows: list[dict]) -> list[tuple[int, int, float]]:
     return [(key[2], key[3], seconds) for key, seconds in best.items()]
 
 
+def decode_steps(rows: list[dict]) -> dict[int, float]:
+    """Seconds of a decode step (one token for each of `batch` sequences) by batch: the median over
+    the plans' contexts of each step's fastest time."""
+    best: dict[tuple, float] = {}
+    for r in rows:
+        if r["tokens"] == r["batch"]:
+            key = (r["batch"], r["prompt_len"], r["context"])
+            best[key] = min(best.get(key, np.inf), r["seconds"])
+    return {b: float(np.median([v for k, v in best.items() if k[0] == b])) for b in sorted({k[0] for k in best})}
+
+
 def vllm_calibration(python: str, checkpoint: str, work: Path, repeat: int) -> list[dict]:
     out = work / "vllm_steps.jsonl"
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND",
@@ -163,6 +174,8 @@ def run_engine(engine: str, args, lab, checkpoint: str, work: Path, log) -> tupl
     samples = best_steps(rows)
     fit = costmodel.fit_step_cost(samples)
     log(fit_line(engine, samples, fit))
+    log(f"  {engine}'s decode step, measured (median over contexts 17-176 of each step's best): " + ", ".join(
+        f"batch {b} {t * 1e3:.1f} ms" for b, t in decode_steps(rows).items()))
     requests = datasets.make_workload(lab, "alpaca", args.num_prompts, 0, 1024, 256)
     start = (vs_vllm.vllm_server(args.vllm_python, checkpoint, dict(os.environ), work) if engine == "vLLM"
              else vs_vllm.lab_server(args.module, checkpoint, dict(os.environ), work))

@@ -137,3 +137,10 @@ def test_the_simulators_error_table_gives_the_median_absolute_error():
     text, medians = sim_vs_vllm.error_table("vLLM", [1.0], predicted, measured)
     assert medians["fit"] == pytest.approx(0.075), "|errors| 10%, 0%, 20%, 5%: their median"
     assert "| | 1 req/s | TTFT p50 | 100.0 | 110.0 (+10%) |" in text
+
+
+def test_a_decode_step_is_one_token_per_sequence_its_time_the_median_over_contexts_of_the_fastest():
+    rows = [{"batch": 2, "prompt_len": 16, "tokens": 32, "context": 32, "seconds": 0.5}]  # the prefill: not a decode
+    rows += [{"batch": 2, "prompt_len": 16, "tokens": 2, "context": c, "seconds": s}
+             for c, s in ((34, 0.03), (34, 0.01), (36, 0.02), (38, 0.04))]
+    assert sim_vs_vllm.decode_steps(rows) == {2: pytest.approx(0.02)}, "fastest of each step: 0.01, 0.02, 0.04"
