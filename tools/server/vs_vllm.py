@@ -8,7 +8,8 @@ vLLM is never a dependency of the lab: it lives in a venv of its own (docs/perfo
 to make it), whose Python this command runs (`--vllm-python`, default $VLLM_PYTHON or
 /tmp/vllmvenv/bin/python). Without it, the command says how to install it and exits 2.
 
-1. Writes a random-weight GPT-2 124M checkpoint with the lab's own `save_gpt2` (seed 0).
+1. Writes a random-weight GPT-2 124M checkpoint with the lab's own `save_gpt2`
+   (`init_gpt2_weights(seed=0)`, the blocks' matrices scaled by BLOCK_WEIGHT_SCALE: see there).
 2. Serves it with each engine in turn, one at a time, on 127.0.0.1 with the same knobs
    (float32, max_num_seqs 16, max_num_batched_tokens 512, prefix caching off, each engine's own
    default block size): the lab as `python solution.py serve --model DIR` runs for a user, vLLM
@@ -18,7 +19,7 @@ to make it), whose Python this command runs (`--vllm-python`, default $VLLM_PYTH
    LOGPROB_TOLERANCE.
 4. Runs the same Alpaca-like workload through the lab's `loadtest` and through `vllm bench serve`
    (the JSONL `loadtest --save-workload` writes, vLLM's `custom` dataset), at each load of PLAN,
-   alternating the engines from round to round and the load generators from engine to engine,
+   on a server warmed up first, alternating the engines and the load generators from round to round,
    and records each run's load average and the CPU that other jobs took during it (/proc/stat's
    busy time less this command's processes'). Prints `measure | lab | vLLM | lab / vLLM` (the
    lab's loadtest, the mean over rounds) and whether the two load generators agree (AGREE).
@@ -272,6 +273,18 @@ def workload_file(lab, work: Path, num_prompts: int) -> Path:
     return path
 
 
+WARM_UP = 16  # requests sent at once to a fresh server before its runs: its first steps of each size are dear
+
+
+def warm_up(lab, server: Server, path: Path) -> None:
+    """The first requests of a fresh server pay once: the lab's first touch of its KV-cache pages,
+    vLLM's first run of each batch shape. Sent untimed, with the lab's client."""
+    requests = [json.loads(line) for line in path.read_text().splitlines()]
+    payloads = [{"model": MODEL_NAME, "prompt": r["prompt"], "max_tokens": r["output_tokens"], "temperature": 0.0,
+                 "ignore_eos": True, "stream": True} for r in requests]
+    benchmark_serving.run_load(server.url, payloads, math.inf, timeout=600.0)
+
+
 def run_loadtest(module: str, server: Server, rate: float, path: Path, num_prompts: int) -> dict:
     saved = path.with_suffix(f".{server.name}.sent")
     argv = [sys.executable, str(ROOT / f"{module}.py"), "loadtest", "--url", server.url, "--workload", "alpaca",
@@ -360,17 +373,18 @@ def run_behaviour(lab, server: Server, payloads: list[dict], rate: float) -> dic
 
 
 def speed(args, lab, env: dict, checkpoint: str, work: Path, log) -> tuple[list[dict], dict]:
-    """The speed runs, alternating: engines from round to round, load generators from server to
-    server. Returns each run and each engine's greedy answers."""
+    """The speed runs, alternating from round to round which engine and which load generator go
+    first. Returns each run and each engine's greedy answers."""
     runs, answers = [], {}
     plan = QUICK_PLAN if args.quick else PLAN
     for round_ in range(args.rounds):
-        for turn, engine in enumerate(("lab", "vLLM") if round_ % 2 == 0 else ("vLLM", "lab")):
+        for engine in ("lab", "vLLM") if round_ % 2 == 0 else ("vLLM", "lab"):
             start = lab_server(args.module, checkpoint, env, work) if engine == "lab" else \
                 vllm_server(args.vllm_python, checkpoint, env, work)
             with start as server:
                 answers.setdefault(engine, [greedy(server.url, p) for p in GREEDY_PROMPTS])
-                generators = ["loadtest", "vllm bench"][::1 if (round_ + turn) % 2 == 0 else -1]
+                warm_up(lab, server, workload_file(lab, work, WARM_UP))
+                generators = ["loadtest", "vllm bench"][::1 if round_ % 2 == 0 else -1]  # each server, both orders
                 for label, rate, num_prompts in plan:
                     path = workload_file(lab, work, num_prompts)
                     for generator in generators:
