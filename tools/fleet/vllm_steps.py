@@ -40,6 +40,15 @@ def plans(batches=BATCHES, prompt_lens=PROMPT_LENS, max_tokens=MAX_TOKENS):
     return [(b, p, max_tokens) for p in prompt_lens for b in batches]
 
 
+def warm_up(engine, params, planned, deadline: float) -> None:
+    """Each plan once, untimed, a few tokens out: a shape's first step pays for compiling it."""
+    for batch, prompt_len, _ in planned:
+        for i in range(batch):
+            engine.add_request(f"warm-{batch}-{prompt_len}-{i}", {"prompt_token_ids": [i + 1] * prompt_len}, params)
+        while engine.has_unfinished_requests() and time.monotonic() < deadline:
+            engine.step()
+
+
 def run(checkpoint: str, out, repeat: int, max_seconds: float, batches, prompt_lens, max_tokens) -> int:
     from vllm import LLM, SamplingParams  # the venv's vLLM, imported only here
 
@@ -76,12 +85,8 @@ def run(checkpoint: str, out, repeat: int, max_seconds: float, batches, prompt_l
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     deadline = time.monotonic() + max_seconds
     count = 0
-    for batch, prompt_len, _ in plans(batches, prompt_lens, max_tokens):  # warm-up: each shape's first run is slow
-        for i in range(batch):
-            engine.add_request(f"warm-{batch}-{prompt_len}-{i}", {"prompt_token_ids": [i + 1] * prompt_len},
-                               SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-        while engine.has_unfinished_requests() and time.monotonic() < deadline:
-            engine.step()
+    warm_up(engine, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+            plans(batches, prompt_lens, max_tokens), deadline)
     for round_ in range(repeat):
         for batch, prompt_len, _ in plans(batches, prompt_lens, max_tokens):
             for i in range(batch):
