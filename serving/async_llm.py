@@ -44,11 +44,13 @@ from multiprocessing.connection import Connection
 from typing import NamedTuple
 
 from . import sampling
+from .metrics import ITERATION_TOKENS_BUCKETS, Histogram, StepCounts
 from .protocol import APIError
 
 READ_BATCH = 16  # engine messages handled per wakeup of the front end's loop
 _LENGTH = struct.Struct("!Q")  # a command's frame: its pickle's length, then the pickle
-GAUGES = {"running": 0, "waiting": 0, "kv_usage": 0.0, "preemptions": 0, "queries": 0, "hits": 0}
+GAUGES = {"running": 0, "waiting": 0, "kv_usage": 0.0, "preemptions": 0, "queries": 0, "hits": 0,
+          "iteration_tokens": Histogram(ITERATION_TOKENS_BUCKETS)}
 
 
 def sample_ids(request_id: str, n: int) -> list[str]:
@@ -284,6 +286,7 @@ class EngineCore:
         self._forks: dict[str, list[str]] = {}  # request id -> its samples' ids, until its first output
         self._logprobs = sampling.logprobs_of(engine)
         self._lab = sys.modules[type(engine).__module__]  # the module whose checks the engine runs
+        self.counts = StepCounts.attached(engine)  # /metrics' per-step counters
         self._answered = self._gone = False
         self._send_lock = threading.Lock()  # `close` sends from the caller's thread
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -401,7 +404,10 @@ class EngineCore:
                     for sample_id in sample_ids(request.request_id, command.n):
                         rejected[sample_id] = (getattr(exc, "argument", None), str(exc))
         if self.engine.has_unfinished():
-            for out in self.engine.step():
+            self.counts.before_step(self.engine.scheduler.waiting)
+            step_outputs = self.engine.step()
+            self.counts.after_step({out.request_id: len(out.new_token_ids) for out in step_outputs})
+            for out in step_outputs:
                 outputs += self._outputs(out)
         return rejected, outputs
 
@@ -469,7 +475,8 @@ class EngineCore:
             free = allocator.num_blocks
         return {"running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting),
                 "kv_usage": 1.0 - free / allocator.num_blocks, "preemptions": engine.num_preemptions,
-                "queries": allocator.stats.queries, "hits": allocator.stats.hits}
+                "queries": self.counts.queries, "hits": self.counts.hits,
+                "iteration_tokens": self.counts.iteration_tokens}
 
 
 class AsyncLLM:

@@ -62,7 +62,8 @@ class Release:
 
 
 class FrontendStats:
-    """What /metrics reports of the front end: the TTFT histogram, the token counters, and the
+    """What /metrics reports of the front end: the TTFT histogram, the token counters (a prompt's
+    tokens once its first token comes out, generated tokens as they come, as vLLM counts both), and the
     requests (choices: each is one request in the engine) that finished, by finish reason:
     "stop" and "length" for answers written, "abort" for those aborted before they finished."""
 
@@ -110,7 +111,7 @@ class OpenAIServing:
         """(state, Delta, more) per step output, until every choice is finished; `more`: another
         output is already waiting (a stream writes once for all of them, see _stream). A late
         output of an ended choice gives (None, None, False) when nothing follows it."""
-        unfinished, first = set(states), True
+        unfinished, first, prefilled = set(states), True, set()
         while unfinished:
             item = await queue.get()
             if item is _CLIENT_GONE:
@@ -125,6 +126,10 @@ class OpenAIServing:
             if first and item.new_token_ids:
                 self.stats.ttft.observe(time.perf_counter() - received)
                 first = False
+            prompt = state.index // gen.n  # choices are prompt-major
+            if item.new_token_ids and prompt not in prefilled:  # vLLM counts a prompt once its prefill is done
+                prefilled.add(prompt)
+                self.stats.counters["prompt_tokens"] += len(gen.prompts[prompt])
             delta = state.update(item)
             self.stats.counters["generation_tokens"] += len(delta.token_ids)  # as produced, as vLLM counts them
             if state.finished:
@@ -142,7 +147,6 @@ class OpenAIServing:
         return usage(sum(map(len, gen.prompts)), sum(len(s.token_ids) for s in states.values()))
 
     def _count(self, gen: GenerateRequest, states: dict) -> None:
-        self.stats.counters["prompt_tokens"] += sum(map(len, gen.prompts))
         for state in states.values():
             self.stats.finished[state.finish_reason] = self.stats.finished.get(state.finish_reason, 0) + 1
 

@@ -9,6 +9,8 @@ bench_request_trip.py), run from this table.
                                                #   (needs torch + transformers, never a dependency)
     python tools/bench.py blas-threads         # not in "all": 1 vs 2 OpenBLAS threads; serving-threads likewise
     python tools/bench.py step-profile         # not in "all": GPT-2 124M's decode step by part, beside the floors
+    python tools/bench.py vs-vllm              # not in "all": vLLM itself beside the lab (tools/server/vs_vllm.py;
+                                               #   needs vLLM in a venv of its own, $VLLM_PYTHON, ~40 minutes)
     python tools/bench.py attention --module lab   # time YOUR kernel (lab.py) instead
 
 `python solution.py bench [which]` runs this file. It imports the module it measures (never the
@@ -40,6 +42,7 @@ import bench_speculative  # noqa: E402
 import bench_step_profile  # noqa: E402
 import bench_trace  # noqa: E402
 import bench_vs_transformers  # noqa: E402
+import vs_vllm  # noqa: E402
 
 MODULES = (bench_common, bench_attention, bench_decode, bench_kv_int8, bench_batching, bench_speculative,
            bench_serving, bench_blas_threads, bench_vs_transformers, bench_trace, bench_shortcuts,
@@ -51,6 +54,12 @@ def use_module(name: str, clock=time.perf_counter) -> None:
     lab = importlib.import_module(name)
     for module in MODULES:
         module.lab, module.clock = lab, clock
+
+
+def exit_if_failed(status: int) -> None:
+    """A command's exit status passed on (vs-vllm without vLLM: 2)."""
+    if status:
+        raise SystemExit(status)
 
 
 # Each benchmark prints its lines as it measures them (progress, on a slow machine).
@@ -69,9 +78,10 @@ BENCHMARKS = {
     "blas-threads": lambda args: print(bench_blas_threads.bench_blas_threads()),
     "step-profile": lambda args: bench_step_profile.bench_step_profile(log=print),
     "serving-threads": lambda args: [bench_serving.bench_serving(blas_threads=n, log=print) for n in (1, 2)],
+    "vs-vllm": lambda args: exit_if_failed(vs_vllm.main(["--module", args.module])),
 }
 
-NOT_IN_ALL = ("blas-threads", "serving-threads", "step-profile")  # what-if measurements, or minutes long
+NOT_IN_ALL = ("blas-threads", "serving-threads", "step-profile", "vs-vllm")  # what-ifs and peers, each minutes long
 
 
 def main(argv: list[str] | None = None) -> int:

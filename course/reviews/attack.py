@@ -123,7 +123,7 @@ def first_token_seconds(port: int, prompt: list[int], key: str | None = None) ->
 
 
 def prefix_cache_hits(port: int) -> int:
-    """`vllm:prefix_cache_hits_total` of the server's /metrics (blocks)."""
+    """`vllm:prefix_cache_hits_total` of the server's /metrics, in blocks (it counts tokens, as vLLM does)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
     try:
         conn.request("GET", "/metrics")
@@ -133,7 +133,7 @@ def prefix_cache_hits(port: int) -> int:
     found = re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$", text, re.MULTILINE)
     if found is None:
         raise AttackError("the server's /metrics has no vllm:prefix_cache_hits_total")
-    return int(float(found.group(1)))
+    return int(float(found.group(1))) // BLOCK_SIZE
 
 
 # --- the figures -----------------------------------------------------------------------------

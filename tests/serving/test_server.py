@@ -21,6 +21,7 @@ from serving import api_server, protocol, sampling
 from tests.support import (
     HTTP_TIMEOUT,
     answered,
+    api_engine,
     at_once,
     complete,
     greedy_reference,
@@ -163,7 +164,7 @@ def test_models_health_and_unknown_routes(server):
 VLLM_METRICS = [("vllm:num_requests_running", "gauge"), ("vllm:num_requests_waiting", "gauge"),
                 ("vllm:kv_cache_usage_perc", "gauge"), ("vllm:num_preemptions_total", "counter"),
                 ("vllm:prefix_cache_queries_total", "counter"), ("vllm:prefix_cache_hits_total", "counter"),
-                ("vllm:time_to_first_token_seconds", "histogram")]
+                ("vllm:time_to_first_token_seconds", "histogram"), ("vllm:iteration_tokens_total", "histogram")]
 
 
 @pytest.mark.provided
@@ -183,8 +184,9 @@ def test_a_histogram_bucket_counts_every_value_less_than_or_equal_to_its_bound()
     ttft = serving.metrics.Histogram([0.1, 1.0])
     for value in (0.1, 0.5, 1.0, 2.0):
         ttft.observe(value)
-    text = serving.metrics.prometheus_text("m", dict.fromkeys(
-        ("running", "waiting", "kv_usage", "preemptions", "queries", "hits"), 0), dict.fromkeys(
+    gauges = dict.fromkeys(("running", "waiting", "kv_usage", "preemptions", "queries", "hits"), 0)
+    gauges["iteration_tokens"] = serving.metrics.Histogram(serving.metrics.ITERATION_TOKENS_BUCKETS)
+    text = serving.metrics.prometheus_text("m", gauges, dict.fromkeys(
         ("prompt_tokens", "generation_tokens"), 0), ttft, dict.fromkeys(serving.metrics.FINISHED_REASONS, 0))
     name = "vllm:time_to_first_token_seconds"
     buckets = re.findall(rf'^{name}_bucket{{model_name="m",le="([^"]+)"}} (\d+)$', text, re.M)
@@ -220,6 +222,56 @@ def test_metrics_count_every_token_of_a_streamed_request(server):
         "counts every token it sent, not its last chunk's")
 
 
+def _counters(srv, *names) -> dict[str, float]:
+    text = http_call(srv, "GET", "/metrics")[2].decode()
+    return {name: read_metric(text, name) for name in names}
+
+
+PREFIX = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+ITERATION = ("vllm:iteration_tokens_total_sum", "vllm:iteration_tokens_total_count")
+
+
+@pytest.mark.needs(5)
+def test_prefix_cache_counters_count_prompt_tokens_looked_up_and_found_as_vllm_does(engine_model):
+    prompt = [(5 * i) % 61 + 1 for i in range(5 * 4 + 2)]  # 5 full blocks of 4, and 2 tokens
+    with serving.start_server(api_engine(engine_model, enable_prefix_caching=True)) as srv:
+        first, second = [], []
+        for seen in (first, second):
+            complete(srv, prompt=prompt, max_tokens=2)
+            seen.append(_counters(srv, *PREFIX))
+    got = (first[0][PREFIX[0]], first[0][PREFIX[1]], second[0][PREFIX[0]], second[0][PREFIX[1]])
+    assert got == (22, 0, 44, 20), (
+        f"a 22-token prompt sent twice moved (queries, hits) to {got[:2]} then {got[2:]}: vLLM counts the "
+        "prefix cache in tokens, at a request's admission: its prompt's tokens looked up, and the tokens found "
+        "cached (the second time its 5 full blocks of 4)")
+
+
+@pytest.mark.needs(5)
+def test_prefix_cache_counters_stay_at_zero_while_caching_is_off(server):
+    before = _counters(server, *PREFIX)
+    complete(server, prompt=[1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=2)
+    complete(server, prompt=[1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=2)
+    assert _counters(server, *PREFIX) == before, "with prefix caching off, vLLM looks nothing up and counts nothing"
+
+
+@pytest.mark.needs(5)
+def test_tokens_per_step_count_a_chunked_prefill_whole_in_the_step_that_completes_it(engine_model):
+    # max_num_batched_tokens 64: the 100-token prompt runs in two steps, the second samples the first token.
+    with serving.start_server(api_engine(engine_model)) as srv:
+        before = _counters(srv, *ITERATION)
+        complete(srv, prompt=[i % 60 + 1 for i in range(100)], max_tokens=4)
+        after = _counters(srv, *ITERATION)
+        text = http_call(srv, "GET", "/metrics")[2].decode()
+    got = {name: after[name] - before[name] for name in ITERATION}
+    assert got == {ITERATION[0]: 104, ITERATION[1]: 4}, (
+        f"a 100-token prompt prefilled in 2 chunks, then 3 decode steps, gave tokens per step (sum, count) "
+        f"{tuple(got.values())}: vLLM observes vllm:iteration_tokens_total once per step that produced a token, "
+        "counting the generated tokens and the prompt tokens of each prefill the step completed (100 + 1, "
+        "then 1, 1, 1)")
+    buckets = {le: read_labelled(text, "vllm:iteration_tokens_total_bucket", le=le) for le in ("1", "64", "128")}
+    assert buckets == {"1": 3, "64": 3, "128": 4}, f"cumulative buckets of 1, 1, 1 and 101 tokens: {buckets}"
+
+
 @pytest.mark.needs(5)
 def test_metrics_count_the_tokens_of_a_stream_its_client_abandoned(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
@@ -239,6 +291,9 @@ def test_metrics_count_the_tokens_of_a_stream_its_client_abandoned(engine_model)
         text = http_call(srv, "GET", "/metrics")[2].decode()
     generated = read_metric(text, "vllm:generation_tokens_total")
     completed = answered(text)
+    prompt = read_metric(text, "vllm:prompt_tokens_total")
+    assert prompt == 20, (f"the abandoned stream's 20 prompt tokens were counted as {prompt:g}: vLLM counts a "
+                          "prompt's tokens once its prefill is done, whether or not the request completes")
     assert completed == 0 and 3 <= generated < 100, (
         f"a stream cut off after 3+ tokens left generation_tokens_total = {generated:g} and request_success_total "
         f"(stop, length) = {completed:g}: generated tokens are counted as they are produced (as vLLM counts them), "

@@ -3,7 +3,7 @@
 
 Isolation is tested in pairs, as vLLM's PR 53347 asks: different tenants never share a block AND
 one tenant's requests do, or the test would pass with caching off too. What is shared is read from
-what the server publishes, `vllm:prefix_cache_hits_total` on /metrics (blocks), never from the
+what the server publishes, `vllm:prefix_cache_hits_total` on /metrics (tokens, read as blocks), never from the
 engine's state. A wrong key must change nothing: /metrics is the same text before and after.
 """
 
@@ -73,7 +73,9 @@ def metrics(server) -> str:
 
 
 def hits(server) -> int:
-    return int(float(re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$", metrics(server), re.M).group(1)))
+    """vllm:prefix_cache_hits_total, in blocks (the server counts tokens, as vLLM does: whole blocks here)."""
+    tokens = int(float(re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$", metrics(server), re.M).group(1)))
+    return tokens // BLOCK
 
 
 def complete(server, key, prompt, **fields) -> dict:

@@ -62,7 +62,7 @@ LONG = re.compile(r"""
 # What is not run, with why: a command holding one of these (a whole block, if its first command
 # holds one marked "block"). Keep this short: a snippet that can run, runs.
 NOT_RUN: tuple[tuple[str, str, str], ...] = (
-    ("vllm serve", "block", "needs a GPU and vLLM"),
+    ("vllm", "block", "needs vLLM: a GPU, or its CPU build in a scratch venv (docs/performance.md section 8)"),
     ("~/models/", "command", "needs a GPT-2 checkpoint downloaded from Hugging Face (docs/checkpoints.md)"),
     ("hf download", "command", "needs the network: downloads a checkpoint from Hugging Face"),
     ("pip install", "command", "installs from PyPI: CI runs the set-up line once, in a fresh clone (.ci/run), and "
