@@ -7,11 +7,11 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    section                                     lines        what it holds
    0. Conventions                              40-153       checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          154-506      blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   507-1205     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1206-2011    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     2012-2347    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2348-2692    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2693-2716    the list of exercises, and `__main__`
+   2. The model and the paged attention path   507-1207     a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      1208-2013    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     2014-2349    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2350-2694    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2695-2718    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -936,9 +936,11 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
 # another job holds does less of the product instead of holding it back. OpenBLAS's own threads
 # stay at one (`serve` pins them): they spin while they wait, and a busy core stalls them all.
 
-SLICES_PER_THREAD = 2  # a few slices each: a late thread leaves its share to the others
+# Slices a thread: they are handed out on demand, so a worker that wakes late finds its slice
+# taken by a thread that is free; more slices cost more calls, and measured slower (docs/performance.md).
+SLICES_PER_THREAD = 1
 # A product is split only where each slice holds this much of b (1 MiB of float32): reading it
-# takes several times what waking a worker does (tens of microseconds; docs/performance.md).
+# takes several times what waking a worker does (tens of microseconds).
 MIN_SLICE_ELEMENTS = 2**18
 
 
@@ -971,7 +973,7 @@ class ThreadedMatmul:
         return out
 
     def _slices(self, length: int) -> list[slice]:
-        """`range(length)` cut into about SLICES_PER_THREAD slices a thread, in whole 64-element blocks."""
+        """`range(length)` cut into SLICES_PER_THREAD slices a thread (or fewer), in whole 64-element blocks."""
         share = -(-length // (self.num_threads * SLICES_PER_THREAD))
         width = -(-share // 64) * 64
         return [slice(j, j + width) for j in range(0, length, width)]
