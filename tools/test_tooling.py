@@ -319,7 +319,8 @@ def test_the_benchmarks_import_the_module_they_measure_and_it_never_imports_them
 
 # --- modules a reader holds (issue 44) -----------------------------------------------------------
 
-MAX_MODULE_LINES, MAX_FOLDER_MODULES, MAX_FUNCTION_LINES = 600, 12, 60
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 60
 # The top level is fixed by the project's owner: the chapter, the lab generated from it and the students'
 # spec are as long as the chapter needs, and the user decides their size there. Their functions are held
 # to the fence all the same, but for the chapter's exercises (a function that holds a `# BEGIN SOLUTION`
@@ -333,12 +334,9 @@ def exercise_function(source: str) -> bool:
 
 def fence_breaks(files: dict[str, str]) -> list[str]:
     """Where `files` (path -> Python source) break the fences: a module over MAX_MODULE_LINES lines
-    (not one of USERS_MODULES), a folder of more than MAX_FOLDER_MODULES modules, a function over
-    MAX_FUNCTION_LINES lines (from its `def` to its last line) that is not an exercise."""
+    (not one of USERS_MODULES), a function over MAX_FUNCTION_LINES lines (from its `def` to its last
+    line) that is not an exercise."""
     found = []
-    folders = collections.Counter(str(Path(path).parent) for path in files)
-    found += [f"{folder}/: {n} modules, at most {MAX_FOLDER_MODULES}" for folder, n in sorted(folders.items())
-              if n > MAX_FOLDER_MODULES]
     for path, source in sorted(files.items()):
         lines = source.count("\n")
         if lines > MAX_MODULE_LINES and path not in USERS_MODULES:
@@ -362,7 +360,6 @@ def function_source(name: str, lines: int, exercise: bool = False) -> str:
 
 PLANTED_FENCE_BREAKS = {  # (files, what the check must say)
     "a module of 601 lines": ({"course/long.py": "x = 1\n" * 601}, "course/long.py: 601 lines"),
-    "a folder of 13 modules": ({f"course/m{i}.py": "x = 1\n" for i in range(13)}, "course/: 13 modules"),
     "a function of 61 lines": ({"loadtest/f.py": function_source("step", 61)}, "loadtest/f.py:1 step: 61 lines"),
     "a helper of the chapter of 61 lines": ({"solution.py": function_source("helper", 61)},
                                             "solution.py:1 helper: 61 lines"),
@@ -377,20 +374,19 @@ def test_the_size_fences_see_a_planted_break_and_nothing_at_the_limit(name):
     files, says = PLANTED_FENCE_BREAKS[name]
     found = fence_breaks(files)
     assert any(problem.startswith(says) for problem in found), f"{name} went unseen: {found}"
-    at_the_limit = {"course/long.py": "x = 1\n" * 600, **{f"course/m{i}.py": "x = 1\n" for i in range(11)},
-                    "loadtest/f.py": function_source("step", 60)}
-    assert fence_breaks(at_the_limit) == [], "600 lines, 12 modules and 60-line functions are within the fences"
+    at_the_limit = {"course/long.py": "x = 1\n" * 600, "loadtest/f.py": function_source("step", 60)}
+    assert fence_breaks(at_the_limit) == [], "600 lines and 60-line functions are within the fences"
     users = {"solution.py": "x = 1\n" * 3000 + function_source("plan_deployment", 90, exercise=True),
              "test_lab.py": "x = 1\n" * 4000}
     assert fence_breaks(users) == [], "the user's top-level modules may be long, and an exercise as long as it needs"
 
 
 @pytest.mark.provided
-def test_no_module_over_600_lines_no_folder_over_12_modules_no_function_over_60_lines():
+def test_no_module_over_600_lines_no_function_over_60_lines():
     files = {path: (ROOT / path).read_text() for path in sorted(tracked_files())
              if path.endswith(".py") and path != "lab.py"}  # lab.py: generated from solution.py, checked there
     found = fence_breaks(files)
-    assert not found, "a module, folder or function past what a reader holds (split it by concern):\n" + "\n".join(
+    assert not found, "a module or function past what a reader holds (split it by concern):\n" + "\n".join(
         found)
 
 

@@ -54,6 +54,7 @@ import vllm_steps  # noqa: E402
 import vs_vllm  # noqa: E402
 
 from checkpoints.model_loader import load_gpt2  # noqa: E402
+from course.commands import default_num_threads  # noqa: E402
 from loadtest import benchmark_serving, costmodel, datasets  # noqa: E402
 from loadtest.simulator import simulate_serving  # noqa: E402
 
@@ -95,8 +96,9 @@ def vllm_calibration(python: str, checkpoint: str, work: Path, repeat: int) -> l
 
 
 def lab_calibration(lab, checkpoint: str, repeat: int) -> list[dict]:
-    """The same plans as vllm_steps.py, on the lab's engine built as `serve --model` builds it."""
-    model, _ = load_gpt2(lab, checkpoint)
+    """The same plans as vllm_steps.py, on the lab's engine built as `serve --model` builds it (its
+    default threads)."""
+    model, _ = load_gpt2(lab, checkpoint, default_num_threads())
     rows = []
     for round_ in range(repeat):
         engine = lab.LLMEngine(model, max_num_seqs=16, max_num_batched_tokens=512, block_size=16)
