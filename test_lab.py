@@ -1824,6 +1824,19 @@ def test_a_stop_token_ends_the_request_and_is_kept(engine_model):
 
 
 @pytest.mark.exercise5
+def test_a_stop_token_sampled_as_the_max_tokens_th_output_finishes_stop_not_length(engine_model):
+    prompt = random_prompts(1, seed=2)[0]
+    free_run = greedy_reference(engine_model, prompt, 12)
+    stop = free_run[4]
+    last = free_run.index(stop) + 1  # the stop token's first place is the last one max_tokens allows
+    out = lab.LLMEngine(engine_model).generate([prompt], lab.SamplingParams(max_tokens=last, stop_token_ids=(stop,)))[0]
+    assert (out.output_token_ids, out.finish_reason) == (free_run[:last], "stop"), rule(
+        5, f"got {out.output_token_ids} ({out.finish_reason!r}) with stop token {stop} sampled as output {last} of "
+           f"max_tokens={last}: the stop token is checked before the length cap (vLLM's check_stop: the end of "
+           "text, then stop_token_ids, then max_tokens), so the request finishes as 'stop'")
+
+
+@pytest.mark.exercise5
 def test_cache_ten_times_too_small_still_gives_identical_outputs_with_preemptions_and_no_leak(engine_model):
     prompts = random_prompts(30, seed=3, low=8, high=30)
     need = sum(lab.blocks_needed(len(p) + 20, 4) for p in prompts)

@@ -88,6 +88,22 @@ def test_a_stop_token_ends_the_stream_and_usage_comes_last(server, engine_model)
         "with stream_options.include_usage the last event before [DONE] carries the usage")
 
 
+@pytest.mark.needs(5)
+def test_a_stop_token_at_the_last_place_max_tokens_allows_is_a_stop_without_its_text(server, engine_model):
+    prompt = random_prompts(1, seed=41)[0]
+    free_run = greedy_reference(engine_model, prompt, 10)
+    stop = free_run[3]
+    last = free_run.index(stop) + 1
+    choice = complete(server, prompt=prompt, max_tokens=last, stop_token_ids=[stop], temperature=0,
+                      return_token_ids=True)["choices"][0]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", stop), (
+        f"the stop token {stop} came as output {last} of max_tokens={last}: vLLM checks the stop tokens before the "
+        f"length cap, so finish_reason is 'stop' and stop_reason the token's id; got {choice['finish_reason']!r}, "
+        f"{choice['stop_reason']!r}")
+    assert choice["token_ids"] == free_run[:last] and choice["text"] == bytes(free_run[:last - 1]).decode(), (
+        "a stop token is kept among the token ids, but its text is not in the reply")
+
+
 BAD_REQUESTS = [
     (b"{", "not valid JSON"),
     (b"[1, 2]", "JSON object"),
