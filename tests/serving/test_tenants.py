@@ -31,6 +31,7 @@ from tests.support import (
     HTTP_TIMEOUT,
     MODEL_CONFIGS,
     ROOT,
+    SharedServer,
     api_engine,
     needs_reference,
     reraise_stub,
@@ -103,15 +104,27 @@ def byte_model():
 
 
 @pytest.fixture(scope="module")
-def tenant_server(byte_model):
-    with serving.start_server(api_engine(byte_model, enable_prefix_caching=True), api_keys=KEYS) as running:
-        yield running
+def shared_tenant_server(byte_model):
+    shared = SharedServer(lambda: api_engine(byte_model, enable_prefix_caching=True), api_keys=KEYS)
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def tenant_server(shared_tenant_server):
+    yield from shared_tenant_server.serve()
 
 
 @pytest.fixture(scope="module")
-def open_server(byte_model):
-    with serving.start_server(api_engine(byte_model, enable_prefix_caching=True)) as running:
-        yield running
+def shared_open_server(byte_model):
+    shared = SharedServer(lambda: api_engine(byte_model, enable_prefix_caching=True))
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def open_server(shared_open_server):
+    yield from shared_open_server.serve()
 
 
 # --- keys: who may call ----------------------------------------------------------------------
