@@ -9,6 +9,7 @@ import re
 import pytest
 
 from conftest import lab
+from course.status import unsolved_exercises
 from tests.support import (
     ROOT,
     reraise_stub,
@@ -124,15 +125,28 @@ def test_cli_bad_options_exit_2_with_one_line(args, says):
     assert len(lines) == 1 and says in lines[0], f"expected one line of error mentioning {says!r}, got {lines}"
 
 
-@pytest.mark.needs(8)
-def test_cli_main_job_prints_the_four_scenarios_in_order():
+@pytest.mark.reaches(8)
+def test_cli_main_job_prints_the_four_scenarios_in_order_and_exits_0_naming_the_next_exercise_first():
     proc = run_script()
-    assert proc.returncode == 0, proc.stderr
+    prog = f"{lab.__name__}.py"
+    assert proc.returncode == 0, f"`python {prog}` is the set-up line's last command: it exits 0, stubs or not\n" \
+                                 f"{proc.stderr}"
     headlines = ["1. Size a vLLM deployment", "2. Defend continuous batching",
                  "3. Decide whether to add speculative decoding", "4. Pick a stack"]
     positions = [proc.stdout.find(h) for h in headlines]
     assert all(p >= 0 for p in positions) and positions == sorted(positions), (
-        f"`python {lab.__name__}.py` must print the four design-review scenarios in order; found {positions}")
+        f"`python {prog}` must print the four design-review scenarios in order; found {positions}")
+    todo = unsolved_exercises(lab)
+    lines = proc.stdout.strip().splitlines()
+    if todo:
+        first = min(todo)
+        assert f"Exercise {first} is next" in lines[0] and all(name in lines[0] for name in todo[first]), (
+            f"on a lab with stubs, the first line names the earliest exercise still to write, {first}, and its "
+            f"functions {todo[first]}; got {lines[0]!r}")
+        assert f"python -m pytest -m exercise{first}" in lines[-1], f"the last line says what to run next: " \
+                                                                     f"{lines[-1]!r}"
+    else:
+        assert "is next" not in proc.stdout and "still a stub" not in proc.stdout, "a finished lab names no stub"
 
 
 @pytest.mark.needs(1)
