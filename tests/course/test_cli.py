@@ -149,6 +149,16 @@ def test_cli_main_job_prints_the_four_scenarios_in_order_and_exits_0_naming_the_
         assert "is next" not in proc.stdout and "still a stub" not in proc.stdout, "a finished lab names no stub"
 
 
+@pytest.mark.provided
+def test_cli_main_job_does_not_exit_0_on_an_error_that_is_not_a_stub(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the lab, not a stub")
+
+    monkeypatch.setattr(lab, "plan_deployment", broken)  # the first scenario's, so nothing else runs
+    with pytest.raises(RuntimeError, match="a bug in the lab"):
+        run_cli()  # a script exits 1 with its traceback: a real error is not a stub to write
+
+
 @pytest.mark.needs(1)
 def test_serve_says_in_its_banner_that_the_toy_models_weights_are_random():
     proc = run_cli("serve", "--port", "0", "--duration", "0.1")
