@@ -3,6 +3,7 @@
 
     python tools/handout/student_copy.py DIR                          # DIR must not exist yet, or be empty
     python tools/handout/student_copy.py DIR --autograder FILE.zip    # ... and Gradescope's autograder of it
+    python tools/handout/student_copy.py DIR --autograder FILE.zip --points POINTS.json  # ... weighing the exercises
 
 The copy holds every file git tracks here except MAINTAINERS_ONLY: `solution.py`, the planted
 mistakes, the tools that exist to check the reference against the lab, and the graders' page. It
@@ -193,15 +194,21 @@ def write_copy(out: Path) -> list[str]:
     return sorted([*texts, *binaries])
 
 
-def write_autograder(copy: Path, out: Path) -> list[str]:
-    """Gradescope's autograder zip of the copy in `copy` (tools/handout/autograder.py); its entries."""
-    exercises = re.search(r"^EXERCISES = \{\n(.*?)^\}", (copy / "lab.py").read_text(), re.M | re.S)
-    points = re.search(r"^GRADE_PER_EXERCISE = (\d+)", (copy / "conftest.py").read_text(), re.M)
-    if not exercises or not points:
+def write_autograder(copy: Path, out: Path, points: Path | None = None) -> list[str]:
+    """Gradescope's autograder zip of the copy in `copy` (tools/handout/autograder.py), with the
+    points of `points` (a points.json; None: conftest.py's GRADE_PER_EXERCISE each); its entries."""
+    table = re.search(r"^EXERCISES = \{\n(.*?)^\}", (copy / "lab.py").read_text(), re.M | re.S)
+    each = re.search(r"^GRADE_PER_EXERCISE = (\d+)", (copy / "conftest.py").read_text(), re.M)
+    if not table or not each:
         raise SystemExit("tools/handout/student_copy.py: lab.py's EXERCISES or conftest.py's GRADE_PER_EXERCISE "
                          "is gone")
-    count = len(re.findall(r"^\s+\d+: ", exercises.group(1), re.M))
-    return autograder.build_zip(copy, out, count, int(points.group(1)))
+    exercises = {int(n): title for n, title in re.findall(r'^\s+(\d+): "([^":]+)', table.group(1), re.M)}
+    try:
+        weights = {n: float(each.group(1)) for n in exercises} if points is None else \
+            autograder.read_points(points.read_text(), exercises)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"tools/handout/student_copy.py: --points {points}: {exc}") from None
+    return autograder.build_zip(copy, out, exercises, weights)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,16 +216,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", type=Path, help="where to write it: a new or empty folder")
     parser.add_argument("--autograder", type=Path, metavar="FILE.zip",
                         help="also write Gradescope's autograder of the copy (docs/teaching.md)")
+    parser.add_argument("--points", type=Path, metavar="POINTS.json",
+                        help='the autograder\'s points per exercise, {"1": 10, ...} (default: 10 each)')
     args = parser.parse_args(argv)
     if args.autograder and args.autograder.resolve().is_relative_to(args.dir.resolve()):
         parser.error("--autograder: write the zip outside DIR (the zip holds DIR)")
+    if args.points and not args.autograder:
+        parser.error("--points: the points are the autograder's; give --autograder FILE.zip too")
     written = write_copy(args.dir)
     print(f"wrote the student's copy to {args.dir}: {len(written)} files and docs/reference-traces/ "
           f"(left out: {', '.join(MAINTAINERS_ONLY)})")
     if args.autograder:
-        entries = write_autograder(args.dir, args.autograder)
+        entries = write_autograder(args.dir, args.autograder, args.points)
         print(f"wrote Gradescope's autograder to {args.autograder}: {len(entries)} files (setup.sh, run_autograder, "
-              "grade.py and the copy in lab/); upload it as the assignment's autograder")
+              "grade.py, points.json and the copy in lab/); upload it as the assignment's autograder")
     print(f"next: cd {args.dir} and follow its README (a virtual environment, then python -m pytest)")
     return 0
 
