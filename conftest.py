@@ -24,7 +24,7 @@
 - Hypothesis writes no `.hypothesis/patches` file and prints no "git apply" footer.
 - `--grade results.json` writes the scoreboard as a Gradescope autograder result: one test a
   exercise, scored by the share of its tests that passed (each of them fails while the exercise is
-  a stub: CI checks it), each failed test with the first line of its rule (docs/teaching.md).
+  a stub: CI checks it), each failed test with the first line of its rule.
 - `-m exerciseN` collects only the test files that mark tests with an exercise (test_lab.py and
   the few in tests/ that do): the rest would be deselected anyway, and importing them cost most of
   one exercise's run.
@@ -90,7 +90,7 @@ RULE_CHARS = 300  # a rule's line, as the grade file carries it, at most this lo
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--grade", metavar="RESULTS_JSON", default=None,
-                     help="write the scoreboard as a Gradescope results.json (one test a exercise; docs/teaching.md)")
+                     help="write the scoreboard as a Gradescope results.json (one test a exercise)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -386,7 +386,7 @@ def write_grade(path: str, rows: list[dict]) -> None:
     scores GRADE_PER_EXERCISE points times the share of its own tests that pass (`extra_data`
     holds passed and total, for a grader that weighs the exercises otherwise): every one of them
     fails while the exercise is a stub (a test that passes anyway tests provided code and is marked
-    `needs`, not with the exercise: .ci/check_lab_report.py holds it), so a stub scores 0 and a
+    `needs`, not with the exercise: CI holds it), so a stub scores 0 and a
     half-written exercise part of its points. An exercise none of whose tests ran scores 0 and says so."""
     ran = {row["number"]: row for row in rows if row["total"]}
     tests = []

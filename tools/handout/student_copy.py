@@ -9,10 +9,11 @@ The copy holds every file git tracks here except MAINTAINERS_ONLY: `solution.py`
 mistakes, the tools that exist to check the reference against the lab, and the graders' page. It
 changes these files:
 - README.md and docs/*.md lose the parts written for maintainers (between `<!-- maintainers -->`
-  and `<!-- /maintainers -->`), and their commands run the lab where the maintainers' run the
-  reference (`python solution.py` becomes `python lab.py`: COPY_WORDS); README.md opens with a
-  line that says what the copy is;
-- pyproject.toml installs `lab` alone (there is no `solution` to install).
+  and `<!-- /maintainers -->`: whole blocks, or words inside a line such as a table's row), and
+  their commands run the lab where the maintainers' run the reference (`python solution.py`
+  becomes `python lab.py`: COPY_WORDS); README.md opens with a line that says what the copy is;
+- pyproject.toml installs `lab` alone (there is no `solution` to install), and loses the lines
+  between `# <!-- maintainers -->` and `# <!-- /maintainers -->` (the tools' tests, their lint rule).
 It adds `docs/reference-traces/`: each trace workload recorded on the reference engine
 (`python solution.py trace`), so a student can watch a correct run before their own Exercise 5
 exists.
@@ -21,7 +22,9 @@ Before it writes anything it checks that no shipped file holds an exercise's ans
 more lines of one solution region of `solution.py` that the stubbed lab does not have): a file
 added later that quotes the reference makes this command fail, not the course leak. Likewise
 for the pages' words (tools/checks/check_words.py): a phrase of the project's history, a link to a file
-the copy lacks, or a command that needs the reference, a maintainers' tool or the git history.
+the copy lacks, or a command that needs the reference, a maintainers' tool or the git history;
+and for every shipped file's words: none names a file or folder the copy does not hold
+(check_words.unheld_names), but solution.py, which a course hands out later.
 With `--autograder FILE.zip` it also writes the zip Gradescope takes (tools/handout/autograder.py):
 setup.sh, run_autograder and the copy, grading the submitted lab.py alone with the copy's suite.
 docs/teaching.md says how an instructor builds, checks and grades the copy.
@@ -55,15 +58,21 @@ MAINTAINERS_ONLY = (
     "docs/teaching.md",  # the graders' page
 )
 MAINTAINERS = re.compile(r"\n?<!-- maintainers -->.*?<!-- /maintainers -->\n?", re.S)
+MAINTAINERS_LINES = re.compile(r"^# <!-- maintainers -->\n.*?^# <!-- /maintainers -->\n", re.M | re.S)  # TOML
 TRACE_WORKLOADS = ("skewed", "shared-prefix", "memory-pressure", "arrivals")
 SHORTEST_ANSWER_LINE = 24  # shorter lines (`return x`, `else:`) are too common to call a leak
 LEAK_LINES = 3  # lines of one solution region in one shipped file that make it a leak
 
 
+def tracked_files(root: Path = ROOT) -> list[str]:
+    """The files git tracks under `root`."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, check=True)
+    return [path for path in tracked.stdout.split("\0") if path]
+
+
 def shipped_files(root: Path = ROOT) -> list[str]:
     """The files git tracks under `root`, less MAINTAINERS_ONLY."""
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, check=True)
-    return sorted(path for path in tracked.stdout.split("\0") if path and not path.startswith(MAINTAINERS_ONLY)
+    return sorted(path for path in tracked_files(root) if not path.startswith(MAINTAINERS_ONLY)
                   and path not in MAINTAINERS_ONLY)
 
 
@@ -113,7 +122,7 @@ def student_page(path: str, text: str) -> str:
     """A page as the copy ships it: the maintainers' parts out, the reference's commands the lab's."""
     if path == "README.md":
         return student_readme(text)
-    text = MAINTAINERS.sub("\n", text)
+    text = MAINTAINERS.sub(lambda m: "\n" if m.group().startswith("\n") else "", text)  # a block, or words in a line
     for pattern, words in COPY_WORDS:
         text = pattern.sub(words, text)
     return text
@@ -135,8 +144,16 @@ def words_unfit(texts: dict[str, str], binaries: list[str]) -> list[str]:
     return copy_problems({path: text for path, text in texts.items() if is_page(path)}, files)
 
 
+def names_unheld(texts: dict[str, str], binaries: list[str]) -> list[str]:
+    """Where the copy's files name a file or folder the copy does not hold (check_words.unheld_names)."""
+    from check_words import unheld_names
+    held = {*texts, *binaries, *(f"docs/reference-traces/{w}.html" for w in TRACE_WORKLOADS)}
+    return unheld_names(texts, held, set(tracked_files()))
+
+
 def student_pyproject(text: str) -> str:
-    changed = text.replace('py-modules = ["solution", "lab"]', 'py-modules = ["lab"]')
+    changed = MAINTAINERS_LINES.sub("", text.replace('py-modules = ["solution", "lab"]', 'py-modules = ["lab"]'))
+    changed = changed.rstrip("\n") + "\n"
     if changed == text:
         raise SystemExit("tools/handout/student_copy.py: pyproject.toml no longer lists "
                          "py-modules = [\"solution\", \"lab\"]")
@@ -184,6 +201,10 @@ def write_copy(out: Path) -> list[str]:
     if unfit:
         raise SystemExit("tools/handout/student_copy.py: these words of the copy's pages do not fit the copy (see "
                          "tools/checks/check_words.py):\n  " + "\n  ".join(unfit))
+    unheld = names_unheld(texts, binaries)
+    if unheld:
+        raise SystemExit("tools/handout/student_copy.py: these files of the copy name a file or folder the copy does "
+                         "not hold (tools/checks/check_words.py's unheld_names):\n  " + "\n  ".join(unheld))
     for path, text in texts.items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         (out / path).write_text(text, encoding="utf-8")
