@@ -545,6 +545,22 @@ def test_cache_full_blocks_registers_every_full_computed_block_and_no_partly_fil
 
 
 @pytest.mark.exercise3
+def test_cache_full_blocks_registers_no_block_past_the_computed_tokens_even_when_its_hash_is_given():
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    tokens = list(range(8))  # two full blocks of tokens; the engine hands over both blocks' hashes
+    hashes = [lab.hash_block(None, tokens[:4])]
+    hashes.append(lab.hash_block(hashes[0], tokens[4:]))
+    table = lab.BlockTable(alloc)
+    table.allocate_prompt(tokens, hashes)
+    table.cache_full_blocks(6, hashes)  # a prefill chunk that stopped inside the second block
+    cached = [alloc.is_cached(b) for b in table.block_ids]
+    assert cached == [True, False], rule(
+        3, f"after cache_full_blocks(6, hashes) of 8 tokens in blocks of 4, is_cached of the two blocks: {cached}: "
+           "a block is registered once all its tokens are computed (among the first num_computed_tokens), "
+           "whatever hashes it is handed: the second holds 2 tokens without K/V yet", level=2)
+
+
+@pytest.mark.exercise3
 def test_a_block_is_findable_only_once_its_kv_is_computed():
     alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
     first = lab.BlockTable(alloc)
