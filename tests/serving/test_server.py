@@ -21,6 +21,7 @@ from serving import api_server, protocol, sampling
 from tests.support import (
     HTTP_TIMEOUT,
     answered,
+    api_engine,
     at_once,
     complete,
     greedy_reference,
@@ -139,6 +140,21 @@ def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_keeps_servin
     assert error["type"] == "invalid_request_error" and says in error["message"], (
         f"{body!r}: the error must say what was wrong ({says!r}); got {error}")
     assert http_call(server, "GET", "/health")[0] == 200, "after a bad request the server must keep serving"
+
+
+@pytest.mark.provided
+def test_a_lab_whose_gauges_raise_fails_the_request_at_once_with_a_500_naming_the_error(engine_model, monkeypatch):
+    def broken(allocator):  # a slip in the lab's num_free_blocks, which the engine's gauges read after each command
+        raise AttributeError("'BlockAllocator' object has no attribute 'evictable'")
+
+    monkeypatch.setattr(lab.BlockAllocator, "num_free_blocks", property(broken))
+    with serving.start_server(api_engine(engine_model)) as srv:
+        start = time.monotonic()
+        status, _, data = http_call(srv, "POST", "/v1/completions", json.dumps({"prompt": [1], "max_tokens": 128}))
+        waited = time.monotonic() - start
+    assert status == 500 and "AttributeError" in data.decode() and "evictable" in data.decode(), (
+        f"the engine failed (its gauges raised): the request gets a 500 naming the error; got {status} {data[:200]}")
+    assert waited < HTTP_TIMEOUT / 2, f"the request waited {waited:.1f} s: an engine that fails answers at once"
 
 
 @pytest.mark.provided
