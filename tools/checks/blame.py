@@ -84,13 +84,14 @@ def run(name: str, exercise: int, text: str, where: Path) -> tuple[bool, str, fl
     by_row = collections.Counter(f"Ex {r['row']}" + ("" if r["exercise"] else "+") for r in failed if r["row"])
     provided = [r for r in rows if not r["row"]]
     broken = [r["test"] for r in provided if r["outcome"] == "failed"]
-    early = [r["test"] for r in failed if r["row"] and r["row"] < exercise]
+    early = [r["test"] for r in failed if r["row"] and r["row"] < exercise]  # an earlier exercise's row
     held = bool(failed) and not broken and not early
     summary = ", ".join(f"{row}: {n}" for row, n in sorted(by_row.items(), key=lambda kv: (int(kv[0][3:].strip("+")),
                                                                                         kv[0]))) or "nothing failed"
     summary += f"; provided {len(provided) - len(broken)}/{len(provided)}"
-    if broken or early:
-        summary += f"; blamed elsewhere: {(broken + early)[:3]}"
+    rules = {r["test"]: r["rule"] for r in rows}
+    for test in (broken + early)[:3]:
+        summary += f"\n   blamed elsewhere: {test}: {rules.get(test)}"
     return held, summary, seconds
 
 
