@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import re
 from collections.abc import Callable
 from types import ModuleType
 from typing import NamedTuple
@@ -34,7 +33,7 @@ from .reviews.fleet_search import SLO, FleetQuestion
 from .reviews.scenarios import run_all_scenarios, scenario_batching, scenario_speculate
 from .reviews.sizing import SEED_SIZING, scenario_size
 from .reviews.stacks import scenario_stack
-from .status import status_report
+from .status import status_report, unsolved_exercises
 
 # The model `python solution.py serve` runs by default: the lab's GPT-2 with room for ShareGPT-
 # like requests (prompt + output <= 512 tokens).
@@ -68,11 +67,21 @@ def default_page(prog: str, page: str) -> str:
 
 
 def scenarios(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
-    """No command: the four design reviews (the main job), naming the first stub they need."""
-    text, stubs = run_all_scenarios(lab)
+    """No command: the four design reviews (the main job). Stubs are where a lab starts, not an
+    error: on a lab that has some, the exercise to write next comes first, each scenario that
+    needs a stub says so, the last line says what to run, and the status is 0 (a real error's is not)."""
+    todo = unsolved_exercises(lab)
+    if todo:  # the earliest exercise, not the first scenario's (sizing needs Exercise 8)
+        first = min(todo)
+        print(f"{run.prog}: Exercise {first} is next: write {', '.join(todo[first])} "
+              f"({len(todo)} of {len(lab.EXERCISES)} exercises still have stubs; the scenarios below run once "
+              "the exercises they need are written)\n")
+    text, _ = run_all_scenarios(lab)
     print(text)
-    if stubs:  # name the first exercise to write, not the first scenario that needed one
-        raise NotImplementedError(min(stubs, key=lambda stub: int(re.search(r"\d+", stub).group())))
+    if todo:
+        print(f"\nnext: write Exercise {first} in {run.prog}, then `python -m pytest -m exercise{first}`; "
+              f"`python {run.prog} status` lists every stub")
+    return 0
 
 
 def _size_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str) -> None:

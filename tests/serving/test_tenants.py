@@ -15,11 +15,10 @@ import importlib.util
 import io
 import json
 import re
+import select
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -31,6 +30,7 @@ from tests.support import (
     HTTP_TIMEOUT,
     MODEL_CONFIGS,
     ROOT,
+    SharedServer,
     api_engine,
     needs_reference,
     reraise_stub,
@@ -105,15 +105,27 @@ def byte_model():
 
 
 @pytest.fixture(scope="module")
-def tenant_server(byte_model):
-    with serving.start_server(api_engine(byte_model, enable_prefix_caching=True), api_keys=KEYS) as running:
-        yield running
+def shared_tenant_server(byte_model):
+    shared = SharedServer(lambda: api_engine(byte_model, enable_prefix_caching=True), api_keys=KEYS)
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def tenant_server(shared_tenant_server):
+    yield from shared_tenant_server.serve()
 
 
 @pytest.fixture(scope="module")
-def open_server(byte_model):
-    with serving.start_server(api_engine(byte_model, enable_prefix_caching=True)) as running:
-        yield running
+def shared_open_server(byte_model):
+    shared = SharedServer(lambda: api_engine(byte_model, enable_prefix_caching=True))
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def open_server(shared_open_server):
+    yield from shared_open_server.serve()
 
 
 # --- keys: who may call ----------------------------------------------------------------------
@@ -258,42 +270,32 @@ def test_serve_warns_in_one_line_without_a_key_and_counts_its_keys_with_them():
         f"each --api-key key (repeated or listed) is a tenant of its own: {keyed.stdout!r}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.needs(1)
 def test_serve_with_a_keys_file_answers_its_keys_and_refuses_the_rest(tmp_path):
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps(KEYS))
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, lab.__file__, "serve", "--port", str(port), "--api-keys-file", str(keys)],
+    # Port 0: the server takes a free port and its banner names it (a port picked here first could
+    # be taken by another process before the server binds it).
+    proc = subprocess.Popen([sys.executable, lab.__file__, "serve", "--port", "0", "--api-keys-file", str(keys)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    server = type("Server", (), {"port": port})
+    banner, listening = "", None
     try:
-        for _ in range(400):  # until it listens (bounded: 20 s), or has ended
-            try:
-                if call(server, "GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                if proc.poll() is not None:
-                    break
-                time.sleep(0.05)
-        if proc.poll() is not None:  # it ended before it listened: a stub it names, or an error
-            out, err = proc.communicate(timeout=30)
-            reraise_stub(err)
-            raise AssertionError(f"serve --api-keys-file ended before it listened: {out}{err}")
-        assert call(server, "GET", "/v1/models", None, "Bearer sk-globex")[0] == 200
-        assert call(server, "GET", "/v1/models", None, "Bearer sk-acme-2")[0] == 200
-        assert call(server, "GET", "/v1/models", None, "Bearer sk-initech")[0] == 401
-        assert call(server, "GET", "/v1/models")[0] == 401
+        ready, _, _ = select.select([proc.stdout], [], [], 60)  # the banner, once it listens (bounded)
+        banner = proc.stdout.readline() if ready else ""
+        listening = re.search(r" at http://127\.0\.0\.1:(\d+) ", banner)
+        if listening:
+            server = type("Server", (), {"port": int(listening.group(1))})
+            assert call(server, "GET", "/v1/models", None, "Bearer sk-globex")[0] == 200
+            assert call(server, "GET", "/v1/models", None, "Bearer sk-acme-2")[0] == 200
+            assert call(server, "GET", "/v1/models", None, "Bearer sk-initech")[0] == 401
+            assert call(server, "GET", "/v1/models")[0] == 401
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # Ctrl-C
-        out, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        out, err = banner + proc.stdout.read(), proc.stderr.read()
     reraise_stub(err)
+    assert listening, f"serve --api-keys-file ended before its banner named the port it listens on: {out}{err}"
     assert proc.returncode == 0 and "API keys: 3 key(s) of 2 tenant(s)" in out, (proc.returncode, out, err)
 
 

@@ -54,7 +54,7 @@ CUT_S = 2.0  # a LONG command must not have failed by then: its imports, its fla
 # CUT_S seconds, then stopped.
 LONG = re.compile(r"""
     \s(serve|loadtest|fleet|bench|attack)\b    # the server, the load test, the fleet search, benchmarks, the attack
-  | tools/(?:\w+/)?(bench\w*|peer_bench|probe_closes|mutants|teach_check|second_lab|check_stubs|check_docs)\.py
+  | tools/(?:\w+/)?(bench\w*|peer_bench|probe_closes|mutants|teach_check|second_lab|check_stubs|check_docs|blame)\.py
   | -m\ pytest(?!.*\s-m\s)(?!.*::)(?!.*\stests/[\w/]+\.py)   # the whole suite (one exercise or file finishes)
   | protocol\.MAX_CHOICES                      # docs/serving.md's measurement of the choice cap, to 200,000
 """, re.X)

@@ -329,4 +329,7 @@ PACKAGES: list[tuple[str, ...]] = [
      'return self.prompt_tokens - self.hits * self.block_size', 'return self.prompt_tokens', 'course/reviews/attack.py'),
     ('issue 42: the review\'s AUC counts a tie as a win', 'provided',
      'np.mean(pos > neg) + 0.5 * np.mean(pos == neg)', 'np.mean(pos >= neg)', 'course/reviews/attack.py'),
+    ('an engine whose gauges raise leaves its clients waiting', 'provided',
+     '                gauges = self._gauges()  # the lab\'s num_free_blocks: if it raises, the engine failed too\n            except Exception as exc:  # the engine failed: the front end fails what is in flight\n                self._answered = False\n                if self.send(EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}")):\n                    while not (self._answered or self._gone):\n                        self._receive(block=True)\n                stalled = not self._flush()\n                continue\n            if not self.send(StepReport(rejected, outputs, gauges)):\n',
+     '            except Exception as exc:  # the engine failed: the front end fails what is in flight\n                self._answered = False\n                if self.send(EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}")):\n                    while not (self._answered or self._gone):\n                        self._receive(block=True)\n                stalled = not self._flush()\n                continue\n            if not self.send(StepReport(rejected, outputs, self._gauges())):\n', 'serving/async_llm.py'),
 ]

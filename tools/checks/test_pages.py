@@ -65,6 +65,41 @@ def test_the_copys_words_check_names_each_kind_of_word_that_does_not_fit(page, s
 
 
 @pytest.mark.provided
+def test_every_file_of_the_copy_names_only_files_and_folders_the_copy_holds_but_solution_py():
+    student_copy = load_tool("student_copy")
+    texts, binaries = student_copy.copy_files()
+    assert "tools/handout/make_lab.py" in tracked_files(), "test setup: the check needs a file the copy keeps back"
+    unheld = student_copy.names_unheld(texts, binaries)
+    assert not unheld, "the copy names what it does not hold (words inside `<!-- maintainers -->` are dropped from " \
+                       "the copy's pages and pyproject.toml):\n" + "\n".join(unheld)
+
+
+KEPT_BACK = {"tools/handout/make_lab.py", "tools/checks/mutants.py", "docs/teaching.md", ".ci/run", "solution.py"}
+HELD = {"lab.py", "README.md", "docs/x.md", "tools/bench.py", "tools/checks_of_mine.txt", "course/cli.py"}
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("path, text, names", [
+    ("README.md", "see `docs/y.md` and tools/handout/make_lab.py.", ["docs/y.md", "tools/handout/make_lab.py"]),
+    ("README.md", "| `tools/` | `handout/`: the lab generator |", ["handout/"]),
+    ("pyproject.toml", '"tools/checks/mutants_*.py" = ["E501"]', ["tools/checks/mutants_*.py"]),
+    ("course/cli.py", "# regenerate with make_lab.py\nx = 1\n", ["make_lab.py"]),
+    ("course/cli.py", 'def f():\n    """Graded as docs/teaching.md says."""\n', ["docs/teaching.md"]),
+    ("course/cli.py", 'raise SystemExit(f"run {x} as .ci/run does")\n', [".ci/run"]),
+])
+def test_the_unheld_names_check_names_each_kept_back_or_missing_path(path, text, names):
+    found = load_tool("check_words").unheld_names({path: text}, HELD, HELD | KEPT_BACK)
+    assert [problem.rsplit(": ", 1)[1] for problem in found] == names, found
+
+
+@pytest.mark.provided
+def test_the_unheld_names_check_lets_through_what_the_copy_holds_solution_py_others_paths_and_code():
+    text = ('"""lab.py and solution.py; tools/bench.py and tools/*.py; docs/; vLLM\'s vllm/v1/core/sched/utils.py; '
+            'min(1, p/q); text/html."""\nPATH = ROOT / "tools" / "checks" / "mutants.py"\nfrom make_lab import x\n')
+    assert load_tool("check_words").unheld_names({"course/cli.py": text}, HELD, HELD | KEPT_BACK) == []
+
+
+@pytest.mark.provided
 def test_every_command_shown_is_found_complete_and_the_few_not_run_say_why():
     check_docs = load_tool("check_docs")
     found = check_docs.snippets()
