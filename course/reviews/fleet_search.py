@@ -121,14 +121,18 @@ def _role_workload(workload, role: str) -> tuple[list, list, list]:
     return unit_arrivals, prompts, outputs
 
 
-def _step_shape(plan, role: str) -> tuple[int, int, int, bool]:
+def _step_shape(plan, role: str) -> tuple[int, int, int, bool, dict[str, int]]:
     """(tokens charged, context tokens read, query-key pairs attention computes (causal), whether a
-    prefill runs) of a planned step. A decode pool's first step of a request imports its prompt's
-    K/V: no FLOPs for it, only the last token's."""
+    prefill runs, the token each sequence that completes samples) of a planned step, in one pass
+    over its sequences. A decode pool's first step of a request imports its prompt's K/V: no FLOPs
+    for it, only the last token's."""
     tokens = plan.total_num_scheduled_tokens
-    context, pairs, prefill = 0, 0, False
+    context, pairs, prefill, sampled = 0, 0, False, {}
+    scheduled_tokens = plan.num_scheduled_tokens
     for s in plan.scheduled:
-        new, done = plan.num_scheduled_tokens[s.request_id], s.num_computed_tokens
+        new, done = scheduled_tokens[s.request_id], s.num_computed_tokens
+        if plan.completes(s):
+            sampled[s.request_id] = 0
         context += done + new
         if new > 1:
             prefill = True
@@ -136,7 +140,7 @@ def _step_shape(plan, role: str) -> tuple[int, int, int, bool]:
                 tokens -= new - 1  # the imported K/V: no FLOPs, only the last token's
                 done, new = done + new - 1, 1
         pairs += new * done + new * (new + 1) // 2
-    return tokens, context, pairs, prefill
+    return tokens, context, pairs, prefill, sampled
 
 
 def _step_seconds(cost, tokens: int, context: int, pairs: int):
@@ -220,7 +224,7 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
         if not scheduler.has_unfinished():
             continue
         plan = scheduler.plan_step()
-        tokens, context, pairs, prefill = _step_shape(plan, role)
+        tokens, context, pairs, prefill, sampled = _step_shape(plan, role)
         step, parts = _step_seconds(cost, tokens, context, pairs)
         clock += step
         if parts is not None:
@@ -229,7 +233,6 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
             decode["time"], decode["steps"] = decode["time"] + step, decode["steps"] + 1
             decode["seqs"], decode["context"] = decode["seqs"] + len(plan.scheduled), decode["context"] + context
         run.num_steps += 1
-        sampled = {s.request_id: 0 for s in plan.scheduled if plan.completes(s)}
         for s in scheduler.finish_step(plan, sampled, clock):
             if int(s.request_id) >= first:
                 counted.finished(s, prompts[int(s.request_id)], role, slo, kv_transfer_s_per_token)
@@ -279,11 +282,13 @@ class Search:
 
 
 def search_max_rate(run_at: Callable[[float], LoadRun], start: float, tolerance: float = SEARCH_TOLERANCE,
-                    lowest: float | None = None, candidate: Candidate | None = None) -> Search:
+                    lowest: float | None = None, candidate: Candidate | None = None,
+                    settled: Callable[[float, float], bool] | None = None) -> Search:
     """Binary search of the largest rate where `run_at(rate).meets`, assumed monotone (meets
     below some rate, misses above): from `start`, double until a miss (or halve until a meet,
     down to `lowest`, default start / 256), then bisect until the bracket is within
-    `tolerance` (relative). The result meets; the bracket's top misses."""
+    `tolerance` (relative), or until `settled(good rate, bad rate)` says every rate of the
+    bracket gives the caller the same answer. The result meets; the bracket's top misses."""
     runs = 0
 
     def at(rate: float) -> LoadRun:
@@ -307,10 +312,16 @@ def search_max_rate(run_at: Callable[[float], LoadRun], start: float, tolerance:
             good, bad = (trial, bad) if trial.meets else (None, trial)
         if good is None:
             return Search(candidate, 0.0, None, bad, runs)
-    while bad.rate > good.rate * (1 + tolerance):
+    while bad.rate > good.rate * (1 + tolerance) and not (settled and settled(good.rate, bad.rate)):
         trial = at(math.sqrt(good.rate * bad.rate))
         good, bad = (trial, bad) if trial.meets else (good, trial)
     return Search(candidate, good.rate, good, bad, runs)
+
+
+def fleet_size(qps: float, rate_per_replica: float, tp: int) -> tuple[int, int]:
+    """(replicas, GPUs) to serve `qps` when one replica of `tp` GPUs serves `rate_per_replica`."""
+    replicas = math.ceil(qps / rate_per_replica * (1 - 1e-12))  # 100 / 25 is 4, not 5, in floating point
+    return replicas, replicas * tp
 
 
 # --- the question, and every candidate searched ------------------------------------------
@@ -391,10 +402,26 @@ def search_candidate(lab: ModuleType, question: FleetQuestion, candidate: Candid
     def run_at(rate: float, stop_early: bool = True) -> LoadRun:
         return simulate_rate(lab, cost, workload, rate, question.slo, candidate, plan.num_kv_blocks, block_size,
                              stop_early, kv_transfer_s_per_token=transfer)
-    search = search_max_rate(run_at, start, candidate=candidate)
+    settled = None
+    if candidate.cost == "roofline":  # its table column is GPUs and $ alone: the replicas settle them
+        def settled(good: float, bad: float) -> bool:
+            return fleet_size(question.qps, good, candidate.tp) == fleet_size(question.qps, bad, candidate.tp)
+    search = search_max_rate(run_at, start, candidate=candidate, settled=settled)
     if search.max_rate == 0:  # by how much it misses, for "the nearest miss": the whole run
         search.miss = run_at(search.miss.rate, stop_early=False)
     return search
+
+
+def _found(search: Search, qps: float) -> str:
+    """A search's result for its progress line: a roofline search stops once its replicas are settled,
+    so it gives the bracket they hold on."""
+    if not search.max_rate:
+        return f"misses at every rate tried ({search.num_runs} runs)"
+    if search.candidate.cost == "roofline" and search.miss is not None:
+        replicas = fleet_size(qps, search.max_rate, search.candidate.tp)[0]
+        return (f"{search.max_rate:.1f}-{search.miss.rate:.1f} req/s per replica, {replicas} "
+                f"replica{'s' * (replicas != 1)} at {qps:g} req/s ({search.num_runs} runs)")
+    return f"{search.max_rate:.1f} req/s per replica ({search.num_runs} runs)"
 
 
 _JOB: dict = {}  # what forked workers inherit: (lab, question, candidates, workload)
@@ -407,15 +434,15 @@ def _search_job(index: int) -> Search | str:
 
 def search_all(lab: ModuleType, question: FleetQuestion, candidates: list[Candidate], workload, jobs: int,
                 log: Callable[[str], None]) -> list[Search | str]:
-    """Every candidate's search, `jobs` at a time (forked processes), a progress line as each ends."""
+    """Every candidate's search, `jobs` at a time (forked processes), a progress line as each ends.
+    The prefill pools' go first: they decode nothing, so their lines come within the first second."""
     results: list = [None] * len(candidates)
+    order = sorted(range(len(candidates)), key=lambda i: candidates[i].role != "prefill")
     clock = time.perf_counter()
 
     def report(i: int, result) -> None:
         done = sum(r is not None for r in results)
-        what = result if isinstance(result, str) else (
-            f"{result.max_rate:.1f} req/s per replica ({result.num_runs} runs)" if result.max_rate
-            else f"misses at every rate tried ({result.num_runs} runs)")
+        what = result if isinstance(result, str) else _found(result, question.qps)
         on = "roofline" if candidates[i].cost == "roofline" else "measured" if has_profile(candidates[i].gpu) else \
             "roofline, no profile"
         elapsed = time.perf_counter() - clock
@@ -425,7 +452,7 @@ def search_all(lab: ModuleType, question: FleetQuestion, candidates: list[Candid
         _JOB["args"] = (lab, question, candidates, workload)
         try:
             with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-                futures = {pool.submit(_search_job, i): i for i in range(len(candidates))}
+                futures = {pool.submit(_search_job, i): i for i in order}
                 for future in concurrent.futures.as_completed(futures):
                     i = futures[future]
                     results[i] = future.result()  # a stub's NotImplementedError comes back here
@@ -433,8 +460,8 @@ def search_all(lab: ModuleType, question: FleetQuestion, candidates: list[Candid
         finally:
             _JOB.clear()
     else:
-        for i, candidate in enumerate(candidates):
-            results[i] = search_candidate(lab, question, candidate, workload)
+        for i in order:
+            results[i] = search_candidate(lab, question, candidates[i], workload)
             report(i, results[i])
     return results
 
