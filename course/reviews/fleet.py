@@ -252,8 +252,10 @@ def _pick(question: FleetQuestion, met: list[FleetRow], unmet: list[FleetRow], m
     pick = met[0]
     lines = ["", f"Pick: {pick.label}: {_gpus(pick.gpus)} for {question.qps:g} req/s, "
                  f"${pick.usd_per_million:.2f} per 1M output tokens (mean output {mean_output:.0f} tokens)."]
+    # The roofline's searches find replicas, not rates (search_replicas): at one price, the floor of
+    # the row the measured table ranks first.
     floors = sorted((r.roofline for r in met + unmet if r.roofline is not None and r.roofline.gpus),
-                    key=lambda r: (round(r.usd_per_million, 9), -r.capacity))
+                    key=lambda r: round(r.usd_per_million, 9))
     if not pick.measured:
         lines.append("  Its GPU has no published profile: its figures are the roofline's, a floor, and the measured "
                      "candidates' are not comparable with them.")

@@ -282,13 +282,11 @@ class Search:
 
 
 def search_max_rate(run_at: Callable[[float], LoadRun], start: float, tolerance: float = SEARCH_TOLERANCE,
-                    lowest: float | None = None, candidate: Candidate | None = None,
-                    settled: Callable[[float, float], bool] | None = None) -> Search:
+                    lowest: float | None = None, candidate: Candidate | None = None) -> Search:
     """Binary search of the largest rate where `run_at(rate).meets`, assumed monotone (meets
     below some rate, misses above): from `start`, double until a miss (or halve until a meet,
     down to `lowest`, default start / 256), then bisect until the bracket is within
-    `tolerance` (relative), or until `settled(good rate, bad rate)` says every rate of the
-    bracket gives the caller the same answer. The result meets; the bracket's top misses."""
+    `tolerance` (relative). The result meets; the bracket's top misses."""
     runs = 0
 
     def at(rate: float) -> LoadRun:
@@ -312,7 +310,7 @@ def search_max_rate(run_at: Callable[[float], LoadRun], start: float, tolerance:
             good, bad = (trial, bad) if trial.meets else (None, trial)
         if good is None:
             return Search(candidate, 0.0, None, bad, runs)
-    while bad.rate > good.rate * (1 + tolerance) and not (settled and settled(good.rate, bad.rate)):
+    while bad.rate > good.rate * (1 + tolerance):
         trial = at(math.sqrt(good.rate * bad.rate))
         good, bad = (trial, bad) if trial.meets else (good, trial)
     return Search(candidate, good.rate, good, bad, runs)
@@ -322,6 +320,36 @@ def fleet_size(qps: float, rate_per_replica: float, tp: int) -> tuple[int, int]:
     """(replicas, GPUs) to serve `qps` when one replica of `tp` GPUs serves `rate_per_replica`."""
     replicas = math.ceil(qps / rate_per_replica * (1 - 1e-12))  # 100 / 25 is 4, not 5, in floating point
     return replicas, replicas * tp
+
+
+def search_replicas(run_at: Callable[[float], LoadRun], qps: float, start: float, lowest: float | None = None,
+                    candidate: Candidate | None = None) -> Search:
+    """The fewest replicas that serve `qps`: the smallest k where `run_at(qps / k).meets` (the same
+    monotony search_max_rate assumes), when only the replicas matter (the roofline's GPUs and $).
+    It starts on the optimistic side, at twice `start`: a rate that misses is a run stopped early,
+    one that meets runs every request, so it climbs by misses (k grows by a quarter, at least 1)
+    to the first meet, then bisects the k's between. The result's rate is qps / k, its best run
+    the one there, its miss the run at qps / (k - 1) (None when one replica serves); 0 when even
+    `lowest` (default start / 256) misses."""
+    runs: dict[int, LoadRun] = {}
+
+    def at(k: int) -> LoadRun:
+        runs[k] = run_at(qps / k)
+        return runs[k]
+
+    lowest = start / 256 if lowest is None else lowest
+    bad, good = 0, math.ceil(qps / (2 * start))  # k = 0: no replica, which serves nothing
+    while not at(good).meets:
+        bad, good = good, good + max(1, good // 4)
+        if qps / good < lowest:
+            return Search(candidate, 0.0, None, runs[bad], len(runs))
+    while bad == 0 and good > 1:  # the optimistic start met: fewer replicas, by halves, to a miss
+        half = good // 2
+        good, bad = (half, 0) if at(half).meets else (good, half)
+    while good - bad > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if at(mid).meets else (good, mid)
+    return Search(candidate, qps / good, runs[good], runs.get(bad), len(runs))
 
 
 # --- the question, and every candidate searched ------------------------------------------
@@ -402,25 +430,22 @@ def search_candidate(lab: ModuleType, question: FleetQuestion, candidate: Candid
     def run_at(rate: float, stop_early: bool = True) -> LoadRun:
         return simulate_rate(lab, cost, workload, rate, question.slo, candidate, plan.num_kv_blocks, block_size,
                              stop_early, kv_transfer_s_per_token=transfer)
-    settled = None
-    if candidate.cost == "roofline":  # its table column is GPUs and $ alone: the replicas settle them
-        def settled(good: float, bad: float) -> bool:
-            return fleet_size(question.qps, good, candidate.tp) == fleet_size(question.qps, bad, candidate.tp)
-    search = search_max_rate(run_at, start, candidate=candidate, settled=settled)
+    if candidate.cost == "roofline":  # its table column is GPUs and $ alone: the replicas give both
+        search = search_replicas(run_at, question.qps, start, candidate=candidate)
+    else:
+        search = search_max_rate(run_at, start, candidate=candidate)
     if search.max_rate == 0:  # by how much it misses, for "the nearest miss": the whole run
         search.miss = run_at(search.miss.rate, stop_early=False)
     return search
 
 
 def _found(search: Search, qps: float) -> str:
-    """A search's result for its progress line: a roofline search stops once its replicas are settled,
-    so it gives the bracket they hold on."""
+    """A search's result for its progress line: a roofline search looks for the replicas alone."""
     if not search.max_rate:
         return f"misses at every rate tried ({search.num_runs} runs)"
-    if search.candidate.cost == "roofline" and search.miss is not None:
+    if search.candidate.cost == "roofline":
         replicas = fleet_size(qps, search.max_rate, search.candidate.tp)[0]
-        return (f"{search.max_rate:.1f}-{search.miss.rate:.1f} req/s per replica, {replicas} "
-                f"replica{'s' * (replicas != 1)} at {qps:g} req/s ({search.num_runs} runs)")
+        return f"{replicas} replica{'s' * (replicas != 1)} for {qps:g} req/s ({search.num_runs} runs)"
     return f"{search.max_rate:.1f} req/s per replica ({search.num_runs} runs)"
 
 

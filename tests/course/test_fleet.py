@@ -77,20 +77,22 @@ def test_search_finds_the_rate_a_brute_force_sweep_finds():
 
 
 @pytest.mark.provided
-@given(st.floats(0.5, 500.0), st.floats(0.1, 50.0), st.floats(1.0, 400.0), st.sampled_from([1, 2, 4, 8]))
-def test_a_search_stopped_once_the_replicas_are_settled_needs_the_gpus_the_whole_bisection_needs(knee, start, qps,
-                                                                                                   tp):
+@given(st.floats(0.05, 500.0), st.floats(0.1, 50.0), st.floats(1.0, 400.0))
+def test_the_replicas_search_finds_the_fewest_replicas_whose_share_of_the_rate_meets(knee, start, qps):
     def run_at(rate):  # a replica meets both targets up to its knee
         return fleet_search.LoadRun(rate, rate <= knee, 0.0, 0.0, True)
-
-    def settled(good, bad):
-        return fleet_search.fleet_size(qps, good, tp) == fleet_search.fleet_size(qps, bad, tp)
-    whole = fleet_search.search_max_rate(run_at, start)
-    short = fleet_search.search_max_rate(run_at, start, settled=settled)
-    assert short.num_runs <= whole.num_runs and short.max_rate <= knee, "it stops no later, at a rate that meets"
-    assert fleet_search.fleet_size(qps, short.max_rate, tp) == fleet_search.fleet_size(qps, whole.max_rate, tp), (
-        f"knee {knee:.3f} req/s: stopped at {short.max_rate:.3f}, the whole bisection at {whole.max_rate:.3f}; "
-        f"the GPUs at {qps:.1f} req/s must be the same")
+    search = fleet_search.search_replicas(run_at, qps, start)
+    if knee < start / 256:
+        assert search.max_rate == 0 and search.best is None, "a knee below the lowest rate tried: no replica count"
+        return
+    fewest = math.ceil(qps / knee - 1e-9)
+    while qps / fewest > knee:  # the smallest k with qps / k <= knee, by hand
+        fewest += 1
+    found = fleet_search.fleet_size(qps, search.max_rate, 1)[0]
+    assert found == fewest and search.best.meets, (
+        f"a replica meets up to {knee:.3f} req/s: {qps:.1f} req/s need {fewest} replicas, the search says {found}")
+    assert search.miss is None if found == 1 else (not search.miss.meets and search.miss.rate == qps / (found - 1)), (
+        "one replica fewer misses (its run is the search's miss)")
 
 
 @pytest.mark.provided
