@@ -7,10 +7,8 @@ from __future__ import annotations
 import html.parser
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ import pytest
 from conftest import lab
 from course.pages import trace, trace_workloads
 from loadtest import datasets
+from tests.course.browser import dump_dom, needs_browser
 from tests.course.test_trace import PageData, generated, pool_invariants, recorded, recording_in, slots_of
 from tests.support import ROOT, needs_reference, run_cli
 
@@ -153,27 +152,9 @@ def test_cli_trace_on_a_half_written_lab_names_the_missing_stub(tmp_path):
 
 # --- the rendered page, in a real browser ----------------------------------------------------
 #
-# Headless Chromium opens the page at `#step=N&request=ID` and dumps the DOM the script built;
-# html.parser reads the data-* attributes back and the test compares them with the recording.
-
-BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
-BROWSER_TIMEOUT = 60
-needs_browser = pytest.mark.skipif(BROWSER is None, reason="needs Chromium to render the page: apt-get install "
-                                   "chromium (or any chromium / chromium-browser on PATH)")
-
-
-def dump_dom(path: Path, fragment: str) -> str:
-    with tempfile.TemporaryDirectory() as profile:
-        proc = subprocess.run(
-            [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--window-size=1280,900", "--dump-dom",
-             f"{path.as_uri()}#{fragment}"],
-            capture_output=True, text=True, timeout=BROWSER_TIMEOUT)
-    if proc.returncode != 0 or "<main" not in proc.stdout:  # not an AssertionError: the page was not checked
-        raise RuntimeError(f"chromium --dump-dom exited {proc.returncode}: {proc.stderr[-500:]}")
-    return proc.stdout
-
+# Headless Chromium opens the page at `#step=N&request=ID` and dumps the DOM the script built
+# (tests/course/browser.py); html.parser reads the data-* attributes back and the test compares
+# them with the recording.
 
 class RenderedPage(html.parser.HTMLParser):
     """What the script drew: the step, the queues, the plan, the pool, the tables, the detail."""
