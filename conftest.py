@@ -14,8 +14,8 @@
   failure is a failure. Not running it also keeps a shared server's engine from being broken by
   a stub before the tests of its plain HTTP run.
 - At the end of every run, a scoreboard: one line per exercise, passed/total, the functions still
-  to write and the tests that fail for another reason (pytest's short summary is off: `-rN` in
-  pyproject.toml, because it cuts every line to the terminal's width).
+  to write and the tests that fail for another reason (pytest's short summary lists skips alone,
+  each with its reason: `-rs` in pyproject.toml; its failure lines are cut to the terminal's width).
 - Once every Exercise 4 test passes, the scoreboard also shows the kernel's speed against
   contiguous attention, measured here in well under a second and never asserted.
 - Hypothesis writes no `.hypothesis/patches` file and prints no "git apply" footer.
