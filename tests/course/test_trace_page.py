@@ -133,7 +133,8 @@ def test_cli_trace_says_in_one_line_that_it_cannot_write_the_page(tmp_path):
 
 @pytest.mark.provided
 @needs_reference
-def test_cli_trace_on_a_half_written_lab_names_the_missing_stub(tmp_path):
+@pytest.mark.parametrize("checkout", ["student's copy", "maintainers' checkout"])
+def test_cli_trace_on_a_half_written_lab_names_the_missing_stub_and_where_its_run_is_seen(tmp_path, checkout):
     sys.path.insert(0, str(ROOT / "tools" / "handout"))
     try:
         from make_lab import make_lab
@@ -141,12 +142,20 @@ def test_cli_trace_on_a_half_written_lab_names_the_missing_stub(tmp_path):
         sys.path.remove(str(ROOT / "tools" / "handout"))
     script = tmp_path / "lab_half.py"
     script.write_text(make_lab((ROOT / "solution.py").read_text(), only={"5"}))
+    if checkout == "student's copy":  # it ships the reference's recorded pages, and no solution.py
+        (tmp_path / "docs" / "reference-traces").mkdir(parents=True)
+        (tmp_path / "docs" / "reference-traces" / "arrivals.html").write_text("<html></html>")
+        pointed = "docs/reference-traces/arrivals.html is that run on a correct engine"
+    else:  # it has no recorded pages, and the reference to record them from
+        (tmp_path / "solution.py").write_text((ROOT / "solution.py").read_text())
+        pointed = "`python solution.py trace --workload arrivals` records that run on the reference engine"
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run([sys.executable, str(script), "trace", "--out", str(tmp_path / "t.html")], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(script), "trace", "--workload", "arrivals", "--out",
+                           str(tmp_path / "t.html")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "lab_half.py: Exercise 5: Scheduler.schedule is still a stub" in proc.stderr, proc.stderr
-    assert "docs/reference-traces/skewed.html" in proc.stderr, "a stuck student is pointed to the reference run"
+    assert pointed in proc.stderr, f"in the {checkout}, a stuck student is pointed to the reference run: {proc.stderr}"
     assert not (tmp_path / "t.html").exists(), "no page for a run that could not start"
 
 
