@@ -162,8 +162,9 @@ def _speedup_curve(run: dict, y0: float) -> tuple[list[str], float]:
     mx, my = sx(k), sy(run["measured_speedup"])
     body.append(el("path", d=f"M {mx:.1f} {my - 8:.1f} L {mx + 8:.1f} {my:.1f} L {mx:.1f} {my + 8:.1f} "
                              f"L {mx - 8:.1f} {my:.1f} z", fill=VERMILLION, stroke=INK, stroke_width=0.8))
-    body.append(text(mx + 12, my + (-10 if measured_above else 18), f"measured {run['measured_speedup']:.2f}\u00d7",
-                     size=12, weight="bold", fill=VERMILLION, label="measured-speedup"))
+    body.append(text(mx + 12, my + (-10 if measured_above else 18),
+                     f"this run, counted: {run['measured_speedup']:.2f}\u00d7 at c = {run['c']:.2f}", size=12,
+                     weight="bold", fill=VERMILLION, label="measured-speedup"))
     return body, py1
 
 
@@ -193,7 +194,8 @@ def figure_speculative(lab: ModuleType) -> tuple[str, dict]:
                "own pass: resampled at the first rejection, or a bonus when all drafts survive, so even a round "
                "that accepts nothing makes progress. On the right, the expected speedup (1 - alpha^(k+1)) / "
                f"((1 - alpha)(k c + 1)) for the measured alpha = {run['alpha']:.3f} (estimate_alpha) and draft cost "
-               f"c = {run['c']:.2f} (its share of the layers); the diamond is this run: tokens / (target passes + "
-               "c \u00d7 draft steps). The per-round drafts are recorded by wrapping accept_or_resample during the "
-               "run; the chapter's code is unchanged.")
+               f"c = {run['c']:.2f} (its share of the layers: assumed, not timed); the diamond is this run's speedup "
+               "counted, not timed: tokens / (target passes + c \u00d7 draft steps), its passes and steps counted "
+               "and each draft step charged c of a target pass (`bench speculative` times both). The per-round "
+               "drafts are recorded by wrapping accept_or_resample during the run; the chapter's code is unchanged.")
     return figure("speculative", "4. Speculative decoding: rounds and speedup", picture, caption), run
