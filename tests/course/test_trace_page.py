@@ -7,6 +7,7 @@ from __future__ import annotations
 import html.parser
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -288,3 +289,28 @@ def test_the_page_opens_on_the_first_step_where_a_mechanism_shows():
 def test_the_page_without_a_step_in_its_address_opens_on_the_opening_step(tmp_path):
     _, data, path = page_of("memory-pressure", tmp_path)
     assert RenderedPage(dump_dom(path, "")).step == data["open"] > 0, "the page opens on the recording's opening step"
+
+
+@pytest.mark.needs(5)
+@needs_browser
+def test_past_a_palettes_worth_of_requests_no_two_look_alike_by_hue_alone(tmp_path):
+    workload_file = tmp_path / "w.jsonl"
+    datasets.save_workload(datasets.make_workload(lab, "tiny", 30, seed=4), str(workload_file))
+    rec = trace.record(lab, trace_workloads.get_workload(str(workload_file)))
+    path = tmp_path / "trace.html"
+    path.write_text(trace.render_page(rec))
+    dom = dump_dom(path, f"step={len(rec.frames) - 1}")
+    looks = {}
+    for request, style in re.findall(r'<li class="chip[^"]*" data-request="([^"]+)" style="([^"]*)"', dom):
+        looks.setdefault(request, set()).add(style)
+    assert len(looks) == 30 and all(len(styles) == 1 for styles in looks.values()), (
+        f"the last step lists all 30 requests, each in one look: {looks}")
+    alike = [ids for ids in _grouped(looks) if len(ids) > 1]
+    assert not alike, f"requests drawn alike (the same colour and pattern): {alike}"
+
+
+def _grouped(looks: dict) -> list[list[str]]:
+    by_look: dict = {}
+    for request, styles in looks.items():
+        by_look.setdefault(next(iter(styles)), []).append(request)
+    return list(by_look.values())
