@@ -132,14 +132,12 @@ def format_load_chart(rates: Sequence[float], summaries: Sequence[dict], width: 
                      f"{_bar(tput, top_tput, width)} {tput:7.0f}" + (f"  <- {', '.join(marks)}" if marks else ""))
     if slo:
         lines.append(_slo_knee_words(rates, summaries, slo_knee, slo))
-    if knee is not None:
-        past = ttfts[rates.index(knee) + 1]
-        lines.append(f"queueing knee: {knee:g} req/s, the last rate before p99 TTFT more than tripled its lowest "
-                     f"({min(t for t in ttfts if t == t):.1f} ms; {past:.1f} ms at the next rate): past it requests "
-                     "wait for one another. It says nothing of a target: "
-                     + ("the SLO knee does." if slo else "--slo-ttft-ms and --slo-tpot-ms give the SLO knee."))
-    else:
-        lines.append("queueing knee: not reached (p99 TTFT stays within 3x of its lowest): offer higher rates")
+    lines.append("queueing knee: not reached (p99 TTFT stays within 3x of its lowest): offer higher rates"
+                 if knee is None else
+                 f"queueing knee: {knee:g} req/s, the last rate before p99 TTFT more than tripled its lowest "
+                 f"({min(t for t in ttfts if t == t):.1f} ms; {ttfts[rates.index(knee) + 1]:.1f} ms at the next "
+                 "rate): past it requests wait for one another. It says nothing of a target: "
+                 + ("the SLO knee does." if slo else "--slo-ttft-ms and --slo-tpot-ms give the SLO knee."))
     return "\n".join(lines)
 
 
@@ -147,13 +145,12 @@ def _slo_knee_words(rates: Sequence[float], summaries: Sequence[dict], slo_knee:
     if slo_knee is None:
         return f"SLO knee: not reached: at every rate tried at least 99% of requests met {slo}; offer higher rates"
     missed = rates[0] if slo_knee == 0.0 else rates[rates.index(slo_knee) + 1]
-    share = slo_attainment(summaries[rates.index(missed)])
     where = (f"not reached from below: at the lowest rate, {missed:g} req/s" if slo_knee == 0.0 else
              f"{slo_knee:g} req/s, the last rate at which goodput kept up with throughput; at {missed:g} req/s")
     again = [r for r, summary in zip(rates, summaries) if r > missed and slo_attainment(summary) >= 0.99]
-    return (f"SLO knee: {where}, {share:.1%} of requests met {slo} (the SLO asks 99%)"
-            + (f"; {again[0]:g} req/s kept up again (a p99 over a few hundred requests moves from run to run)"
-               if again else ""))
+    return (f"SLO knee: {where}, {slo_attainment(summaries[rates.index(missed)]):.1%} of requests met {slo} (the "
+            "SLO asks 99%)" + (f"; {again[0]:g} req/s kept up again (a p99 over a few hundred requests moves from "
+                               "run to run)" if again else ""))
 
 
 def format_load_table(rates: Sequence[float], summaries: Sequence[dict]) -> str:

@@ -325,7 +325,7 @@ def fleet_size(qps: float, rate_per_replica: float, tp: int) -> tuple[int, int]:
 def search_replicas(run_at: Callable[[float], LoadRun], qps: float, start: float, lowest: float | None = None,
                     candidate: Candidate | None = None) -> Search:
     """The fewest replicas that serve `qps`: the smallest k where `run_at(qps / k).meets` (the same
-    monotony search_max_rate assumes), when only the replicas matter (the roofline's GPUs and $).
+    monotonicity search_max_rate assumes), when only the replicas matter (the roofline's GPUs and $).
     It starts on the optimistic side, at twice `start`: a rate that misses is a run stopped early,
     one that meets runs every request, so it climbs by misses (k grows by a quarter, at least 1)
     to the first meet, then bisects the k's between. The result's rate is qps / k, its best run
