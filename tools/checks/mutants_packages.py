@@ -134,7 +134,7 @@ PACKAGES: list[tuple[str, ...]] = [
     ('echo ignored', 'provided',
      'choice: dict = {"index": state.index, "text": (self.prompt_of(gen, state.index)[1] if gen.echo and first\n                                                       else "") + text}', 'choice: dict = {"index": state.index, "text": text}', 'serving/serving_completion.py'),
     ('a large body parsed on the event loop', 'provided',
-     'if len(request.body) <= INLINE_PARSE_BYTES:', 'if True:', 'serving/api_server.py'),
+     'if len(body) <= INLINE_PARSE_BYTES:', 'if True:', 'serving/api_server.py'),
     ('NaN accepted as a number', 'provided',
      'payload = json.loads(body, parse_constant=_reject_constant)', 'payload = json.loads(body)', 'serving/protocol.py'),
     ('format_plan prints the block size in MB as MiB', 'exercise8',
