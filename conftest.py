@@ -18,7 +18,8 @@
   fail. CI proves that no test counted under the provided code runs an exercise's code.
 - At the end of every run, a scoreboard: one line per exercise, passed/total, the functions still
   to write and the tests that fail for another reason, then the provided code that runs it (pytest's
-  short summary is off: `-rN` in pyproject.toml, because it cuts every line to the terminal's width).
+  short summary lists skips alone, each with its reason: `-rs` in pyproject.toml; its failure lines
+  are cut to the terminal's width).
 - Once every Exercise 4 test passes, the scoreboard also shows the kernel's speed against
   contiguous attention, measured here in well under a second and never asserted.
 - Hypothesis writes no `.hypothesis/patches` file and prints no "git apply" footer.

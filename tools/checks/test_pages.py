@@ -13,6 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tool_support import load_tool, tracked_files  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 @pytest.mark.provided
 def test_no_page_narrates_the_projects_rounds_or_types_the_suites_counts_and_every_link_resolves():
@@ -119,6 +121,22 @@ def test_every_command_shown_is_found_complete_and_the_few_not_run_say_why():
     assert not unused, f"NOT_RUN names commands no page shows any more: {unused}"
     assert len(check_docs.NOT_RUN) <= 12, "a snippet that can run, runs: keep NOT_RUN short"
     assert sum(bool(check_docs.not_run(s, c)) for s, c in commands) < len(commands) / 4
+
+
+@pytest.mark.provided
+def test_every_file_a_pages_command_writes_into_the_checkout_is_one_git_ignores(tmp_path):
+    check_docs = load_tool("check_docs")
+    written = {(s.where, path) for s in check_docs.snippets() for c in s.commands
+               for path in check_docs.written_files(c) if not path.startswith(("/", "..", "~", "$"))}
+    assert {"my-report.html", "t.html", "keys.json", "results.json", "workload.jsonl"} <= {p for _, p in written}, (
+        f"the pages' outputs are found: {sorted(written)}")
+    loose = check_docs.unignored(ROOT, {path for _, path in written} | {"load.html", "fleet.html"})
+    assert not loose, ("a command of the pages leaves this in the checkout, and git would list it as untracked "
+                       f"(an ignored folder, or its name in .gitignore): {loose} from {sorted(written)}")
+    checkout = check_docs.scratch_checkout(ROOT, ROOT / "solution.py", tmp_path / "checkout")
+    (checkout / "notes.txt").write_text("a file no page writes")
+    assert check_docs.unignored(checkout, {"notes.txt", "x-report.html"}) == ["notes.txt"], (
+        "the run's check names a file git would list as untracked, and only that one")
 
 
 @pytest.mark.provided

@@ -198,3 +198,22 @@ def test_the_instrumented_run_catches_a_provided_codes_test_that_runs_an_exercis
     check = subprocess.run(checker, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert "ran Exercise" in check.stdout and "test_provided_code_running" not in check.stdout, (
         "marked reaches(1), the test is within its row (the provided test left unmarked still is not)", check.stdout)
+
+
+@pytest.mark.provided
+def test_a_skipped_test_says_why_in_the_projects_configuration_and_a_failure_is_not_summarised_again(tmp_path):
+    for name in ("conftest.py", "pyproject.toml"):  # the project's pytest configuration: its addopts
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    lab_tiny = TINY_LAB.replace("{double}", "return 2 * x").replace("{half}", "return x / 2")
+    (tmp_path / "lab_tiny.py").write_text(lab_tiny)
+    (tmp_path / "test_tiny.py").write_text(
+        "import pytest\n\n\n@pytest.mark.provided\n@pytest.mark.skipif(True, reason='needs a browser: apt-get install "
+        "chromium')\ndef test_skipped():\n    pass\n\n\n@pytest.mark.provided\ndef test_fails():\n    assert False, "
+        "'rule 1: a failure'\n")
+    env = dict(os.environ, LAB_MODULE="lab_tiny", PYTHONPATH=str(ROOT), COLUMNS="60")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "test_tiny.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert "SKIPPED [1] test_tiny.py:4: needs a browser: apt-get install chromium" in proc.stdout, (
+        f"a skip prints its reason whole, however narrow the terminal (-rs):\n{proc.stdout[-2000:]}")
+    assert "FAILED test_tiny.py" not in proc.stdout, (
+        f"a failure is shown once, short (its traceback and the scoreboard), with no summary line:\n{proc.stdout}")
