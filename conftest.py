@@ -39,7 +39,6 @@ import importlib
 import importlib.util
 import inspect
 import json
-import math
 import os
 import re
 import time
@@ -50,6 +49,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from course.status import unsolved_exercises
+from measure.timing import best_side_by_side
 
 LAB_MODULE = os.environ.get("LAB_MODULE", "lab")
 STUB = re.compile(r"^Exercise (\d+): (\S+)$")
@@ -452,20 +452,6 @@ def _load_bench():
     return module
 
 
-def _best_times(fns: dict, rounds: int = 15, budget: float = 0.3) -> dict:
-    """Best wall time of each function, measured in turns (load hits them alike), within a budget."""
-    best = {name: math.inf for name in fns}
-    deadline = time.perf_counter() + budget
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-        if time.perf_counter() > deadline:
-            break
-    return best
-
-
 def exercise4_speed() -> list[str]:
     """The scoreboard's lines on the module's paged_attention: its time over contiguous attention's."""
     batch, context_len, n_head, head_dim, block_size = SPEED_SHAPE.values()
@@ -497,13 +483,13 @@ def exercise4_speed() -> list[str]:
         out = probe()
         t = {}
         if (time.perf_counter() - start) * batch / 2 > 0.1:
-            t["paged"] = _best_times({"probe": probe}, rounds=2)["probe"] * batch / 2
+            t["paged"] = best_side_by_side({"probe": probe}, 2, warm_up=False)["probe"] * batch / 2
         else:
             fns["paged"] = lambda: lab.paged_attention(q, k_cache, v_cache, tables, lens)
             out = fns["paged"]()
         if not np.allclose(out, dense()[:len(out)], atol=1e-4):
             return [f"speed: not measured: paged_attention disagrees with contiguous attention ({where})"]
-        t |= _best_times(fns)
+        t |= best_side_by_side(fns, 15, warm_up=False, budget=0.3)
     except Exception as exc:  # feedback only: never fail or break the run
         return [f"speed: not measured: paged_attention raised {type(exc).__name__}: {exc} ({where})"]
     ratio, loop_ratio = t["paged"] / t["dense"], t["loop"] * batch / t["dense"]

@@ -150,7 +150,7 @@ def test_the_exercises_docstrings_state_the_contract_in_at_most_1730_words():
                            "they state the contract; the method belongs in docs/hints.md")
 
 
-PACKAGES = ("serving", "checkpoints", "loadtest", "course")  # the jobs beside the chapter
+PACKAGES = ("measure", "serving", "checkpoints", "loadtest", "course")  # the jobs beside the chapter
 
 
 def modules_of(folder: str) -> list[Path]:
