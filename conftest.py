@@ -7,26 +7,30 @@
 - A test that fails because a stub raised NotImplementedError is counted, not printed: it shows
   as `w` in the progress line and as "N on stubs" in the final count (`-v` prints each, in one
   line that names the exercise and the function to write). It still fails the run.
-- A test of provided code marked `needs(N)` (the server, a child process, the command line: they
-  run the exercises' code where a stub's error comes back as an HTTP 500 or a child's stderr)
-  waits while Exercise N or an earlier one is a stub (`course.status.unsolved_exercises`): it is
-  not run, and counts as on that stub, the earliest one. Once 1..N are written it runs, and a
-  failure is a failure. Not running it also keeps a shared server's engine from being broken by
-  a stub before the tests of its plain HTTP run.
+- A test of provided code that runs the exercises' code (the server, a child process, the command
+  line, the pages) is marked by the last exercise it runs: `needs(N)` when a stub's error would
+  stop it (it comes back as an HTTP 500 or a child's stderr), `reaches(N)` when the provided code
+  says itself which stub it met and the test checks that. A `needs(N)` test waits while Exercise
+  N or an earlier one is a stub (`course.status.unsolved_exercises`): it is not run, and counts
+  as on that stub, the earliest one. Once 1..N are written it runs, and a failure is a failure.
+  Either counts under Exercise N's row, never under the provided code's: a wrong answer that
+  breaks it is the exercise's, and the row names the earliest of Exercises 1..N whose own tests
+  fail. CI proves that no test counted under the provided code runs an exercise's code.
 - At the end of every run, a scoreboard: one line per exercise, passed/total, the functions still
-  to write and the tests that fail for another reason (pytest's short summary is off: `-rN` in
-  pyproject.toml, because it cuts every line to the terminal's width).
+  to write and the tests that fail for another reason, then the provided code that runs it (pytest's
+  short summary lists skips alone, each with its reason: `-rs` in pyproject.toml; its failure lines
+  are cut to the terminal's width).
 - Once every Exercise 4 test passes, the scoreboard also shows the kernel's speed against
   contiguous attention, measured here in well under a second and never asserted.
 - Hypothesis writes no `.hypothesis/patches` file and prints no "git apply" footer.
 - `--grade results.json` writes the scoreboard as a Gradescope autograder result: one test a
   exercise, scored by the share of its tests that passed (each of them fails while the exercise is
-  a stub: CI checks it), each failed test with the first line of its rule (docs/teaching.md).
+  a stub: CI checks it), each failed test with the first line of its rule.
 - `-m exerciseN` collects only the test files that mark tests with an exercise (test_lab.py and
   the few in tests/ that do): the rest would be deselected anyway, and importing them cost most of
   one exercise's run.
-- `LAB_REPORT=path.json` writes every test's outcome, exercise and whether it hit a stub
-  (`.ci/run` uses it to prove the lab is red only on stubs).
+- `LAB_REPORT=path.json` writes every test's outcome, exercise, marks, row and whether it hit a
+  stub (CI uses it to prove the lab is red only on stubs, and which rows a test may run).
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ import importlib
 import importlib.util
 import inspect
 import json
-import math
 import os
 import re
 import time
@@ -46,6 +49,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from course.status import unsolved_exercises
+from measure.timing import best_side_by_side
 
 LAB_MODULE = os.environ.get("LAB_MODULE", "lab")
 STUB = re.compile(r"^Exercise (\d+): (\S+)$")
@@ -76,7 +80,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 _EXERCISE_OF: dict[str, int | None] = {}  # nodeid -> exercise number (None: provided code)
-_NEEDS: dict[str, int | None] = {}  # nodeid -> the exercise a test of provided code runs (`needs(N)`), or None
+_NEEDS: dict[str, int | None] = {}  # nodeid -> the exercise a test of provided code waits for (`needs(N)`), or None
+_REACHES: dict[str, int | None] = {}  # nodeid -> the last exercise a test of provided code runs (`reaches(N)`), or None
 _RESULTS: dict[str, tuple[int | None, str, bool]] = {}  # nodeid -> (exercise, outcome, failed on a stub)
 _STUB_OF: dict[str, tuple[int, str]] = {}  # nodeid -> (exercise, function) of the stub it hit
 _SELECTED: dict[int | None, int] = {}  # exercise -> how many of its tests this run selected
@@ -86,7 +91,7 @@ RULE_CHARS = 300  # a rule's line, as the grade file carries it, at most this lo
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--grade", metavar="RESULTS_JSON", default=None,
-                     help="write the scoreboard as a Gradescope results.json (one test a exercise; docs/teaching.md)")
+                     help="write the scoreboard as a Gradescope results.json (one test a exercise)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -99,7 +104,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"exercise{number}: Exercise {number}, {title}")
     config.addinivalue_line("markers", "provided: provided code the exercises build on (green from the start)")
     config.addinivalue_line("markers", "needs(n): provided code (serving/, the command line) that runs the code of "
-                                       "exercises 1..n: green once they are written")
+                                       "exercises 1..n: waits while one is a stub, green once they are written")
+    config.addinivalue_line("markers", "reaches(n): provided code that runs the code of exercises 1..n where they are "
+                                       "written, and says which stub it met where not: green at every step")
     config.addinivalue_line("markers", "reference: reads solution.py, so runs only in the maintainers' checkout")
 
 
@@ -114,9 +121,15 @@ def exercise_of(item: pytest.Item) -> int | None:
     return None
 
 
-def needs_of(item: pytest.Item) -> int | None:
-    mark = item.get_closest_marker("needs")
+def needs_of(item: pytest.Item, name: str = "needs") -> int | None:
+    mark = item.get_closest_marker(name)
     return None if mark is None else int(mark.args[0])
+
+
+def row_of(nodeid: str) -> int | None:
+    """The exercise whose row counts a test: its own exercise, else the last one it runs through
+    provided code (`needs`, `reaches`); None for the provided code's own tests."""
+    return _EXERCISE_OF.get(nodeid) or _NEEDS.get(nodeid) or _REACHES.get(nodeid)
 
 
 def stub_hit(excinfo: pytest.ExceptionInfo | None) -> re.Match | None:
@@ -225,6 +238,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     _EXERCISE_OF.update({item.nodeid: exercise_of(item) for item in items})
     _NEEDS.update({item.nodeid: needs_of(item) for item in items})
+    _REACHES.update({item.nodeid: needs_of(item, "reaches") for item in items})
     # A property test of an exercise that is still a stub fails on its first example; shrinking
     # that failure only costs the student seconds. Those tests skip the shrink phase.
     stubbed = set(UNSOLVED)
@@ -251,31 +265,71 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
 
 def exercise_rows() -> list[dict]:
-    """One row a exercise that ran: passed/total, the functions still to write (what `status`
-    knows, then the earlier exercises' stubs its tests hit) and the tests that failed otherwise.
-    The scoreboard prints these rows and `--grade` writes them: one home for both."""
-    rows = []
+    """One row a exercise that ran: passed/total of its own tests, the functions still to write
+    (what `status` knows, then the earlier exercises' stubs its tests hit) and the tests that
+    failed otherwise; under `running`, the same of the provided code's tests it counts (`needs`,
+    `reaches`: they run Exercises 1..N), and `blame`, the earliest of those exercises whose own
+    tests fail. The scoreboard prints these rows and `--grade` writes them: one home for both."""
+    rows = {}
     for number, title in EXERCISES.items():
         mine = {k: r for k, r in _RESULTS.items() if r[0] == number}
-        if not mine:
+        running = {k: r for k, r in _RESULTS.items() if r[0] is None and row_of(k) == number}
+        if not mine and not running:
             continue
         hit = [_STUB_OF[k] for k, r in mine.items() if r[2] and k in _STUB_OF]
         earlier = dict.fromkeys(f"{name} (Exercise {n})" for n, name in sorted(hit) if n != number)
-        rows.append({"number": number, "title": title, "total": len(mine),
-                     "passed": sum(r[1] == "passed" for r in mine.values()), "on_stubs": len(hit),
-                     "to_write": UNSOLVED.get(number, []) + list(earlier),
-                     "failed": [k for k, r in mine.items() if r[1] == "failed" and not r[2]]})
-    return rows
+        rows[number] = {"number": number, "title": title, **_tally(mine),
+                        "to_write": UNSOLVED.get(number, []) + list(earlier),
+                        "running": _tally(running) if running else None}
+    for row in rows.values():
+        if row["running"] and row["running"]["failed"]:
+            row["running"]["blame"] = _blame(row["number"], rows)
+    return list(rows.values())
+
+
+def _tally(results: dict) -> dict:
+    """passed/total of some tests, how many failed on a stub, the stubs they met (earliest
+    first), and the tests that failed for another reason."""
+    return {"total": len(results), "passed": sum(r[1] == "passed" for r in results.values()),
+            "on_stubs": sum(r[2] for r in results.values()),
+            "stubs": sorted({_STUB_OF[k] for k, r in results.items() if r[2] and k in _STUB_OF}),
+            "failed": [k for k, r in results.items() if r[1] == "failed" and not r[2]]}
+
+
+def _blame(number: int, rows: dict) -> str:
+    """Where a failure of provided code that runs Exercises 1..number points the student: at the
+    earliest of them whose own tests fail in this run."""
+    span = "Exercise 1" if number == 1 else f"Exercises 1-{number}"
+    broken = [n for n in range(1, number + 1) if n in rows and rows[n]["failed"]]
+    if broken:
+        return (f"Exercise {broken[0]} fails tests of its own: fix it first "
+                f"(python -m pytest -m exercise{broken[0]})")
+    if all(n in rows and rows[n]["total"] == _SELECTED.get(n) for n in range(1, number + 1) if n in EXERCISES):
+        return f"{span} pass their own tests: the rule it names, above, is one they do not check"
+    return (f"it runs {span}: python -m pytest -m \"{' or '.join(f'exercise{n}' for n in range(1, number + 1))}\" "
+            "shows which of them fails")
 
 
 def scoreboard_line(row: dict) -> str:
     line = f"Exercise {row['number']} ({row['title']}): {row['passed']}/{row['total']}"
-    if row["passed"] == row["total"]:
+    if row["total"] and row["passed"] == row["total"]:
         line += " done"
     if row["on_stubs"]:
         line += f", {row['on_stubs']} on stubs"
     if row["to_write"]:
         line += f"; write {', '.join(row['to_write'])} in {LAB_MODULE}.py"
+    return line
+
+
+def running_line(row: dict) -> str:
+    """The line of the provided code's tests counted under an exercise: they run Exercises 1..N."""
+    running, number = row["running"], row["number"]
+    span = "Exercise 1" if number == 1 else f"Exercises 1-{number}"
+    line = f"provided code running {span} (the server, the command line): {running['passed']}/{running['total']}"
+    if running["stubs"]:
+        line += f", waiting for {_stub_names(running['stubs'])}"
+    if running.get("blame"):
+        line += f"; {running['blame']}"
     return line
 
 
@@ -285,12 +339,18 @@ def _scoreboard(terminalreporter) -> None:
         return
     terminalreporter.section(f"scoreboard ({LAB_MODULE})")
     for row in exercise_rows():
-        terminalreporter.write_line(scoreboard_line(row))
-        _list_failures(terminalreporter, row["failed"])
-        if row["number"] == 4 and row["passed"] == row["total"] == _SELECTED.get(4):
-            for text in exercise4_speed():
-                terminalreporter.write_line(f"  {text}")
-    provided = {k: r for k, r in results.items() if r[0] is None and _NEEDS.get(k) is None}
+        indent = ""
+        if row["total"]:
+            terminalreporter.write_line(scoreboard_line(row))
+            _list_failures(terminalreporter, row["failed"])
+            if row["number"] == 4 and row["passed"] == row["total"] == _SELECTED.get(4):
+                for text in exercise4_speed():
+                    terminalreporter.write_line(f"  {text}")
+            indent = "  "
+        if row["running"]:
+            terminalreporter.write_line(indent + running_line(row))
+            _list_failures(terminalreporter, row["running"]["failed"])
+    provided = {k: r for k, r in results.items() if row_of(k) is None}
     if provided:
         passed = sum(r[1] == "passed" for r in provided.values())
         line = f"provided code (nothing to write): {passed}/{len(provided)}"
@@ -299,21 +359,13 @@ def _scoreboard(terminalreporter) -> None:
             line += f", {sum(r[2] for r in provided.values())} on stubs ({_stub_names(stubs)})"
         terminalreporter.write_line(line)
         _list_failures(terminalreporter, [k for k, r in provided.items() if r[1] == "failed" and not r[2]])
-    running = {k: r for k, r in results.items() if r[0] is None and _NEEDS.get(k) is not None}
-    if running:  # the server, the command line: provided, but running the exercises' code
-        passed = sum(r[1] == "passed" for r in running.values())
-        line = f"provided code running your exercises (the server, the command line): {passed}/{len(running)}"
-        stubs = sorted({_STUB_OF[k] for k, r in running.items() if r[2] and k in _STUB_OF})
-        if stubs:
-            line += f", waiting for {_stub_names(stubs)}"
-        terminalreporter.write_line(line)
-        _list_failures(terminalreporter, [k for k, r in running.items() if r[1] == "failed" and not r[2]])
     if any(r[2] for r in results.values()) and terminalreporter.config.get_verbosity() <= 0:
         terminalreporter.write_line("(failures on stubs are counted, not printed: -v prints each)")
     path = os.environ.get("LAB_REPORT")
     if path:
-        rows = [{"test": k, "exercise": e, "needs": _NEEDS.get(k), "outcome": o, "stub": s,
-                 "stub_of": _STUB_OF[k][0] if s and k in _STUB_OF else None, "rule": _RULE.get(k)}
+        rows = [{"test": k, "exercise": e, "needs": _NEEDS.get(k), "reaches": _REACHES.get(k), "row": row_of(k),
+                 "outcome": o, "stub": s, "stub_of": _STUB_OF[k][0] if s and k in _STUB_OF else None,
+                 "rule": _RULE.get(k)}
                 for k, (e, o, s) in results.items()]
         with open(path, "w") as fh:
             json.dump(rows, fh, indent=1)
@@ -323,33 +375,38 @@ def _scoreboard(terminalreporter) -> None:
         terminalreporter.write_line(f"grade written to {grade}")
 
 
-GRADE_PER_EXERCISE = 10  # every exercise weighs the same; its score is the share of its tests passed
+GRADE_PER_EXERCISE = 10  # points of each exercise in `--grade`'s file (the autograder's points.json can change them)
 GRADE_FAILURES = 10  # failed tests an exercise's output names, each with its rule's first line
 
 
 def write_grade(path: str, rows: list[dict]) -> None:
     """A Gradescope autograder result (`score`, `max_score`, `tests` with `name`, `score`,
-    `max_score`, `output`): one test a exercise, its output the scoreboard's line and the tests
-    that failed other than on a stub, each with the first line of its rule (up to GRADE_FAILURES).
-    An exercise scores the share of its tests that pass: every one of them fails while the exercise
-    is a stub (a test that passes anyway tests provided code and is marked `needs`, not with the
-    exercise: .ci/check_lab_report.py holds it), so a stub scores 0 and a half-written exercise
-    part of its points. An exercise none of whose tests ran scores 0 and says so."""
-    ran = {row["number"]: row for row in rows}
+    `max_score`, `output`, `extra_data`): one test a exercise, its output the scoreboard's line and
+    the tests that failed other than on a stub, each with the first line of its rule (up to
+    GRADE_FAILURES), then the line of the provided code that runs it (not graded). An exercise
+    scores GRADE_PER_EXERCISE points times the share of its own tests that pass (`extra_data`
+    holds passed and total, for a grader that weighs the exercises otherwise): every one of them
+    fails while the exercise is a stub (a test that passes anyway tests provided code and is marked
+    `needs`, not with the exercise: CI holds it), so a stub scores 0 and a
+    half-written exercise part of its points. An exercise none of whose tests ran scores 0 and says so."""
+    ran = {row["number"]: row for row in rows if row["total"]}
     tests = []
     for number, title in EXERCISES.items():
         row = ran.get(number)
         if row is None:
-            score, output = 0.0, "no test of this exercise ran (was it deselected with -m or -k?)"
+            passed, total, output = 0, 0, "no test of this exercise ran (was it deselected with -m or -k?)"
         else:
-            score = round(GRADE_PER_EXERCISE * row["passed"] / row["total"], 2)
-            failed = row["failed"]
+            passed, total, failed = row["passed"], row["total"], row["failed"]
             more = [f"... and {len(failed) - GRADE_FAILURES} more failed tests"] if len(failed) > GRADE_FAILURES else []
-            output = "\n".join([scoreboard_line(row)] + [failure_line(k) for k in failed[:GRADE_FAILURES]] + more)
-        tests.append({"name": f"Exercise {number}: {title}", "score": score,
-                      "max_score": GRADE_PER_EXERCISE, "output": output})
+            running = [running_line(row) + " (not graded)"] if row["running"] else []
+            output = "\n".join([scoreboard_line(row)] + [failure_line(k) for k in failed[:GRADE_FAILURES]] + more
+                               + running)
+        tests.append({"name": f"Exercise {number}: {title}", "score": round(GRADE_PER_EXERCISE * passed / total, 2)
+                      if total else 0.0, "max_score": GRADE_PER_EXERCISE, "output": output,
+                      "extra_data": {"passed": passed, "total": total}})
     result = {"score": round(sum(t["score"] for t in tests), 2), "max_score": GRADE_PER_EXERCISE * len(tests),
-              "output": f"module graded: {LAB_MODULE}", "tests": tests}
+              "output": f"module graded: {LAB_MODULE}; each exercise scores {GRADE_PER_EXERCISE} points times the "
+                        "share of its own tests that pass", "tests": tests}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(result, indent=1) + "\n")
 
@@ -395,20 +452,6 @@ def _load_bench():
     return module
 
 
-def _best_times(fns: dict, rounds: int = 15, budget: float = 0.3) -> dict:
-    """Best wall time of each function, measured in turns (load hits them alike), within a budget."""
-    best = {name: math.inf for name in fns}
-    deadline = time.perf_counter() + budget
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-        if time.perf_counter() > deadline:
-            break
-    return best
-
-
 def exercise4_speed() -> list[str]:
     """The scoreboard's lines on the module's paged_attention: its time over contiguous attention's."""
     batch, context_len, n_head, head_dim, block_size = SPEED_SHAPE.values()
@@ -440,13 +483,13 @@ def exercise4_speed() -> list[str]:
         out = probe()
         t = {}
         if (time.perf_counter() - start) * batch / 2 > 0.1:
-            t["paged"] = _best_times({"probe": probe}, rounds=2)["probe"] * batch / 2
+            t["paged"] = best_side_by_side({"probe": probe}, 2, warm_up=False)["probe"] * batch / 2
         else:
             fns["paged"] = lambda: lab.paged_attention(q, k_cache, v_cache, tables, lens)
             out = fns["paged"]()
         if not np.allclose(out, dense()[:len(out)], atol=1e-4):
             return [f"speed: not measured: paged_attention disagrees with contiguous attention ({where})"]
-        t |= _best_times(fns)
+        t |= best_side_by_side(fns, 15, warm_up=False, budget=0.3)
     except Exception as exc:  # feedback only: never fail or break the run
         return [f"speed: not measured: paged_attention raised {type(exc).__name__}: {exc} ({where})"]
     ratio, loop_ratio = t["paged"] / t["dense"], t["loop"] * batch / t["dense"]

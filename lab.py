@@ -1,5 +1,5 @@
-# The lab: generated from solution.py by tools/handout/make_lab.py. Students: write each exercise here,
-# in place of its `raise NotImplementedError`. Maintainers: edit solution.py and regenerate.
+# The lab: generated from solution.py. Students: write each exercise here, in place of its
+# `raise NotImplementedError`. Maintainers: edit solution.py, then generate this file again.
 """Inference-serving internals: the three mechanisms behind vLLM, TensorRT-LLM and SGLang,
 on a NumPy GPT-2.
 
@@ -18,7 +18,7 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
 design reviews): `python solution.py ARGS` hands this module to `course.main`. The benchmarks
-live in tools/. `lab.py` is generated from this file by `tools/handout/make_lab.py`: every region between
+live in tools/. `lab.py` is generated from this file: every region between
 `# BEGIN SOLUTION: Exercise N` and `# END SOLUTION` becomes a stub for the student to write.
 """
 

@@ -545,6 +545,22 @@ def test_cache_full_blocks_registers_every_full_computed_block_and_no_partly_fil
 
 
 @pytest.mark.exercise3
+def test_cache_full_blocks_registers_no_block_past_the_computed_tokens_even_when_its_hash_is_given():
+    alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
+    tokens = list(range(8))  # two full blocks of tokens; the engine hands over both blocks' hashes
+    hashes = [lab.hash_block(None, tokens[:4])]
+    hashes.append(lab.hash_block(hashes[0], tokens[4:]))
+    table = lab.BlockTable(alloc)
+    table.allocate_prompt(tokens, hashes)
+    table.cache_full_blocks(6, hashes)  # a prefill chunk that stopped inside the second block
+    cached = [alloc.is_cached(b) for b in table.block_ids]
+    assert cached == [True, False], rule(
+        3, f"after cache_full_blocks(6, hashes) of 8 tokens in blocks of 4, is_cached of the two blocks: {cached}: "
+           "a block is registered once all its tokens are computed (among the first num_computed_tokens), "
+           "whatever hashes it is handed: the second holds 2 tokens without K/V yet", level=2)
+
+
+@pytest.mark.exercise3
 def test_a_block_is_findable_only_once_its_kv_is_computed():
     alloc = lab.BlockAllocator(16, 4, enable_prefix_caching=True)
     first = lab.BlockTable(alloc)
@@ -1821,6 +1837,19 @@ def test_a_stop_token_ends_the_request_and_is_kept(engine_model):
     assert (out.output_token_ids, out.finish_reason) == (free_run[: free_run.index(stop) + 1], "stop"), rule(
         5, f"got {out.output_token_ids} ({out.finish_reason!r}) with stop token {stop}: a stop token ends the request "
            "as 'stop' in the step that samples it, and is kept")
+
+
+@pytest.mark.exercise5
+def test_a_stop_token_sampled_as_the_max_tokens_th_output_finishes_stop_not_length(engine_model):
+    prompt = random_prompts(1, seed=2)[0]
+    free_run = greedy_reference(engine_model, prompt, 12)
+    stop = free_run[4]
+    last = free_run.index(stop) + 1  # the stop token's first place is the last one max_tokens allows
+    out = lab.LLMEngine(engine_model).generate([prompt], lab.SamplingParams(max_tokens=last, stop_token_ids=(stop,)))[0]
+    assert (out.output_token_ids, out.finish_reason) == (free_run[:last], "stop"), rule(
+        5, f"got {out.output_token_ids} ({out.finish_reason!r}) with stop token {stop} sampled as output {last} of "
+           f"max_tokens={last}: the stop token is checked before the length cap (vLLM's check_stop: the end of "
+           "text, then stop_token_ids, then max_tokens), so the request finishes as 'stop'")
 
 
 @pytest.mark.exercise5

@@ -17,6 +17,8 @@ from types import ModuleType
 
 import numpy as np
 
+from measure.timing import best_side_by_side
+
 from .model_loader import load_gpt2
 from .tokenizer import GPT2Tokenizer
 
@@ -105,12 +107,8 @@ def _verify_cost(lab: ModuleType, model, prompt: Sequence[int], k: int, repeats:
     cache = lab.KVCache(model.config, num_blocks, block_size)
     table.append_tokens(list(prompt) + [0] * (k + 1))
     model.forward(cache, [table], [0], [len(prompt)])
-    best = {}
-    for _ in range(1 + repeats):
-        for n in (1, k + 1):
-            start = time.perf_counter()
-            model.forward(cache, [table], [len(prompt)], [n])
-            best[n] = min(best.get(n, np.inf), time.perf_counter() - start)
+    best = best_side_by_side({n: lambda n=n: model.forward(cache, [table], [len(prompt)], [n]) for n in (1, k + 1)},
+                             repeats)
     return best[k + 1] / best[1]
 
 

@@ -51,6 +51,21 @@ def _serve_with_one_blas_thread(argv: list[str]) -> None:
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
+def _reference_trace(lab: ModuleType, workload: str) -> str:
+    """Where a stuck student sees the run `trace` could not record, on a correct engine: the student's
+    copy ships each workload's page (docs/reference-traces/); the maintainers' checkout records it
+    from the reference on demand."""
+    recorded = workload if workload in WORKLOADS else "skewed"
+    here = os.path.dirname(os.path.abspath(lab.__file__))
+    page = os.path.join("docs", "reference-traces", f"{recorded}.html")
+    if os.path.exists(os.path.join(here, page)):
+        return f"{page} is that run on a correct engine"
+    if os.path.exists(os.path.join(here, "solution.py")):
+        return (f"`python solution.py trace --workload {recorded}` records that run on the reference engine "
+                f"(solution-trace.html)")
+    return f"{page} in the student's copy is that run on a correct engine"
+
+
 def main(lab: ModuleType, argv: list[str] | None = None) -> int:
     """The command line for the module `lab`; returns the exit status. Called as a script
     (`argv` None), `serve` and `attack` first re-execute themselves with OPENBLAS_NUM_THREADS=1 unless it is set."""
@@ -76,9 +91,7 @@ def main(lab: ModuleType, argv: list[str] | None = None) -> int:
         if args.command == "quiz":  # the quiz's answers come from the module: the stub must be written first
             parser.exit(1, f"{prog} quiz {args.exercise}: {exc} is still a stub: write it first, the quiz's answers "
                            f"come from it (see `python {prog} status`)\n")
-        if args.command == "trace":  # the student's copy ships the same pages recorded on a correct engine
-            recorded = args.workload if args.workload in WORKLOADS else "skewed"
+        if args.command == "trace":
             parser.exit(1, f"{prog}: {exc} is still a stub: write it (see `python {prog} status`); meanwhile "
-                           f"docs/reference-traces/{recorded}.html in the student's copy is that run on a "
-                           "correct engine\n")
+                           f"{_reference_trace(lab, args.workload)}\n")
         parser.exit(1, f"{prog}: {exc} is still a stub: write it (see `python {prog} status`)\n")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import re
 from collections.abc import Callable
 from types import ModuleType
 from typing import NamedTuple
@@ -34,7 +33,7 @@ from .reviews.fleet_search import SLO, FleetQuestion
 from .reviews.scenarios import run_all_scenarios, scenario_batching, scenario_speculate
 from .reviews.sizing import SEED_SIZING, scenario_size
 from .reviews.stacks import scenario_stack
-from .status import status_report
+from .status import status_report, unsolved_exercises
 
 # The model `python solution.py serve` runs by default: the lab's GPT-2 with room for ShareGPT-
 # like requests (prompt + output <= 512 tokens).
@@ -68,11 +67,21 @@ def default_page(prog: str, page: str) -> str:
 
 
 def scenarios(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
-    """No command: the four design reviews (the main job), naming the first stub they need."""
-    text, stubs = run_all_scenarios(lab)
+    """No command: the four design reviews (the main job). Stubs are where a lab starts, not an
+    error: on a lab that has some, the exercise to write next comes first, each scenario that
+    needs a stub says so, the last line says what to run, and the status is 0 (a real error's is not)."""
+    todo = unsolved_exercises(lab)
+    if todo:  # the earliest exercise, not the first scenario's (sizing needs Exercise 8)
+        first = min(todo)
+        print(f"{run.prog}: Exercise {first} is next: write {', '.join(todo[first])} "
+              f"({len(todo)} of {len(lab.EXERCISES)} exercises still have stubs; the scenarios below run once "
+              "the exercises they need are written)\n")
+    text, _ = run_all_scenarios(lab)
     print(text)
-    if stubs:  # name the first exercise to write, not the first scenario that needed one
-        raise NotImplementedError(min(stubs, key=lambda stub: int(re.search(r"\d+", stub).group())))
+    if todo:
+        print(f"\nnext: write Exercise {first} in {run.prog}, then `python -m pytest -m exercise{first}`; "
+              f"`python {run.prog} status` lists every stub")
+    return 0
 
 
 def _size_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str) -> None:
@@ -290,6 +299,10 @@ def _serve_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str
     keys.add_argument("--api-keys-file", metavar="FILE",
                       help='a JSON object {"key": "tenant", ...}: keys of one tenant share its prefix cache, '
                            "tenants share none (docs/serving.md#keys-and-tenants)")
+    parser.add_argument("--metrics-api-key", metavar="KEY",
+                        help="require this key (`Authorization: Bearer KEY`) on /metrics, whose prefix-cache "
+                             "counters say which prompts were sent before: the scraper's, not a client's "
+                             "(docs/serving.md#who-reads-metrics)")
 
 
 def _serve(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
@@ -300,6 +313,8 @@ def _serve(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
         api_keys = {key: f"api-key-{i}" for i, key in enumerate(dict.fromkeys(args.api_key or ()), 1)} or None
         if api_keys:
             APIKeys(api_keys)  # checked now: a key no header can carry is exit status 2 before any model loads
+    if args.metrics_api_key is not None:
+        APIKeys({args.metrics_api_key: "operator"}, "--metrics-api-key")  # likewise
     options = dict(num_blocks=args.num_blocks, block_size=args.block_size,
                    max_num_batched_tokens=args.max_num_batched_tokens,
                    enable_prefix_caching=args.enable_prefix_caching,
@@ -319,7 +334,8 @@ def _serve(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     note = None if args.model else (f"the model's weights are random (--seed {args.seed}), so its text is "
                                     "noise; --model DIR serves a GPT-2 checkpoint (docs/checkpoints.md)")
     if not serve(engine, args.host, args.port, args.duration, note=note, tokenizer=tokenizer,
-                 model_name=names, stream_interval=args.stream_interval, max_n=args.max_n, api_keys=api_keys):
+                 model_name=names, stream_interval=args.stream_interval, max_n=args.max_n, api_keys=api_keys,
+                 metrics_api_key=args.metrics_api_key):
         run.parser.exit(1, f"{run.prog} serve: error: the server's HTTP front end stopped, so the server did\n")
 
 
@@ -355,8 +371,9 @@ def _loadtest(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None
 
 ATTACK_HELP = ("A victim sends a secret system prompt; an attacker guesses prefixes and times the first token, on "
                "two servers of this module's engine side by side (one shared cache; per-tenant salts from API "
-               "keys). Prints the attacker's ROC AUC, its block-by-block recovery of the secret, and what salting "
-               "costs in prefix hits and prefill tokens (docs/serving.md).")
+               "keys), and reads /metrics' prefix-cache hits around each guess. Prints the attacker's ROC AUC on "
+               "each channel, its block-by-block recovery of the secret, and what salting costs in prefix hits and "
+               "prefill tokens (docs/serving.md).")
 
 
 def _attack_arguments(parser: argparse.ArgumentParser, lab: ModuleType, prog: str) -> None:
@@ -442,8 +459,8 @@ COMMANDS = {
                     _quiz, QUIZ_HELP),
     "serve": Command("serve a toy model over HTTP, OpenAI-compatible, until Ctrl-C", _serve_arguments, _serve),
     "loadtest": Command("open-loop load test of any OpenAI-compatible server", _loadtest_arguments, _loadtest),
-    "attack": Command("the prefix cache's timing side channel, measured on this module's engine: one shared cache "
-                      "against per-tenant salts", _attack_arguments, _attack, ATTACK_HELP),
+    "attack": Command("the prefix cache's side channels (timing, /metrics), measured on this module's engine: one "
+                      "shared cache against per-tenant salts", _attack_arguments, _attack, ATTACK_HELP),
     "report": Command("one HTML file of pictures drawn from runs of this module's code", _report_arguments, _report),
     "trace": Command("one HTML page that steps through a run of this module's engine: the queues, the block pool, "
                      "the block tables", _trace_arguments, _trace),

@@ -93,26 +93,64 @@ def find_knee(rates: Sequence[float], p99_ttfts: Sequence[float], factor: float 
     return None
 
 
+def slo_attainment(summary: dict) -> float:
+    """The share of the requests sent at one rate that completed inside every SLO given (goodput's
+    requests over all sent, failures included); NaN when nothing was sent."""
+    sent = summary["completed"] + summary["failed"]
+    return summary["goodput"] * summary["duration"] / sent if sent else math.nan
+
+
+def find_slo_knee(rates: Sequence[float], summaries: Sequence[dict], share: float = 0.99) -> float | None:
+    """The highest offered rate before goodput first leaves throughput: before the first rate where
+    fewer than `share` of the requests sent meet every SLO. None if every rate tried keeps up, and
+    0.0 if even the lowest does not. `rates` ascending."""
+    for i, summary in enumerate(summaries):
+        if not slo_attainment(summary) >= share:  # NaN: nothing sent counts as not keeping up
+            return rates[i - 1] if i else 0.0
+    return None
+
+
 def _bar(value: float, top: float, width: int) -> str:
     filled = 0 if not (top > 0 and value > 0) else max(1, round(width * min(value, top) / top))
     return "#" * filled + " " * (width - filled)
 
 
-def format_load_chart(rates: Sequence[float], summaries: Sequence[dict], width: int = 30) -> str:
-    """p99 TTFT and output throughput against the offered rate, as bars, with the knee marked."""
+def format_load_chart(rates: Sequence[float], summaries: Sequence[dict], width: int = 30, slo: str = "") -> str:
+    """p99 TTFT and output throughput against the offered rate, as bars, and the knees in words:
+    with an SLO (`slo`, its targets in words), where goodput leaves throughput; always, where
+    requests start to queue, which says nothing of a target."""
     ttfts = [s["p99_ttft"] * 1e3 for s in summaries]
     tputs = [s["output_throughput"] for s in summaries]
     knee = find_knee(rates, ttfts)
+    slo_knee = find_slo_knee(rates, summaries) if slo else None
     top_ttft = max((t for t in ttfts if t == t), default=0.0)
     top_tput = max((t for t in tputs if t == t), default=0.0)
     lines = [f"{'offered':>9} | {'p99 TTFT (ms)':<{width + 9}} | {'output tokens/s':<{width + 8}}"]
     for rate, ttft, tput in zip(rates, ttfts, tputs):
-        mark = "  <- knee" if rate == knee else ""
+        marks = [name for name, at in (("SLO knee", slo_knee), ("queueing knee", knee)) if rate == at]
         lines.append(f"{rate:>5g} r/s | {_bar(ttft, top_ttft, width)} {ttft:8.1f} | "
-                     f"{_bar(tput, top_tput, width)} {tput:7.0f}{mark}")
-    lines.append(f"knee: {knee:g} req/s (p99 TTFT more than triples past it)" if knee is not None else
-                 "knee: not reached (p99 TTFT stays within 3x of its lowest): offer higher rates")
+                     f"{_bar(tput, top_tput, width)} {tput:7.0f}" + (f"  <- {', '.join(marks)}" if marks else ""))
+    if slo:
+        lines.append(_slo_knee_words(rates, summaries, slo_knee, slo))
+    lines.append("queueing knee: not reached (p99 TTFT stays within 3x of its lowest): offer higher rates"
+                 if knee is None else
+                 f"queueing knee: {knee:g} req/s, the last rate before p99 TTFT more than tripled its lowest "
+                 f"({min(t for t in ttfts if t == t):.1f} ms; {ttfts[rates.index(knee) + 1]:.1f} ms at the next "
+                 "rate): past it requests wait for one another. It says nothing of a target: "
+                 + ("the SLO knee does." if slo else "--slo-ttft-ms and --slo-tpot-ms give the SLO knee."))
     return "\n".join(lines)
+
+
+def _slo_knee_words(rates: Sequence[float], summaries: Sequence[dict], slo_knee: float | None, slo: str) -> str:
+    if slo_knee is None:
+        return f"SLO knee: not reached: at every rate tried at least 99% of requests met {slo}; offer higher rates"
+    missed = rates[0] if slo_knee == 0.0 else rates[rates.index(slo_knee) + 1]
+    where = (f"not reached from below: at the lowest rate, {missed:g} req/s" if slo_knee == 0.0 else
+             f"{slo_knee:g} req/s, the last rate at which goodput kept up with throughput; at {missed:g} req/s")
+    again = [r for r, summary in zip(rates, summaries) if r > missed and slo_attainment(summary) >= 0.99]
+    return (f"SLO knee: {where}, {slo_attainment(summaries[rates.index(missed)]):.1%} of requests met {slo} (the "
+            "SLO asks 99%)" + (f"; {again[0]:g} req/s kept up again (a p99 over a few hundred requests moves from "
+                               "run to run)" if again else ""))
 
 
 def format_load_table(rates: Sequence[float], summaries: Sequence[dict]) -> str:
@@ -552,7 +590,7 @@ def loadtest(lab: ModuleType, url: str, rates: Sequence[float], num_prompts: int
     slo = ", ".join(f"{k} <= {v:g} ms" for k, v in (("TTFT", slo_ttft_ms), ("TPOT", slo_tpot_ms)) if v is not None)
     log(format_load_table(rates, summaries))
     log(f"goodput: requests per second meeting {slo or 'no SLO (give --slo-ttft-ms / --slo-tpot-ms)'}")
-    log(format_load_chart(rates, summaries))
+    log(format_load_chart(rates, summaries, slo=slo))
     if first_error:
         log(f"first error: {first_error}")
     return summaries

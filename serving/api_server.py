@@ -56,7 +56,13 @@ FRONTEND_PROCESS = hasattr(os, "fork")  # the front end in a process of its own 
 logger = logging.getLogger(__name__)
 
 
-OPEN_PATHS = ("/health", "/metrics")  # answered without a key, as vLLM leaves them open
+# Answered without a tenant's key, as vLLM's --api-key guards only its API's paths (/v1 and the
+# like): the health check, the metrics (which metrics_api_key keys for operators alone) and the
+# tokenizer's routes. Those read nothing but the served tokenizer, the same for every tenant, and an
+# evaluation harness asks them for it without the key it sends its completions: lm_eval's
+# local-completions probes /tokenizer_info with no Authorization, and takes a tokenizer named after
+# the model from elsewhere when refused (docs/serving.md#keys-and-tenants).
+OPEN_PATHS = ("/health", "/metrics", "/tokenize", "/detokenize", "/tokenizer_info")
 
 
 class APIKeys:
@@ -72,16 +78,16 @@ class APIKeys:
     engine. `protocol.request_cache_salt` mixes it with a body's own `cache_salt`.
     """
 
-    def __init__(self, api_keys: Mapping[str, str]):
+    def __init__(self, api_keys: Mapping[str, str], name: str = "api_keys"):
         if not isinstance(api_keys, Mapping) or not api_keys:
-            raise ValueError(f"api_keys must map at least one key to its tenant, got {api_keys!r}")
+            raise ValueError(f"{name} must map at least one key to its tenant, got {api_keys!r}")
         for key, tenant in api_keys.items():
             # A key travels in a header: visible ASCII, no spaces (RFC 6750's b64token is narrower).
             if not (isinstance(key, str) and key and all("!" <= c <= "~" for c in key)):
-                raise ValueError("api_keys: a key must be a non-empty string of visible ASCII characters "
+                raise ValueError(f"{name}: a key must be a non-empty string of visible ASCII characters "
                                  "(no spaces), got one that is not")  # the key itself stays out of logs
             if not (isinstance(tenant, str) and tenant):
-                raise ValueError(f"api_keys: a tenant must be a non-empty name, got {tenant!r}")
+                raise ValueError(f"{name}: a tenant must be a non-empty name, got {tenant!r}")
         secret = secrets.token_bytes(32)
         salts = {tenant: hmac.new(secret, tenant.encode(), hashlib.sha256).hexdigest()
                  for tenant in api_keys.values()}
@@ -139,8 +145,10 @@ class APIServer:
 
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
                  model_name: str | Sequence[str] | None = None, stream_interval: int = 1, max_n: int | None = None,
-                 api_keys: Mapping[str, str] | None = None):
+                 api_keys: Mapping[str, str] | None = None, metrics_api_key: str | None = None):
         self.keys = None if api_keys is None else APIKeys(api_keys)
+        self.metrics_keys = None if metrics_api_key is None else APIKeys({metrics_api_key: "operator"},
+                                                                         "metrics_api_key")
         for name, value in (("stream_interval", stream_interval), ("max_n", max_n)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"{name} must be an int, got {value!r}")
@@ -182,7 +190,7 @@ class APIServer:
 
     def _start(self, engine, sock, commands_r, commands_w, outputs_r, outputs_w, stream_interval) -> None:
         """Start the front end (forked, or a thread) on its ends, then the engine's thread on ours."""
-        frontend = _Frontend(self.served, stream_interval, self.keys)
+        frontend = _Frontend(self.served, stream_interval, self.keys, self.metrics_keys)
         args = (sock, commands_w, outputs_r)
         if FRONTEND_PROCESS:
             self._frontend = _ForkedFrontend(frontend.main, args)
@@ -266,8 +274,9 @@ class _Frontend:
     engine only through `async_llm.AsyncLLM`. Built in the caller's process, run by `main` in
     the front end's process (or thread)."""
 
-    def __init__(self, served: ServedModel, stream_interval: int = 1, keys: APIKeys | None = None):
-        self.served, self.stream_interval, self.keys = served, stream_interval, keys
+    def __init__(self, served: ServedModel, stream_interval: int = 1, keys: APIKeys | None = None,
+                 metrics_keys: APIKeys | None = None):
+        self.served, self.stream_interval, self.keys, self.metrics_keys = served, stream_interval, keys, metrics_keys
         self.created = int(time.time())
         self.stats = FrontendStats()
         self.connections = Connections(self._route)
@@ -317,6 +326,8 @@ class _Frontend:
         salt = None
         if self.keys is not None and path not in OPEN_PATHS:
             salt = self.keys.tenant_salt(request.headers.get("authorization"))
+        if path == "/metrics" and self.metrics_keys is not None:  # the operators' key: a tenant's does not open it
+            self.metrics_keys.tenant_salt(request.headers.get("authorization"))
         gets = {"/health", "/v1/models", "/metrics", "/tokenizer_info"}
         posts = {"/v1/completions": parse_completion_request, "/v1/chat/completions": parse_chat_request,
                  "/tokenize": serving_tokenization.tokenize, "/detokenize": serving_tokenization.detokenize}
@@ -341,15 +352,18 @@ class _Frontend:
         elif path == "/tokenizer_info":
             sink.json(200, serving_tokenization.tokenizer_info(self.served))
         elif path in ("/tokenize", "/detokenize"):
-            sink.json(200, posts[path](self.served, request.body))
+            sink.json(200, await self._parse(request.body, posts[path], self.served, request.body))
         else:
-            if len(request.body) <= INLINE_PARSE_BYTES:
-                gen = posts[path](self.served, request.body, salt)
-            else:  # a large body is parsed off the loop, so that other clients' tokens keep flowing
-                gen = await asyncio.get_running_loop().run_in_executor(self._parser, posts[path], self.served,
-                                                                       request.body, salt)
+            gen = await self._parse(request.body, posts[path], self.served, request.body, salt)
             self._log_ignored(gen.ignored)
             await self.openai.generate(gen, conn, sink)
+
+    async def _parse(self, body: bytes, parse, *args):
+        """`parse(*args)`: on the loop for a small body; a large one off it, so that other clients'
+        tokens keep flowing while its text is encoded (a tokenizer's route is open to anyone)."""
+        if len(body) <= INLINE_PARSE_BYTES:
+            return parse(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._parser, parse, *args)
 
     def _log_ignored(self, names: tuple[str, ...]) -> None:
         """Fields no table knows are accepted, as vLLM accepts them; each name is logged once."""
@@ -391,7 +405,8 @@ def _has_fileno(stream) -> bool:
 
 def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
                  model_name: str | Sequence[str] | None = None, stream_interval: int = 1,
-                 max_n: int | None = None, api_keys: Mapping[str, str] | None = None) -> APIServer:
+                 max_n: int | None = None, api_keys: Mapping[str, str] | None = None,
+                 metrics_api_key: str | None = None) -> APIServer:
     """Serve `engine` over HTTP from a background thread (port 0: any free port) and return the
     handle once it accepts connections. The server owns the engine until `close()`.
     `tokenizer`: encodes string prompts and decodes outputs (None: a ByteTokenizer of the model's
@@ -405,13 +420,19 @@ def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=No
     its own, until `close()` puts its own list back.
 
     `api_keys`: {key: tenant} (None: no keys, anyone may call, and one prefix cache is shared by
-    all). With it every route but /health and /metrics needs `Authorization: Bearer <key>`, else
-    401 in OpenAI's error shape; each tenant's prefix-cache salt is derived on the server from the
-    key that called (`APIKeys`), so no two tenants share a block, and a body's `cache_salt` narrows
-    its tenant's sharing, never reaches another's (`protocol.request_cache_salt`). Keys of one
-    tenant share its cache."""
+    all). With it the API's routes (/v1/...) need `Authorization: Bearer <key>`, else 401 in
+    OpenAI's error shape, and so does an unknown path; /health, /metrics and the tokenizer's
+    routes do not (OPEN_PATHS, as vLLM). Each tenant's prefix-cache salt is derived on the server
+    from the key that called (`APIKeys`), so no two tenants share a block, and a body's `cache_salt`
+    narrows its tenant's sharing, never reaches another's (`protocol.request_cache_salt`). Keys of
+    one tenant share its cache.
+
+    `metrics_api_key`: the key /metrics asks for (None: open, as vLLM leaves it). Its prefix-cache
+    counters tell a caller whether a prompt it sent was cached, so without per-tenant salts whether
+    anyone sent it before: a scraper's key, given to operators, which no tenant's key replaces."""
     return APIServer(engine, host, port, tokenizer=tokenizer, model_name=model_name,
-                            stream_interval=stream_interval, max_n=max_n, api_keys=api_keys)
+                            stream_interval=stream_interval, max_n=max_n, api_keys=api_keys,
+                            metrics_api_key=metrics_api_key)
 
 
 def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None, note: str | None = None,
@@ -425,11 +446,13 @@ def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | N
               f"Ctrl-C stops)", flush=True)
         if server.keys is None:
             print("warning: no API key (--api-key, --api-keys-file): any client may call this server, and every "
-                  "client shares one prefix cache, readable by timing (docs/serving.md#keys-and-tenants)",
-                  file=sys.stderr, flush=True)
+                  "client shares one prefix cache, readable by timing and by /metrics' counters "
+                  "(docs/serving.md#keys-and-tenants)", file=sys.stderr, flush=True)
         else:
             print(f"API keys: {server.keys.num_keys} key(s) of {server.keys.num_tenants} tenant(s); each tenant's "
-                  "prefix cache is its own; /health and /metrics need no key", flush=True)
+                  "prefix cache is its own; /health and the tokenizer's routes need no key", flush=True)
+        if server.metrics_keys is not None:
+            print("/metrics needs the metrics key (--metrics-api-key)", flush=True)
         if note:
             print(f"note: {note}", flush=True)
         if threading.current_thread() is threading.main_thread():

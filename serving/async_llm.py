@@ -379,6 +379,7 @@ class EngineCore:
             stalled = False
             try:
                 rejected, outputs = self._step(self._take_commands())
+                gauges = self._gauges()  # the lab's num_free_blocks: if it raises, the engine failed too
             except Exception as exc:  # the engine failed: the front end fails what is in flight
                 self._answered = False
                 if self.send(EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}")):
@@ -386,7 +387,7 @@ class EngineCore:
                         self._receive(block=True)
                 stalled = not self._flush()
                 continue
-            if not self.send(StepReport(rejected, outputs, self._gauges())):
+            if not self.send(StepReport(rejected, outputs, gauges)):
                 self._gone = True
         self._to_abort |= set(self._args)  # the front end has gone: nobody waits for these
         self._flush()

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -142,10 +143,85 @@ def stream_events(server, **fields):
         conn.close()
 
 
+class SharedServer:
+    """One server that a module's tests share (a server per test would cost each its start and
+    close), checked after every test that ran its engine: the engine idle, no step of it failed,
+    every block back in the pool. A test that leaves the engine broken fails, saying so, and the
+    next test gets a new server: one broken engine breaks one test, not the tests after it."""
+
+    IDLE_S = 5.0  # how long a test's requests may take to end after the test did
+
+    def __init__(self, make_engine, **options):
+        self.make_engine, self.options = make_engine, options
+        self.running = None
+        self.steps, self.failure = 0, None
+
+    def _start(self):
+        engine = self.make_engine()
+        step = engine.step
+
+        def counted_step():  # provided code; the count says whether a test ran the engine
+            self.steps += 1
+            try:
+                return step()
+            except Exception as exc:
+                self.failure = self.failure or exc
+                raise
+
+        engine.step = counted_step
+        self.running = serving.start_server(engine, **self.options)
+
+    def lease(self):
+        """The server for one test: its module's, or a new one if the last test left it broken."""
+        if self.running is None:
+            self._start()
+        self.steps_before, self.failure = self.steps, None
+        return self.running
+
+    def broken(self) -> str | None:
+        """Why the engine is unfit for the next test, once the requests of this one have ended; None if fit."""
+        engine = self.running.engine
+        deadline = time.monotonic() + self.IDLE_S
+        while engine.has_unfinished() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if self.failure is not None:
+            return f"a step of its engine raised {type(self.failure).__name__}: {self.failure}"
+        if engine.has_unfinished():
+            return f"its engine still had requests in flight {self.IDLE_S:g} s after the test ended"
+        if self.steps == self.steps_before:  # the engine did not run: nothing of it changed
+            return None
+        allocator = engine.allocator
+        try:
+            lost = allocator.num_blocks - allocator.num_free_blocks
+        except Exception as exc:  # noqa: BLE001 - a lab's num_free_blocks that raises leaves the engine unfit
+            return f"its allocator's num_free_blocks raised {type(exc).__name__}: {exc}"
+        return f"{lost} block(s) of its engine were not back in the pool once every request had ended" if lost else None
+
+    def serve(self):
+        """A fixture's body: the server, then the check; a broken engine fails the test that broke it."""
+        yield self.lease()
+        why = self.broken()
+        if why:
+            self.close()
+            pytest.fail(f"this test left the server its module's tests share broken ({why}); the next test gets a "
+                        "new server", pytrace=False)
+
+    def close(self):
+        if self.running is not None:
+            self.running.close()
+            self.running = None
+
+
 @pytest.fixture(scope="module")
-def server(engine_model):
-    with serving.start_server(api_engine(engine_model)) as running:
-        yield running
+def shared_server(engine_model):
+    shared = SharedServer(lambda: api_engine(engine_model))
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def server(shared_server):
+    yield from shared_server.serve()
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:
@@ -201,11 +277,17 @@ def error_of(server, path, body):
 
 
 @pytest.fixture(scope="module")
-def byte_server():
-    """A server for a 256-token vocabulary: any ASCII text (the chat template's too) is a prompt."""
+def shared_byte_server():
     model = lab.ToyTransformer(lab.ModelConfig(**MODEL_CONFIGS["bytes"]), seed=1)
-    with serving.start_server(api_engine(model)) as running:
-        yield running
+    shared = SharedServer(lambda: api_engine(model))
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def byte_server(shared_byte_server):
+    """A server for a 256-token vocabulary: any ASCII text (the chat template's too) is a prompt."""
+    yield from shared_byte_server.serve()
 
 
 def stream_texts(server, path="/v1/completions", **fields):

@@ -150,7 +150,7 @@ def test_the_exercises_docstrings_state_the_contract_in_at_most_1730_words():
                            "they state the contract; the method belongs in docs/hints.md")
 
 
-PACKAGES = ("serving", "checkpoints", "loadtest", "course")  # the jobs beside the chapter
+PACKAGES = ("measure", "serving", "checkpoints", "loadtest", "course")  # the jobs beside the chapter
 
 
 def modules_of(folder: str) -> list[Path]:
@@ -492,3 +492,16 @@ def test_the_second_implementation_reports_the_same_events():
             assert told[0] == told[1], f"{name}, step {k}: the scheduler's events differ"
             counts = [sorted(collections.Counter(e.type.name for e in events).items()) for events in (a, b)]
             assert counts[0] == counts[1], f"{name}, step {k}: the pool's events differ"
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("measured, extended, alpha, says", [
+    (1.38, 1.45, 0.90, ["prediction holds", "is NOT met: 1.38x at alpha 0.90",
+                        "Worth adding for batch-1 decode all the same: 1.38x takes 28% off"]),
+    (2.00, 2.00, 0.90, ["prediction holds", "is met: 2.00x", "Worth adding for batch-1 decode with a draft this good"]),
+    (1.10, 1.50, 0.50, ["does NOT hold", "does not apply: alpha 0.50 < 0.7", "Not worth adding here"]),
+], ids=["below the bar, still pays", "above the bar", "alpha below the bar's"])
+def test_the_speculative_verdict_holds_each_number_to_its_own_bar(measured, extended, alpha, says):
+    verdict = load_tool("bench_speculative").speculative_verdict(measured, extended, alpha)
+    missing = [words for words in says if words not in verdict]
+    assert not missing, f"the verdict on {measured}x must say {missing}: {verdict}"

@@ -15,7 +15,23 @@ import numpy as np
 
 from ..reviews.fleet import FleetAnswer, FleetRow
 from ..reviews.fleet_search import FleetQuestion, candidate_step_cost, fleet_workload, simulate_rate
-from .svg import BLUE, INK, VERMILLION, figure, legend, line, nice_ticks, now, page, polyline, svg, text, xscale
+from .svg import (
+    BLUE,
+    INK,
+    VERMILLION,
+    WIDTH,
+    chart,
+    figure,
+    legend,
+    line,
+    nice_ticks,
+    now,
+    page,
+    polyline,
+    svg,
+    text,
+    xscale,
+)
 
 NUM_RATES = 9
 
@@ -39,28 +55,36 @@ def goodput_curve(lab: ModuleType, question: FleetQuestion, row: FleetRow) -> tu
 
 
 def goodput_figure(curves: Sequence[tuple[str, list[float], list[float], float]], slo_text: str) -> str:
-    """One panel per row: offered rate (x) against goodput (y), the y = x line, the knee marked."""
-    body, width = [], 560
+    """One panel per row: offered rate (x) against goodput (y), both per replica on one scale, the
+    y = x line, the knee marked. Each panel is a chart whose box holds its axes, labels and title."""
+    body, panel_width = [], WIDTH // 2
     py0, py1 = 58, 296
     for i, (label, rates, goodput, knee) in enumerate(curves):
-        x0 = 70 + i * (width + 60)
-        x1 = x0 + width
-        top = max(rates) * 1.05
-        sx, ticks = xscale(0, top, x0, x1), nice_ticks(top, 4)
-        sy = xscale(0, ticks[-1], py1, py0)
-        body.append(text(x0, 24, label[:70], size=13, weight="bold"))
+        bx0, bx1 = i * panel_width, (i + 1) * panel_width - 10  # the panel's box
+        x0, x1 = bx0 + 72, bx1 - 16  # its plot: room on the left for the y axis' numbers and label
+        ticks = nice_ticks(max(rates), 4)  # x and y alike: goodput never exceeds the offered rate
+        sx, sy = xscale(0, ticks[-1], x0, x1), xscale(0, ticks[-1], py1, py0)
+        panel = [text(bx0 + 4, 24, label[:70], size=13, weight="bold")]
         for t in ticks:
-            body.append(line(x0, sy(t), x1, sy(t), stroke="#e0e0e0"))
-            body.append(text(x0 - 6, sy(t) + 4, f"{t:g}", size=11, anchor="end"))
-            body.append(text(sx(t), py1 + 17, f"{t:g}", size=11, anchor="middle"))
-        body.append(line(x0, py1, x1, py1))
-        body.append(text((x0 + x1) / 2, py1 + 36, "offered rate per replica (requests/s)", size=12, anchor="middle"))
-        body.append(polyline([(sx(0), sy(0)), (sx(ticks[-1]), sy(ticks[-1]))], "#bbbbbb", 1.5, stroke_dasharray="4 4"))
-        body.append(polyline([(sx(r), sy(g)) for r, g in zip(rates, goodput)], BLUE if i == 0 else VERMILLION, 2.5))
+            panel.append(line(x0, sy(t), x1, sy(t), stroke="#e0e0e0"))
+            panel.append(text(x0 - 6, sy(t) + 4, f"{t:g}", size=11, anchor="end"))
+            panel.append(text(sx(t), py1 + 17, f"{t:g}", size=11, anchor="middle"))
+        panel.append(line(x0, py1, x1, py1))
+        panel.append(text((x0 + x1) / 2, py1 + 36, "offered rate per replica (requests/s)", size=12, anchor="middle"))
+        mid = (py0 + py1) / 2
+        panel.append(text(bx0 + 16, mid, "goodput per replica (requests/s)", size=12, anchor="middle",
+                          transform=f"rotate(-90 {bx0 + 16} {mid:.1f})"))
+        panel.append(polyline([(sx(0), sy(0)), (sx(ticks[-1]), sy(ticks[-1]))], "#bbbbbb", 1.5,
+                              stroke_dasharray="4 4"))
+        panel.append(polyline([(sx(r), sy(g)) for r, g in zip(rates, goodput)], BLUE if i == 0 else VERMILLION, 2.5))
         kx = sx(knee)
-        body.append(line(kx, py0 - 10, kx, py1, stroke=INK, width=1.5, stroke_dasharray="6 4"))
-        body.append(text(kx + 5, py0 - 2, f"SLO knee: {knee:.1f} req/s", size=12, weight="bold"))
-    leg, _ = legend(70, py1 + 62, [(BLUE, "pick"), (VERMILLION, "runner-up"), ("#bbbbbb", "goodput = offered")])
+        panel.append(line(kx, py0 - 10, kx, py1, stroke=INK, width=1.5, stroke_dasharray="6 4"))
+        right = kx < (x0 + x1) / 2  # the label on the side with room
+        panel.append(text(kx + 5 if right else kx - 5, py0 - 2, f"SLO knee: {knee:.1f} req/s", size=12,
+                          weight="bold", anchor="start" if right else "end"))
+        body.append(chart(f"panel {i + 1}", (bx0, 0, bx1, py1 + 44), panel))
+    drawn = [(BLUE, "pick"), (VERMILLION, "runner-up")][:len(curves)]
+    leg, _ = legend(72, py1 + 62, drawn + [("#bbbbbb", "goodput = offered")])
     body += leg
     desc = "; ".join(f"{label}: knee {knee:.1f} req/s, goodput " + ", ".join(f"{g:.1f}" for g in goodput)
                      for label, _, goodput, knee in curves)

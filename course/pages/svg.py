@@ -80,6 +80,15 @@ def svg(height: float, body: Sequence[str], title: str, desc: str, defs: Sequenc
             + (f"<defs>{''.join(defs)}</defs>" if defs else "") + "".join(body) + "</svg>")
 
 
+def chart(name: str, box: tuple[float, float, float, float], body: Sequence[str]) -> str:
+    """One chart of a figure with several: its elements in a group whose box (x0, y0, x1, y1, in the
+    SVG's units) they all lie inside, axis labels and title included; the pages' browser test holds
+    them to it (`data-box`)."""
+    x0, y0, x1, y1 = box
+    return (f'<g {_attrs(dict(data_chart=name, data_box=f"{x0:.1f} {y0:.1f} {x1:.1f} {y1:.1f}"))}>'
+            + "".join(body) + "</g>")
+
+
 def legend(x: float, y: float, items: Sequence[tuple[str, str]], gap: int = 26) -> tuple[list[str], float]:
     """Swatches and names in one row from (x, y); returns the elements and the x after them."""
     out = []
@@ -132,6 +141,7 @@ table.numbers { border-collapse: collapse; margin-top: 10px; font-size: 13px; }
 table.numbers th, table.numbers td { border: 1px solid #cccccc; padding: 3px 10px; text-align: right; }
 table.numbers th { background: #f3f3f3; }
 table.numbers tr.knee td { font-weight: bold; background: #fff3d6; }
+pre { font-size: 12px; white-space: pre-wrap; overflow-wrap: anywhere; }  /* a wide printout wraps in the page */
 .stub-box { border: 2px dashed #D55E00; background: #fff8f3; padding: 18px 22px; font-size: 16px; }
 code { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size: 0.95em; }
 @page { size: A4 landscape; margin: 10mm; }

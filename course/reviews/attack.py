@@ -16,7 +16,10 @@ each the same questions, alternating between them so that the machine's noise fa
    the attacker sends the secret (a correct guess) and a random prompt of the same length (a wrong
    one), each followed by one fresh token, and times the first streamed token of each. Over many
    such pairs, the ROC AUC of "the quicker one is the correct guess" (0.5: chance; 1: always
-   right), with its 95% interval (Hanley and McNeil's).
+   right), with its 95% interval (Hanley and McNeil's). The same guesses are read a second way,
+   with no clock: `vllm:prefix_cache_hits_total` on /metrics before and after each one, and the
+   AUC of "the one that added more hits is the correct guess". vLLM publishes the counter the same
+   way; `serve --metrics-api-key` keeps it from clients.
 2. Can it recover the secret block by block? For each block it knows candidates (the true block
    among random decoys: a template's blanks), sends what it has recovered so far plus one
    candidate plus one fresh token, and keeps the candidate with the quickest first token. Chance
@@ -32,7 +35,8 @@ A probe can be sent only once: sending a guess caches it, so its second send wou
 blocks. Each figure is therefore one timing per guess, over many guesses; every guess ends in a
 fresh token, so no prompt is ever fully cached (a fully cached prompt recomputes its last block).
 The model is larger than `serve`'s default so that one block's prefill (16 tokens) stands out of
-the per-request overhead; the guessed prefix in question 1 is 8 blocks.
+the per-request overhead; question 1 guesses a prefix of `AttackQuestion.prefix_blocks` blocks.
+The review runs OpenBLAS on one thread, as `serve` does (`course.blas`), and times nothing else.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import numpy as np
 
 from serving.api_server import start_server
 
+from ..blas import one_blas_thread
 from ..status import unsolved_exercises
 
 # The engine the attacker times: large enough that a 16-token block's prefill (several ms here)
@@ -159,12 +164,18 @@ class CacheResult:
 
     correct_s: list[float] = dataclasses.field(default_factory=list)  # first-token times of correct guesses
     wrong_s: list[float] = dataclasses.field(default_factory=list)
+    correct_hits: list[int] = dataclasses.field(default_factory=list)  # prefix-cache hits (blocks) each added
+    wrong_hits: list[int] = dataclasses.field(default_factory=list)
     blocks_right: int = 0
     secrets_whole: int = 0
 
     @property
     def auc(self) -> float:  # the quicker, the likelier a correct guess: score = -time
         return roc_auc([-t for t in self.correct_s], [-t for t in self.wrong_s])
+
+    @property
+    def counter_auc(self) -> float:  # the more hits /metrics counts, the likelier a correct guess
+        return roc_auc(self.correct_hits, self.wrong_hits)
 
 
 @dataclasses.dataclass
@@ -188,6 +199,7 @@ class AttackReview:
     costs: dict[str, dict[str, SaltCost]]  # workload -> policy -> cost
     seconds: float
     model: dict
+    blas_threads: int | None = None  # OpenBLAS's threads before the review pinned it to one (None: not OpenBLAS)
     text: str = ""
 
 
@@ -258,9 +270,17 @@ def _salt_costs(lab: ModuleType, workloads: dict, key_of: dict[str, str],
 
 
 def run_attack(lab: ModuleType, question: AttackQuestion = AttackQuestion(), log=None) -> AttackReview:
-    """The three questions of the module docstring, on two (then three) servers of the module's engine."""
+    """The three questions of the module docstring, on two (then three) servers of the module's engine,
+    with OpenBLAS on one thread while they run (its count put back after)."""
     _check_stubs(lab)
-    q, log = question, log or (lambda line: None)
+    with one_blas_thread() as blas_threads:
+        review = _run_attack(lab, question, log or (lambda line: None))
+    review.blas_threads = blas_threads
+    review.text = format_review(lab, review)
+    return review
+
+
+def _run_attack(lab: ModuleType, q: AttackQuestion, log) -> AttackReview:
     rng = np.random.default_rng(q.seed)
     start = time.perf_counter()
     workloads = salt_workloads(np.random.default_rng([q.seed, 1]), BLOCK_SIZE)
@@ -278,18 +298,23 @@ def run_attack(lab: ModuleType, question: AttackQuestion = AttackQuestion(), log
         def tokens(n: int) -> list[int]:
             return rng.integers(0, ATTACK_MODEL["vocab_size"], n).tolist()
 
-        log(f"question 1: {q.trials} correct and {q.trials} wrong guesses of a {q.prefix_blocks}-block prefix ...")
+        log(f"question 1: {q.trials} correct and {q.trials} wrong guesses of a {q.prefix_blocks}-block prefix, "
+            f"timed and counted on /metrics ...")
         for _ in range(q.trials):
             secret, wrong = tokens(q.prefix_blocks * BLOCK_SIZE), tokens(q.prefix_blocks * BLOCK_SIZE)
 
             def guess(port, victim, attacker, result):
                 first_token_seconds(port, secret + tokens(BLOCK_SIZE // 2), victim)  # the victim's request
                 for correct in rng.permutation(2):
+                    before = prefix_cache_hits(port)
                     seconds = first_token_seconds(port, (secret if correct else wrong) + tokens(1), attacker)
+                    added = prefix_cache_hits(port) - before
                     (result.correct_s if correct else result.wrong_s).append(seconds)
+                    (result.correct_hits if correct else result.wrong_hits).append(added)
             both(guess)
 
-        log(f"question 2: {q.secrets} secrets of {q.secret_blocks} blocks, {q.candidates} candidates a block ...")
+        log(f"question 2: {_n(q.secrets, 'secret')} of {_n(q.secret_blocks, 'block')}, {q.candidates} candidates a "
+            f"block ...")
         for _ in range(q.secrets):
             secret = tokens(q.secret_blocks * BLOCK_SIZE)
             truth = [secret[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE] for i in range(q.secret_blocks)]
@@ -313,9 +338,7 @@ def run_attack(lab: ModuleType, question: AttackQuestion = AttackQuestion(), log
 
     log("question 3: what salting costs, three workloads under three policies ...")
     costs = _salt_costs(lab, workloads, key_of, (None, per_tenant, per_key))
-    review = AttackReview(q, shared, salted, costs, time.perf_counter() - start, dict(ATTACK_MODEL))
-    review.text = format_review(lab, review)
-    return review
+    return AttackReview(q, shared, salted, costs, time.perf_counter() - start, dict(ATTACK_MODEL))
 
 
 def _ms(seconds: list[float]) -> str:
@@ -329,12 +352,14 @@ def format_review(lab: ModuleType, review: AttackReview) -> str:
     n_blocks = q.secrets * q.secret_blocks
     chance = 1 / q.candidates
     lines = [
-        f"The prefix cache's timing side channel: a design review on {name}'s engine, served on 127.0.0.1",
+        f"The prefix cache's side channels, timing and /metrics: a design review on {name}'s engine, served on "
+        f"127.0.0.1",
         f"Model: a toy GPT-2 of {m['n_layer']} layers x {m['n_embd']} (random weights), blocks of {BLOCK_SIZE} "
         f"tokens, prefix caching on. Two servers of it side by side: one shared cache (no keys), and per-tenant "
         f"salts (a victim's key and an attacker's). The attacker times the first streamed token of its own "
         f"max_tokens=1 requests, one at a time, over loopback; each guess is timed once (a second send would "
-        f"hit its own blocks). Seed {q.seed}; {review.seconds:.1f} s.",
+        f"hit its own blocks), and /metrics is read before and after it. Seed {q.seed}; {review.seconds:.1f} s; "
+        f"{_blas(review.blas_threads)}.",
         "",
         f"1. A correct guess against a wrong one: {q.trials} of each, a {q.prefix_blocks}-block "
         f"({q.prefix_blocks * BLOCK_SIZE}-token) prefix the victim sent, then one fresh token",
@@ -342,11 +367,15 @@ def format_review(lab: ModuleType, review: AttackReview) -> str:
         f"   {'first token, correct guess (median)':<40}{_ms(shared.correct_s):>20}{_ms(salted.correct_s):>20}",
         f"   {'first token, wrong guess (median)':<40}{_ms(shared.wrong_s):>20}{_ms(salted.wrong_s):>20}",
     ]
-    auc = {}
-    for label, result in (("shared", shared), ("salted", salted)):
-        low, high = auc_interval(result.auc, len(result.correct_s), len(result.wrong_s))
-        auc[label] = f"{result.auc:.2f} ({low:.2f}-{high:.2f})"
-    lines.append(f"   {'ROC AUC, quicker = correct (95% interval)':<40}{auc['shared']:>20}{auc['salted']:>20}")
+    lines.append(f"   {'ROC AUC, quicker = correct (95% interval)':<40}{_auc(shared, shared.auc):>20}"
+                 f"{_auc(salted, salted.auc):>20}")
+    lines += [
+        f"   {'/metrics: hits a correct guess added':<40}{_hits(shared.correct_hits):>20}"
+        f"{_hits(salted.correct_hits):>20}",
+        f"   {'/metrics: hits a wrong guess added':<40}{_hits(shared.wrong_hits):>20}{_hits(salted.wrong_hits):>20}",
+        f"   {'ROC AUC, more hits = correct':<40}{_auc(shared, shared.counter_auc):>20}"
+        f"{_auc(salted, salted.counter_auc):>20}",
+    ]
     lines += [
         "",
         f"2. Recovering a secret system prompt block by block: {_n(q.secrets, 'secret')} of "
@@ -364,6 +393,23 @@ def format_review(lab: ModuleType, review: AttackReview) -> str:
                                                      for c in by_policy.values()))
     lines += ["", _verdict(review)]
     return "\n".join(lines)
+
+
+def _auc(result: CacheResult, auc: float) -> str:
+    """An AUC with its 95% interval."""
+    low, high = auc_interval(auc, len(result.correct_s), len(result.wrong_s))
+    return f"{auc:.2f} ({low:.2f}-{high:.2f})"
+
+
+def _hits(added: list[int]) -> str:
+    """The prefix-cache hits guesses added: the range, in blocks."""
+    return f"{min(added)}-{max(added)} blocks" if min(added) != max(added) else f"{added[0]} blocks"
+
+
+def _blas(threads: int | None) -> str:
+    if threads is None:
+        return "NumPy's BLAS is not OpenBLAS: its threads are its own"
+    return f"OpenBLAS on 1 thread for the review (it had {threads})"
 
 
 def _n(count: int, word: str) -> str:
@@ -385,7 +431,12 @@ def _verdict(review: AttackReview) -> str:
         f"{salted.blocks_right} with salts. A per-tenant salt is in the first block's hash (and, chained, in every "
         f"later one's), so a guess sent under the attacker's key hashes to other blocks than the victim's: it can "
         f"only find blocks the "
-        f"attacker sent itself, and its timing says nothing about anyone else (AUC {salted.auc:.2f}). The salt "
+        f"attacker sent itself, and its timing says nothing about anyone else (AUC {salted.auc:.2f}). /metrics "
+        f"needs no clock: its hit counter rose by {_hits(shared.correct_hits)} after each correct guess and "
+        f"{_hits(shared.wrong_hits)} after each wrong one (AUC {shared.counter_auc:.2f}); with salts "
+        f"{_hits(salted.correct_hits)} and {_hits(salted.wrong_hits)} (AUC {salted.counter_auc:.2f}). Whoever reads "
+        f"/metrics on a shared cache reads which prompts were sent: give it to operators (serve --metrics-api-key), "
+        f"not to clients. The salt "
         f"must come from the key (the server's idea of who is calling), never from the body, or the attacker "
         f"sends the victim's. It costs nothing where tenants share nothing ({nothing[POLICIES[0]].hits} hits "
         f"either way) and nothing for the users of one tenant ({users[POLICIES[0]].hits} vs "

@@ -45,6 +45,7 @@ from .fleet_search import (
     check_question,
     colocated_candidates,
     disaggregated_candidates,
+    fleet_size,
     fleet_workload,
     search_all,
 )
@@ -78,12 +79,6 @@ class FleetRow:
     def capacity(self) -> float:
         """Requests/s the fleet can take: its replicas times their rate (the smaller pool's)."""
         return min((n * s.max_rate for n, s in zip(self.replicas, self.searches)), default=0.0)
-
-
-def fleet_size(qps: float, rate_per_replica: float, tp: int) -> tuple[int, int]:
-    """(replicas, GPUs) to serve `qps` when one replica of `tp` GPUs serves `rate_per_replica`."""
-    replicas = math.ceil(qps / rate_per_replica * (1 - 1e-12))  # 100 / 25 is 4, not 5, in floating point
-    return replicas, replicas * tp
 
 
 def usd_per_million_output_tokens(num_gpus: int, usd_per_gpu_hour: float, qps: float, mean_output_len: float) -> float:
@@ -168,6 +163,14 @@ def binding_constraint(search: Search, slo: SLO) -> str:
     return "; ".join(words)
 
 
+def _count(count: int, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else many or one + 's'}"
+
+
+def _gpus(count: int) -> str:
+    return _count(count, "GPU")
+
+
 def _ms(value: float) -> str:
     return f"{value * 1e3:.0f}" if value < math.inf else "miss"
 
@@ -223,7 +226,7 @@ def _table(met: list[FleetRow], unmet: list[FleetRow]) -> list[str]:
                          f"{r.usd_per_million:>9.2f} {_ms(ttft):>6} ms {_ms(tpot):>6} ms | {_cell(r.roofline):>20}")
         else:
             lines.append(f"{r.label + mark:<58} {r.note or 'meets the targets at no rate tried'}"
-                         + (f" | roofline: {r.roofline.gpus} GPUs, ${r.roofline.usd_per_million:.2f}"
+                         + (f" | roofline: {_gpus(r.roofline.gpus)}, ${r.roofline.usd_per_million:.2f}"
                             if r.roofline is not None and r.roofline.gpus else ""))
     return lines
 
@@ -247,23 +250,23 @@ def _explanations(met: list[FleetRow], explain: Callable[[str, int, float, float
 def _pick(question: FleetQuestion, met: list[FleetRow], unmet: list[FleetRow], mean_output: float) -> list[str]:
     """The pick, what the roofline alone would pick, and what binds the pick and the runner-up."""
     pick = met[0]
-    lines = ["", f"Pick: {pick.label}: {pick.gpus} GPUs for {question.qps:g} req/s, "
+    lines = ["", f"Pick: {pick.label}: {_gpus(pick.gpus)} for {question.qps:g} req/s, "
                  f"${pick.usd_per_million:.2f} per 1M output tokens (mean output {mean_output:.0f} tokens)."]
+    # The roofline's searches find replicas, not rates (search_replicas): at one price, the floor of
+    # the row the measured table ranks first.
     floors = sorted((r.roofline for r in met + unmet if r.roofline is not None and r.roofline.gpus),
-                    key=lambda r: (round(r.usd_per_million, 9), -r.capacity))
+                    key=lambda r: round(r.usd_per_million, 9))
     if not pick.measured:
         lines.append("  Its GPU has no published profile: its figures are the roofline's, a floor, and the measured "
                      "candidates' are not comparable with them.")
     if floors:
-        lines.append(f"  The roofline alone would pick {floors[0].label}: {floors[0].gpus} GPUs, "
+        lines.append(f"  The roofline alone would pick {floors[0].label}: {_gpus(floors[0].gpus)}, "
                      f"${floors[0].usd_per_million:.2f} per 1M output tokens: a floor, not a forecast.")
-    for title, row in (("Pick", pick), ("Runner-up", met[1] if len(met) > 1 else None)):
-        if row is None:
-            continue
-        prefix = f"  {title} ({row.label}, {row.gpus} GPUs)" if title == "Runner-up" else f"  {title}"
+    limits = [("the pick", pick)] + [(f"the runner-up ({row.label}, {_gpus(row.gpus)})", row) for row in met[1:2]]
+    for title, row in limits:
         for s in row.searches:
             pool = "" if s.candidate.role == "both" else f" [{s.candidate.role} pool]"
-            lines.append(f"{prefix}{pool}: {binding_constraint(s, question.slo)}.")
+            lines.append(f"  What limits {title}{pool}: {binding_constraint(s, question.slo)}.")
     return lines
 
 
@@ -318,15 +321,16 @@ def run_fleet(lab: ModuleType, question: FleetQuestion, jobs: int = 1, log: Call
         if question.disaggregation:
             candidates += disaggregated_candidates(question)
     slo = question.slo
-    log(f"Fleet for {question.model} at {question.qps:g} req/s, p99 TTFT <= {slo.ttft_s * 1e3:g} ms and p99 TPOT "
-        f"<= {slo.tpot_s * 1e3:g} ms, {question.workload} lengths (max_model_len {question.max_model_len}): "
-        f"{len(candidates)} candidates, each on the measured step cost and the roofline (the roofline alone for a "
-        f"GPU without a profile), "
-        f"{question.num_requests} simulated requests per rate, the module's Scheduler")
-    clock = time.perf_counter()
     # Every candidate on the measured cost, and again on the roofline where that differs (a GPU with a profile).
     searched = candidates + [dataclasses.replace(c, cost="roofline") for c in candidates
                              if c.cost == "measured" and has_profile(c.gpu)]
+    log(f"Fleet for {question.model} at {question.qps:g} req/s, p99 TTFT <= {slo.ttft_s * 1e3:g} ms and p99 TPOT "
+        f"<= {slo.tpot_s * 1e3:g} ms, {question.workload} lengths (max_model_len {question.max_model_len}): "
+        f"{_count(len(candidates), 'candidate')}, {_count(len(searched), 'search', 'searches')} (each candidate on "
+        f"the measured step cost and on the roofline; the roofline alone for a GPU without a profile), "
+        f"{question.num_requests} simulated requests per rate, the module's Scheduler; {jobs} at a time, a line as "
+        f"each search ends")
+    clock = time.perf_counter()
     results = search_all(lab, question, searched, workload, jobs, log)
     log(f"searched in {time.perf_counter() - clock:.0f} s ({jobs} at a time)")
     found = dict(zip(searched, results))

@@ -121,14 +121,18 @@ def _role_workload(workload, role: str) -> tuple[list, list, list]:
     return unit_arrivals, prompts, outputs
 
 
-def _step_shape(plan, role: str) -> tuple[int, int, int, bool]:
+def _step_shape(plan, role: str) -> tuple[int, int, int, bool, dict[str, int]]:
     """(tokens charged, context tokens read, query-key pairs attention computes (causal), whether a
-    prefill runs) of a planned step. A decode pool's first step of a request imports its prompt's
-    K/V: no FLOPs for it, only the last token's."""
+    prefill runs, the token each sequence that completes samples) of a planned step, in one pass
+    over its sequences. A decode pool's first step of a request imports its prompt's K/V: no FLOPs
+    for it, only the last token's."""
     tokens = plan.total_num_scheduled_tokens
-    context, pairs, prefill = 0, 0, False
+    context, pairs, prefill, sampled = 0, 0, False, {}
+    scheduled_tokens = plan.num_scheduled_tokens
     for s in plan.scheduled:
-        new, done = plan.num_scheduled_tokens[s.request_id], s.num_computed_tokens
+        new, done = scheduled_tokens[s.request_id], s.num_computed_tokens
+        if plan.completes(s):
+            sampled[s.request_id] = 0
         context += done + new
         if new > 1:
             prefill = True
@@ -136,7 +140,7 @@ def _step_shape(plan, role: str) -> tuple[int, int, int, bool]:
                 tokens -= new - 1  # the imported K/V: no FLOPs, only the last token's
                 done, new = done + new - 1, 1
         pairs += new * done + new * (new + 1) // 2
-    return tokens, context, pairs, prefill
+    return tokens, context, pairs, prefill, sampled
 
 
 def _step_seconds(cost, tokens: int, context: int, pairs: int):
@@ -220,7 +224,7 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
         if not scheduler.has_unfinished():
             continue
         plan = scheduler.plan_step()
-        tokens, context, pairs, prefill = _step_shape(plan, role)
+        tokens, context, pairs, prefill, sampled = _step_shape(plan, role)
         step, parts = _step_seconds(cost, tokens, context, pairs)
         clock += step
         if parts is not None:
@@ -229,7 +233,6 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
             decode["time"], decode["steps"] = decode["time"] + step, decode["steps"] + 1
             decode["seqs"], decode["context"] = decode["seqs"] + len(plan.scheduled), decode["context"] + context
         run.num_steps += 1
-        sampled = {s.request_id: 0 for s in plan.scheduled if plan.completes(s)}
         for s in scheduler.finish_step(plan, sampled, clock):
             if int(s.request_id) >= first:
                 counted.finished(s, prompts[int(s.request_id)], role, slo, kv_transfer_s_per_token)
@@ -313,6 +316,42 @@ def search_max_rate(run_at: Callable[[float], LoadRun], start: float, tolerance:
     return Search(candidate, good.rate, good, bad, runs)
 
 
+def fleet_size(qps: float, rate_per_replica: float, tp: int) -> tuple[int, int]:
+    """(replicas, GPUs) to serve `qps` when one replica of `tp` GPUs serves `rate_per_replica`."""
+    replicas = math.ceil(qps / rate_per_replica * (1 - 1e-12))  # 100 / 25 is 4, not 5, in floating point
+    return replicas, replicas * tp
+
+
+def search_replicas(run_at: Callable[[float], LoadRun], qps: float, start: float, lowest: float | None = None,
+                    candidate: Candidate | None = None) -> Search:
+    """The fewest replicas that serve `qps`: the smallest k where `run_at(qps / k).meets` (the same
+    monotonicity search_max_rate assumes), when only the replicas matter (the roofline's GPUs and $).
+    It starts on the optimistic side, at twice `start`: a rate that misses is a run stopped early,
+    one that meets runs every request, so it climbs by misses (k grows by a quarter, at least 1)
+    to the first meet, then bisects the k's between. The result's rate is qps / k, its best run
+    the one there, its miss the run at qps / (k - 1) (None when one replica serves); 0 when even
+    `lowest` (default start / 256) misses."""
+    runs: dict[int, LoadRun] = {}
+
+    def at(k: int) -> LoadRun:
+        runs[k] = run_at(qps / k)
+        return runs[k]
+
+    lowest = start / 256 if lowest is None else lowest
+    bad, good = 0, math.ceil(qps / (2 * start))  # k = 0: no replica, which serves nothing
+    while not at(good).meets:
+        bad, good = good, good + max(1, good // 4)
+        if qps / good < lowest:
+            return Search(candidate, 0.0, None, runs[bad], len(runs))
+    while bad == 0 and good > 1:  # the optimistic start met: fewer replicas, by halves, to a miss
+        half = good // 2
+        good, bad = (half, 0) if at(half).meets else (good, half)
+    while good - bad > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if at(mid).meets else (good, mid)
+    return Search(candidate, qps / good, runs[good], runs.get(bad), len(runs))
+
+
 # --- the question, and every candidate searched ------------------------------------------
 
 
@@ -391,10 +430,23 @@ def search_candidate(lab: ModuleType, question: FleetQuestion, candidate: Candid
     def run_at(rate: float, stop_early: bool = True) -> LoadRun:
         return simulate_rate(lab, cost, workload, rate, question.slo, candidate, plan.num_kv_blocks, block_size,
                              stop_early, kv_transfer_s_per_token=transfer)
-    search = search_max_rate(run_at, start, candidate=candidate)
+    if candidate.cost == "roofline":  # its table column is GPUs and $ alone: the replicas give both
+        search = search_replicas(run_at, question.qps, start, candidate=candidate)
+    else:
+        search = search_max_rate(run_at, start, candidate=candidate)
     if search.max_rate == 0:  # by how much it misses, for "the nearest miss": the whole run
         search.miss = run_at(search.miss.rate, stop_early=False)
     return search
+
+
+def _found(search: Search, qps: float) -> str:
+    """A search's result for its progress line: a roofline search looks for the replicas alone."""
+    if not search.max_rate:
+        return f"misses at every rate tried ({search.num_runs} runs)"
+    if search.candidate.cost == "roofline":
+        replicas = fleet_size(qps, search.max_rate, search.candidate.tp)[0]
+        return f"{replicas} replica{'s' * (replicas != 1)} for {qps:g} req/s ({search.num_runs} runs)"
+    return f"{search.max_rate:.1f} req/s per replica ({search.num_runs} runs)"
 
 
 _JOB: dict = {}  # what forked workers inherit: (lab, question, candidates, workload)
@@ -407,15 +459,15 @@ def _search_job(index: int) -> Search | str:
 
 def search_all(lab: ModuleType, question: FleetQuestion, candidates: list[Candidate], workload, jobs: int,
                 log: Callable[[str], None]) -> list[Search | str]:
-    """Every candidate's search, `jobs` at a time (forked processes), a progress line as each ends."""
+    """Every candidate's search, `jobs` at a time (forked processes), a progress line as each ends.
+    The prefill pools' go first: they decode nothing, so their lines come within the first second."""
     results: list = [None] * len(candidates)
+    order = sorted(range(len(candidates)), key=lambda i: candidates[i].role != "prefill")
     clock = time.perf_counter()
 
     def report(i: int, result) -> None:
         done = sum(r is not None for r in results)
-        what = result if isinstance(result, str) else (
-            f"{result.max_rate:.1f} req/s per replica ({result.num_runs} runs)" if result.max_rate
-            else f"misses at every rate tried ({result.num_runs} runs)")
+        what = result if isinstance(result, str) else _found(result, question.qps)
         on = "roofline" if candidates[i].cost == "roofline" else "measured" if has_profile(candidates[i].gpu) else \
             "roofline, no profile"
         elapsed = time.perf_counter() - clock
@@ -425,7 +477,7 @@ def search_all(lab: ModuleType, question: FleetQuestion, candidates: list[Candid
         _JOB["args"] = (lab, question, candidates, workload)
         try:
             with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-                futures = {pool.submit(_search_job, i): i for i in range(len(candidates))}
+                futures = {pool.submit(_search_job, i): i for i in order}
                 for future in concurrent.futures.as_completed(futures):
                     i = futures[future]
                     results[i] = future.result()  # a stub's NotImplementedError comes back here
@@ -433,8 +485,8 @@ def search_all(lab: ModuleType, question: FleetQuestion, candidates: list[Candid
         finally:
             _JOB.clear()
     else:
-        for i, candidate in enumerate(candidates):
-            results[i] = search_candidate(lab, question, candidate, workload)
+        for i in order:
+            results[i] = search_candidate(lab, question, candidates[i], workload)
             report(i, results[i])
     return results
 

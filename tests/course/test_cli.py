@@ -9,6 +9,7 @@ import re
 import pytest
 
 from conftest import lab
+from course.status import unsolved_exercises
 from tests.support import (
     ROOT,
     reraise_stub,
@@ -55,10 +56,19 @@ def test_cli_batching_shows_both_timelines():
     assert "static:" in proc.stdout and "continuous:" in proc.stdout and "wasted slot-steps" in proc.stdout
 
 
+# The reviews run the exercises they measure with where they are written, and name the stub where not.
+@pytest.mark.parametrize("args, headline", [
+    pytest.param(("speculate", "--alpha", "0.8", "--k", "4", "--c", "0.1"), "Your draft: alpha 0.8, c 0.1, k 4",
+                 marks=pytest.mark.reaches(7)),
+    pytest.param(("stack", "--hardware", "amd"), "Your workload: vllm", marks=pytest.mark.reaches(5)),
+])
+def test_cli_reviews_exit_0_and_print_their_headline_stubs_or_not(args, headline):
+    proc = run_cli(*args)
+    assert proc.returncode == 0 and headline in proc.stdout, f"{args}: exit {proc.returncode}\n{proc.stderr}"
+
+
 @pytest.mark.provided
 @pytest.mark.parametrize("args, headline", [
-    (("speculate", "--alpha", "0.8", "--k", "4", "--c", "0.1"), "Your draft: alpha 0.8, c 0.1, k 4"),
-    (("stack", "--hardware", "amd"), "Your workload: vllm"),
     (("status",), "Exercise 1"),
     (("--help",), "size"),
     (("bench", "--help"), "attention"),
@@ -115,15 +125,38 @@ def test_cli_bad_options_exit_2_with_one_line(args, says):
     assert len(lines) == 1 and says in lines[0], f"expected one line of error mentioning {says!r}, got {lines}"
 
 
-@pytest.mark.needs(8)
-def test_cli_main_job_prints_the_four_scenarios_in_order():
+@pytest.mark.reaches(8)
+def test_cli_main_job_prints_the_four_scenarios_in_order_and_exits_0_naming_the_next_exercise_first():
     proc = run_script()
-    assert proc.returncode == 0, proc.stderr
+    prog = f"{lab.__name__}.py"
+    assert proc.returncode == 0, f"`python {prog}` is the set-up line's last command: it exits 0, stubs or not\n" \
+                                 f"{proc.stderr}"
     headlines = ["1. Size a vLLM deployment", "2. Defend continuous batching",
                  "3. Decide whether to add speculative decoding", "4. Pick a stack"]
     positions = [proc.stdout.find(h) for h in headlines]
     assert all(p >= 0 for p in positions) and positions == sorted(positions), (
-        f"`python {lab.__name__}.py` must print the four design-review scenarios in order; found {positions}")
+        f"`python {prog}` must print the four design-review scenarios in order; found {positions}")
+    todo = unsolved_exercises(lab)
+    lines = proc.stdout.strip().splitlines()
+    if todo:
+        first = min(todo)
+        assert f"Exercise {first} is next" in lines[0] and all(name in lines[0] for name in todo[first]), (
+            f"on a lab with stubs, the first line names the earliest exercise still to write, {first}, and its "
+            f"functions {todo[first]}; got {lines[0]!r}")
+        assert f"python -m pytest -m exercise{first}" in lines[-1], f"the last line says what to run next: " \
+                                                                     f"{lines[-1]!r}"
+    else:
+        assert "is next" not in proc.stdout and "still a stub" not in proc.stdout, "a finished lab names no stub"
+
+
+@pytest.mark.provided
+def test_cli_main_job_does_not_exit_0_on_an_error_that_is_not_a_stub(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the lab, not a stub")
+
+    monkeypatch.setattr(lab, "plan_deployment", broken)  # the first scenario's, so nothing else runs
+    with pytest.raises(RuntimeError, match="a bug in the lab"):
+        run_cli()  # a script exits 1 with its traceback: a real error is not a stub to write
 
 
 @pytest.mark.needs(1)

@@ -77,6 +77,25 @@ def test_search_finds_the_rate_a_brute_force_sweep_finds():
 
 
 @pytest.mark.provided
+@given(st.floats(0.05, 500.0), st.floats(0.1, 50.0), st.floats(1.0, 400.0))
+def test_the_replicas_search_finds_the_fewest_replicas_whose_share_of_the_rate_meets(knee, start, qps):
+    def run_at(rate):  # a replica meets both targets up to its knee
+        return fleet_search.LoadRun(rate, rate <= knee, 0.0, 0.0, True)
+    search = fleet_search.search_replicas(run_at, qps, start)
+    if knee < start / 256:
+        assert search.max_rate == 0 and search.best is None, "a knee below the lowest rate tried: no replica count"
+        return
+    fewest = math.ceil(qps / knee - 1e-9)
+    while qps / fewest > knee:  # the smallest k with qps / k <= knee, by hand
+        fewest += 1
+    found = fleet_search.fleet_size(qps, search.max_rate, 1)[0]
+    assert found == fewest and search.best.meets, (
+        f"a replica meets up to {knee:.3f} req/s: {qps:.1f} req/s need {fewest} replicas, the search says {found}")
+    assert search.miss is None if found == 1 else (not search.miss.meets and search.miss.rate == qps / (found - 1)), (
+        "one replica fewer misses (its run is the search's miss)")
+
+
+@pytest.mark.provided
 def test_nearest_rank_p99_is_met_exactly_when_99_percent_are_within_the_target():
     values = list(range(1, 201))  # 200 values: the 198th smallest is p99
     assert fleet_search.nearest_rank(values) == 198 and fleet_search.allowed_misses(200) == 2
@@ -97,6 +116,33 @@ def test_fleet_arithmetic_of_one_configuration_matches_the_hand_calculation():
     assert (row.replicas, row.gpus) == ((replicas,), replicas * 2), "replicas = ceil(QPS / rate), GPUs = replicas x tp"
     assert row.usd_per_million == pytest.approx(usd), "$ per 1M output tokens = GPUs x $/h / output tokens per hour"
     assert f"{row.gpus} GPUs for 70 req/s, ${usd:.2f} per 1M output tokens" in answer.text
+
+
+@pytest.mark.needs(8)
+def test_fleet_names_its_pick_once_and_counts_one_gpu_in_the_singular():
+    question = fleet_search.FleetQuestion("llama-2-7b", ("h100-80gb",), qps=1.0, slo=fleet_search.SLO(0.1, 0.02),
+                                          workload="alpaca", max_model_len=512, num_requests=40)
+    answer = fleet.run_fleet(lab, question, jobs=1, log=lambda line: None,
+                             candidates=[fleet_search.Candidate("h100-80gb", 1, 16, 256)])
+    assert answer.pick.gpus == 1, "one request/s fits one replica of one GPU"
+    assert answer.text.count("Pick:") == 1, f"the pick is named once:\n{answer.text}"
+    assert "1 GPU for 1 req/s" in answer.text and "1 GPUs" not in answer.text, (
+        f"one GPU is counted in the singular:\n{answer.text}")
+
+
+@pytest.mark.needs(8)
+def test_fleet_prints_what_it_searches_first_then_the_prefill_pools_quick_searches():
+    question = fleet_search.FleetQuestion("llama-2-7b", ("h100-80gb",), qps=10.0, slo=fleet_search.SLO(0.1, 0.02),
+                                          workload="alpaca", max_model_len=512, num_requests=40)
+    candidates = [fleet_search.Candidate("h100-80gb", 1, 16, 256, role) for role in ("both", "decode", "prefill")]
+    lines = []
+    fleet.run_fleet(lab, question, jobs=1, log=lines.append, candidates=candidates)
+    progress = [line for line in lines if line.startswith("  [")]
+    assert lines[0].startswith("Fleet for llama-2-7b") and "candidates" in lines[0], (
+        f"the first line says what will be searched, before any search runs: {lines[0]!r}")
+    prefill = [i for i, line in enumerate(progress) if "] prefill: " in line]
+    assert prefill == list(range(len(prefill))) and prefill, (
+        "the prefill pools' searches (no decode: a fraction of a second each) report first:\n" + "\n".join(progress))
 
 
 @pytest.mark.needs(8)
@@ -131,8 +177,8 @@ def test_a_gpu_without_a_published_profile_is_costed_by_the_roofline_and_the_tab
 
 @pytest.mark.provided
 def test_fleet_size_rounds_replicas_up_but_not_past_an_exact_fit():
-    assert fleet.fleet_size(100, 25.0, 2) == (4, 8)
-    assert fleet.fleet_size(100, 24.9, 2) == (5, 10)
+    assert fleet_search.fleet_size(100, 25.0, 2) == (4, 8)
+    assert fleet_search.fleet_size(100, 24.9, 2) == (5, 10)
 
 
 # --- the command line ------------------------------------------------------------------------

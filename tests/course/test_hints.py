@@ -1,9 +1,10 @@
 """test_hints.py: `hint`, `quiz` and `status` (course/hints.py, course/quiz/, course/cli.py) on a
 fresh lab (every exercise a stub), a half-written one and a finished one.
 
-The labs are generated into a temporary directory by tools/handout/make_lab.py, as tools/checks/check_stubs.py does,
-so that no test reads or moves the `.hints.json` of the lab.py a student is working in. Only the
-last tests run the quiz on the module under test, and they are marked with the exercise they need.
+The labs are generated from solution.py into a temporary directory (so those tests run in the
+maintainers' checkout only), so that no test reads or moves the `.hints.json` of the lab.py a
+student is working in. Only the last tests run the quiz on the module under test, and they are
+marked with the exercise they need.
 """
 
 from __future__ import annotations

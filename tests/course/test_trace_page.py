@@ -7,10 +7,9 @@ from __future__ import annotations
 import html.parser
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from conftest import lab
 from course.pages import trace, trace_workloads
 from loadtest import datasets
+from tests.course.browser import dump_dom, needs_browser
 from tests.course.test_trace import PageData, generated, pool_invariants, recorded, recording_in, slots_of
 from tests.support import ROOT, needs_reference, run_cli
 
@@ -134,7 +134,8 @@ def test_cli_trace_says_in_one_line_that_it_cannot_write_the_page(tmp_path):
 
 @pytest.mark.provided
 @needs_reference
-def test_cli_trace_on_a_half_written_lab_names_the_missing_stub(tmp_path):
+@pytest.mark.parametrize("checkout", ["student's copy", "maintainers' checkout"])
+def test_cli_trace_on_a_half_written_lab_names_the_missing_stub_and_where_its_run_is_seen(tmp_path, checkout):
     sys.path.insert(0, str(ROOT / "tools" / "handout"))
     try:
         from make_lab import make_lab
@@ -142,38 +143,28 @@ def test_cli_trace_on_a_half_written_lab_names_the_missing_stub(tmp_path):
         sys.path.remove(str(ROOT / "tools" / "handout"))
     script = tmp_path / "lab_half.py"
     script.write_text(make_lab((ROOT / "solution.py").read_text(), only={"5"}))
+    if checkout == "student's copy":  # it ships the reference's recorded pages, and no solution.py
+        (tmp_path / "docs" / "reference-traces").mkdir(parents=True)
+        (tmp_path / "docs" / "reference-traces" / "arrivals.html").write_text("<html></html>")
+        pointed = "docs/reference-traces/arrivals.html is that run on a correct engine"
+    else:  # it has no recorded pages, and the reference to record them from
+        (tmp_path / "solution.py").write_text((ROOT / "solution.py").read_text())
+        pointed = "`python solution.py trace --workload arrivals` records that run on the reference engine"
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run([sys.executable, str(script), "trace", "--out", str(tmp_path / "t.html")], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(script), "trace", "--workload", "arrivals", "--out",
+                           str(tmp_path / "t.html")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "lab_half.py: Exercise 5: Scheduler.schedule is still a stub" in proc.stderr, proc.stderr
-    assert "docs/reference-traces/skewed.html" in proc.stderr, "a stuck student is pointed to the reference run"
+    assert pointed in proc.stderr, f"in the {checkout}, a stuck student is pointed to the reference run: {proc.stderr}"
     assert not (tmp_path / "t.html").exists(), "no page for a run that could not start"
 
 
 # --- the rendered page, in a real browser ----------------------------------------------------
 #
-# Headless Chromium opens the page at `#step=N&request=ID` and dumps the DOM the script built;
-# html.parser reads the data-* attributes back and the test compares them with the recording.
-
-BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
-BROWSER_TIMEOUT = 60
-needs_browser = pytest.mark.skipif(BROWSER is None, reason="needs Chromium to render the page: apt-get install "
-                                   "chromium (or any chromium / chromium-browser on PATH)")
-
-
-def dump_dom(path: Path, fragment: str) -> str:
-    with tempfile.TemporaryDirectory() as profile:
-        proc = subprocess.run(
-            [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--window-size=1280,900", "--dump-dom",
-             f"{path.as_uri()}#{fragment}"],
-            capture_output=True, text=True, timeout=BROWSER_TIMEOUT)
-    if proc.returncode != 0 or "<main" not in proc.stdout:  # not an AssertionError: the page was not checked
-        raise RuntimeError(f"chromium --dump-dom exited {proc.returncode}: {proc.stderr[-500:]}")
-    return proc.stdout
-
+# Headless Chromium opens the page at `#step=N&request=ID` and dumps the DOM the script built
+# (tests/course/browser.py); html.parser reads the data-* attributes back and the test compares
+# them with the recording.
 
 class RenderedPage(html.parser.HTMLParser):
     """What the script drew: the step, the queues, the plan, the pool, the tables, the detail."""
@@ -298,3 +289,28 @@ def test_the_page_opens_on_the_first_step_where_a_mechanism_shows():
 def test_the_page_without_a_step_in_its_address_opens_on_the_opening_step(tmp_path):
     _, data, path = page_of("memory-pressure", tmp_path)
     assert RenderedPage(dump_dom(path, "")).step == data["open"] > 0, "the page opens on the recording's opening step"
+
+
+@pytest.mark.needs(5)
+@needs_browser
+def test_past_a_palettes_worth_of_requests_no_two_look_alike_by_hue_alone(tmp_path):
+    workload_file = tmp_path / "w.jsonl"
+    datasets.save_workload(datasets.make_workload(lab, "tiny", 30, seed=4), str(workload_file))
+    rec = trace.record(lab, trace_workloads.get_workload(str(workload_file)))
+    path = tmp_path / "trace.html"
+    path.write_text(trace.render_page(rec))
+    dom = dump_dom(path, f"step={len(rec.frames) - 1}")
+    looks = {}
+    for request, style in re.findall(r'<li class="chip[^"]*" data-request="([^"]+)" style="([^"]*)"', dom):
+        looks.setdefault(request, set()).add(style)
+    assert len(looks) == 30 and all(len(styles) == 1 for styles in looks.values()), (
+        f"the last step lists all 30 requests, each in one look: {looks}")
+    alike = [ids for ids in _grouped(looks) if len(ids) > 1]
+    assert not alike, f"requests drawn alike (the same colour and pattern): {alike}"
+
+
+def _grouped(looks: dict) -> list[list[str]]:
+    by_look: dict = {}
+    for request, styles in looks.items():
+        by_look.setdefault(next(iter(styles)), []).append(request)
+    return list(by_look.values())

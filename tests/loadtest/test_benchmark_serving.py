@@ -257,7 +257,35 @@ def test_find_knee_is_the_last_rate_before_p99_ttft_explodes():
         "a rate where nothing completed is past it")
     chart = benchmark_serving.format_load_chart(rates[:4], [{"p99_ttft": t, "output_throughput": 100.0 * r}
                                               for r, t in zip(rates, [0.05, 0.04, 0.06, 0.5])])
-    assert "<- knee" in chart.splitlines()[3] and "knee: 4 req/s" in chart
+    assert "<- queueing knee" in chart.splitlines()[3] and "queueing knee: 4 req/s" in chart
+    assert "says nothing of a target" in chart and "SLO knee:" not in chart, (
+        f"without an SLO, the chart says what its knee is and is not:\n{chart}")
+
+
+def load_summary(rate: float, met: int, sent: int = 200, p99_ttft: float = 0.05) -> dict:
+    """One rate's summary: `sent` requests over `sent / rate` seconds, all completed, `met` inside the SLOs."""
+    duration = sent / rate
+    return {"completed": sent, "failed": 0, "duration": duration, "goodput": met / duration,
+            "p99_ttft": p99_ttft, "output_throughput": 100.0 * rate}
+
+
+@pytest.mark.provided
+def test_the_slo_knee_is_the_last_rate_before_goodput_leaves_throughput():
+    rates = [16, 32, 64, 96, 128]
+    # p99 TTFT triples from 32 to 64 req/s, but every request meets the SLO up to 64: the queue
+    # grew, the target held. At 96 req/s 5 of 200 (2.5%) miss: goodput has left throughput.
+    summaries = [load_summary(16, 200, p99_ttft=0.012), load_summary(32, 200, p99_ttft=0.014),
+                 load_summary(64, 199, p99_ttft=0.042), load_summary(96, 195, p99_ttft=0.12),
+                 load_summary(128, 198, p99_ttft=0.08)]
+    assert benchmark_serving.find_slo_knee(rates, summaries) == 64, "99% of requests meet the SLOs up to 64 req/s"
+    assert benchmark_serving.find_knee(rates, [s["p99_ttft"] for s in summaries]) == 32
+    chart = benchmark_serving.format_load_chart(rates, summaries, slo="TTFT <= 100 ms")
+    assert "<- SLO knee" in chart.splitlines()[3] and "<- queueing knee" in chart.splitlines()[2], chart
+    assert "SLO knee: 64 req/s" in chart and "at 96 req/s, 97.5% of requests met TTFT <= 100 ms" in chart, chart
+    assert "128 req/s kept up again" in chart, f"a rate above that keeps up again is said, not hidden:\n{chart}"
+    assert benchmark_serving.find_slo_knee(rates, [load_summary(r, 200) for r in rates]) is None
+    assert benchmark_serving.find_slo_knee(rates, [load_summary(r, 100) for r in rates]) == 0.0, (
+        "a lowest rate that already misses: no rate keeps up")
 
 
 @pytest.mark.provided
@@ -285,7 +313,7 @@ def test_loadtest_cli_against_the_lab_server_reports_every_request(tmp_path):
         reraise_stub(proc.stdout)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.count("6/6 done") == 2, f"every request at every rate must complete:\n{proc.stdout}"
-        assert "p99 TTFT" in proc.stdout and "knee" in proc.stdout and "first error" not in proc.stdout
+        assert "p99 TTFT" in proc.stdout and "SLO knee" in proc.stdout and "first error" not in proc.stdout
         assert len((tmp_path / "w.jsonl").read_text().splitlines()) == 6
         lines = []
         [summary] = benchmark_serving.loadtest(lab, srv.url, [math.inf], 4, "tiny", prompt_format="token-ids",

@@ -43,7 +43,7 @@ ODD_JSON = [  # (body, the field it names or None for the body)
 ]
 
 
-@pytest.mark.provided
+@pytest.mark.reaches(1)  # the engine's answer carries its gauges, read by num_free_blocks
 @pytest.mark.parametrize("body, param", ODD_JSON, ids=[b[:48].decode() for b, _ in ODD_JSON])
 def test_rule8_odd_json_is_a_400_never_a_500(server, body, param):
     path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
@@ -104,7 +104,7 @@ def test_rule8_a_large_body_is_parsed_off_the_event_loop(engine_model, monkeypat
     assert big and big[0][0] == 400, f"the large request itself must still be answered (400 for max_tokens 0): {big}"
 
 
-@pytest.mark.provided
+@pytest.mark.reaches(1)  # the engine's answer carries its gauges, read by num_free_blocks
 def test_rule8_a_huge_prompt_is_refused_by_its_length(server):
     status, error = error_of(server, "/v1/completions", {"prompt": [1] * 300_000})
     assert status == 400 and error["param"] == "prompt" and "n_positions" in error["message"], error
@@ -117,7 +117,7 @@ def test_rule8_a_huge_prompt_is_refused_by_its_length(server):
 ECHO_BODY = b'{"prompt": [1, 2, 3], "max_tokens": 0, "echo": true}'  # answered without the engine
 
 
-@pytest.mark.provided
+@pytest.mark.reaches(1)  # the engine's answer carries its gauges, read by num_free_blocks
 def test_rule7_a_chunked_body_from_http_client_is_read(server):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
     try:  # an iterable body and no Content-Length: http.client sends Transfer-Encoding: chunked
@@ -132,7 +132,7 @@ def test_rule7_a_chunked_body_from_http_client_is_read(server):
         f"{data[:200]!r}")
 
 
-@pytest.mark.provided
+@pytest.mark.reaches(1)  # the engine's answer carries its gauges, read by num_free_blocks
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_rule7_curl_uploading_from_stdin_sends_a_chunked_body_that_is_read(server):
     proc = subprocess.run(["curl", "-sS", "--max-time", str(HTTP_TIMEOUT), "-T", "-", "-X", "POST",
@@ -243,7 +243,7 @@ def send_ignoring_close(sock: socket.socket, data: bytes) -> None:
         pass
 
 
-@pytest.mark.provided
+@pytest.mark.reaches(1)  # the engine's answer carries its gauges, read by num_free_blocks
 def test_rule8_a_chunked_body_of_max_chunks_is_read_and_one_chunk_more_is_a_400(server):
     pad = b"1\r\n \r\n"  # one chunk of JSON white space
     last = b"%x\r\n%s\r\n0\r\n\r\n" % (len(ECHO_BODY), ECHO_BODY)

@@ -82,7 +82,7 @@ OUT_OF_RANGE = [("top_p", 0), ("top_p", 1.5), ("top_k", -2), ("min_p", 2), ("pre
                 ("truncate_prompt_tokens", 0), ("return_token_ids", "yes")]
 
 
-@pytest.mark.provided
+@pytest.mark.reaches(1)  # the engine's answer carries its gauges, read by num_free_blocks
 @pytest.mark.parametrize("field, value", OUT_OF_RANGE, ids=[f"{f}={v!r}"[:30] for f, v in OUT_OF_RANGE])
 def test_rule1_a_bad_value_is_a_400_naming_its_field(server, field, value):
     status, error = error_of(server, "/v1/completions", {"prompt": [1, 2], "max_tokens": 4, field: value})
@@ -96,7 +96,7 @@ ENGINE_REFUSALS = {  # what only the engine's checks know: the model's context a
 }
 
 
-@pytest.mark.provided
+@pytest.mark.reaches(1)  # the engine's answer carries its gauges, read by num_free_blocks
 @pytest.mark.parametrize("case", ENGINE_REFUSALS)
 def test_rule1_an_engine_refusal_is_a_400_in_the_requests_own_words(server, engine_model, case):
     config = engine_model.config
@@ -248,7 +248,7 @@ def test_rule3_a_character_split_across_tokens_streams_whole(engine_model):
         f"got {texts}")
 
 
-@pytest.mark.provided
+@pytest.mark.reaches(1)  # the engine's answer carries its gauges, read by num_free_blocks
 def test_rule4_echo_with_max_tokens_0_returns_the_prompt_only(server):
     body = complete(server, prompt="!(*", max_tokens=0, echo=True, return_token_ids=True)
     choice = body["choices"][0]

@@ -116,7 +116,7 @@ class SpecialByteTokenizer(ByteTokenizer):
                        if not (skip_special_tokens and t == 0))
 
 
-@pytest.mark.provided
+@pytest.mark.reaches(1)  # the engine's answer carries its gauges, read by num_free_blocks
 def test_echoed_text_offsets_count_a_special_tokens_text():
     prompt = "<|endoftext|>The river"
     model = lab.ToyTransformer(lab.ModelConfig(**(MODEL_CONFIGS["engine"] | {"vocab_size": 128})), seed=2)

@@ -89,6 +89,22 @@ def test_a_stop_token_ends_the_stream_and_usage_comes_last(server, engine_model)
         "with stream_options.include_usage the last event before [DONE] carries the usage")
 
 
+@pytest.mark.needs(5)
+def test_a_stop_token_at_the_last_place_max_tokens_allows_is_a_stop_without_its_text(server, engine_model):
+    prompt = random_prompts(1, seed=41)[0]
+    free_run = greedy_reference(engine_model, prompt, 10)
+    stop = free_run[3]
+    last = free_run.index(stop) + 1
+    choice = complete(server, prompt=prompt, max_tokens=last, stop_token_ids=[stop], temperature=0,
+                      return_token_ids=True)["choices"][0]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", stop), (
+        f"the stop token {stop} came as output {last} of max_tokens={last}: vLLM checks the stop tokens before the "
+        f"length cap, so finish_reason is 'stop' and stop_reason the token's id; got {choice['finish_reason']!r}, "
+        f"{choice['stop_reason']!r}")
+    assert choice["token_ids"] == free_run[:last] and choice["text"] == bytes(free_run[:last - 1]).decode(), (
+        "a stop token is kept among the token ids, but its text is not in the reply")
+
+
 BAD_REQUESTS = [
     (b"{", "not valid JSON"),
     (b"[1, 2]", "JSON object"),
@@ -115,7 +131,7 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.provided
+@pytest.mark.reaches(1)  # the engine's answer carries its gauges, read by num_free_blocks
 @pytest.mark.parametrize("body, says", BAD_REQUESTS, ids=[says for _, says in BAD_REQUESTS])
 def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_keeps_serving(server, body, says):
     status, headers, data = http_call(server, "POST", "/v1/completions", body)
@@ -124,6 +140,21 @@ def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_keeps_servin
     assert error["type"] == "invalid_request_error" and says in error["message"], (
         f"{body!r}: the error must say what was wrong ({says!r}); got {error}")
     assert http_call(server, "GET", "/health")[0] == 200, "after a bad request the server must keep serving"
+
+
+@pytest.mark.provided
+def test_a_lab_whose_gauges_raise_fails_the_request_at_once_with_a_500_naming_the_error(engine_model, monkeypatch):
+    def broken(allocator):  # a slip in the lab's num_free_blocks, which the engine's gauges read after each command
+        raise AttributeError("'BlockAllocator' object has no attribute 'evictable'")
+
+    monkeypatch.setattr(lab.BlockAllocator, "num_free_blocks", property(broken))
+    with serving.start_server(api_engine(engine_model)) as srv:
+        start = time.monotonic()
+        status, _, data = http_call(srv, "POST", "/v1/completions", json.dumps({"prompt": [1], "max_tokens": 128}))
+        waited = time.monotonic() - start
+    assert status == 500 and "AttributeError" in data.decode() and "evictable" in data.decode(), (
+        f"the engine failed (its gauges raised): the request gets a 500 naming the error; got {status} {data[:200]}")
+    assert waited < HTTP_TIMEOUT / 2, f"the request waited {waited:.1f} s: an engine that fails answers at once"
 
 
 @pytest.mark.provided

@@ -15,11 +15,10 @@ import importlib.util
 import io
 import json
 import re
+import select
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -31,6 +30,7 @@ from tests.support import (
     HTTP_TIMEOUT,
     MODEL_CONFIGS,
     ROOT,
+    SharedServer,
     api_engine,
     needs_reference,
     reraise_stub,
@@ -40,11 +40,13 @@ from tests.support import (
 
 KEYS = {"sk-acme-1": "acme", "sk-acme-2": "acme", "sk-globex": "globex"}
 BLOCK = 4  # api_engine's block size
-GUARDED = [("GET", "/v1/models", None), ("GET", "/v1/models/{model}", None), ("GET", "/tokenizer_info", None),
+GUARDED = [("GET", "/v1/models", None), ("GET", "/v1/models/{model}", None),
            ("POST", "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 1}),
            ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
-           ("POST", "/tokenize", {"prompt": "hi"}), ("POST", "/detokenize", {"tokens": [1, 2]}),
            ("GET", "/no-such-route", None)]
+# Open with keys too, as vLLM leaves every path outside its API open: they read no tenant's state
+OPEN = [("GET", "/health", None), ("GET", "/metrics", None), ("GET", "/tokenizer_info", None),
+        ("POST", "/tokenize", {"prompt": "hi"}), ("POST", "/detokenize", {"tokens": [104, 105]})]
 
 
 def call(server, method, path, body=None, authorization=None, conn=None):
@@ -105,34 +107,54 @@ def byte_model():
 
 
 @pytest.fixture(scope="module")
-def tenant_server(byte_model):
-    with serving.start_server(api_engine(byte_model, enable_prefix_caching=True), api_keys=KEYS) as running:
-        yield running
+def shared_tenant_server(byte_model):
+    shared = SharedServer(lambda: api_engine(byte_model, enable_prefix_caching=True), api_keys=KEYS)
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def tenant_server(shared_tenant_server):
+    yield from shared_tenant_server.serve()
 
 
 @pytest.fixture(scope="module")
-def open_server(byte_model):
-    with serving.start_server(api_engine(byte_model, enable_prefix_caching=True)) as running:
-        yield running
+def shared_open_server(byte_model):
+    shared = SharedServer(lambda: api_engine(byte_model, enable_prefix_caching=True))
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def open_server(shared_open_server):
+    yield from shared_open_server.serve()
 
 
 # --- keys: who may call ----------------------------------------------------------------------
 
 
 @pytest.mark.provided
-def test_without_a_key_every_route_but_health_and_metrics_is_401_in_openais_error_shape(tenant_server):
+def test_without_a_key_every_route_of_the_api_is_401_in_openais_error_shape(tenant_server):
     for method, path, body in GUARDED:
         path = path.format(model=tenant_server.model_name)
         status, data = call(tenant_server, method, path, body)
-        assert status == 401, f"{method} {path} without a key: HTTP {status}, must be 401 (only /health and /metrics " \
-                              "are open, as in vLLM; an unknown route too, so that the routes are not told)"
+        assert status == 401, f"{method} {path} without a key: HTTP {status}, must be 401 (the API's routes need a " \
+                              "key, and an unknown route too, so that the routes are not told)"
         error = json.loads(data)["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error" and \
             error["code"] == "invalid_api_key" and error["param"] is None and "API key" in error["message"], (
                 f"{method} {path}: a 401 carries OpenAI's error object (type invalid_request_error, code "
                 f"invalid_api_key), got {error}")
-    for path in ("/health", "/metrics"):
-        assert call(tenant_server, "GET", path)[0] == 200, f"GET {path} must stay open without a key, as in vLLM"
+
+
+@pytest.mark.provided
+def test_health_metrics_and_the_tokenizers_routes_answer_without_a_key_as_in_vllm(tenant_server, open_server):
+    for method, path, body in OPEN:
+        keyed, unkeyed = call(tenant_server, method, path, body), call(open_server, method, path, body)
+        assert keyed[0] == 200, (f"{method} {path} without a key: HTTP {keyed[0]}; vLLM's --api-key guards only "
+                                 "its API's paths, and this route reads no tenant's state")
+        if path != "/metrics":  # the counters are each server's own
+            assert keyed == unkeyed, f"{method} {path} answers a keyed server as an open one: {keyed} vs {unkeyed}"
 
 
 @pytest.mark.provided
@@ -165,13 +187,104 @@ def test_start_server_refuses_keys_it_cannot_check_before_it_listens(engine_mode
 
 @pytest.mark.needs(5)
 def test_the_right_key_is_served_on_every_route_and_the_scheme_is_case_blind(tenant_server):
-    for method, path, body in GUARDED[:-1]:
+    for method, path, body in GUARDED[:-1] + OPEN:
         path = path.format(model=tenant_server.model_name)
         for authorization in ("Bearer sk-acme-1", "bearer sk-globex"):
             status, data = call(tenant_server, method, path, body, authorization)
             assert status == 200, f"{method} {path} with {authorization!r}: HTTP {status} {data[:200]!r}"
     assert call(tenant_server, "GET", "/no-such-route", None, "Bearer sk-acme-2")[0] == 404, (
         "with a key, an unknown route is a 404 (without one, a 401)")
+
+
+def lm_eval_calls(server, key: str) -> list:
+    """The requests lm_eval 0.4.13 sends with OPENAI_API_KEY=`key` and its local-completions model
+    (`--model_args model=...,base_url=.../v1/completions`, tokenizer_backend left at "auto"), with
+    its headers, and the answers (ids and times dropped). Its probe (lm_eval/utils.py,
+    check_remote_tokenizer_support) and its RemoteTokenizer send Content-Type alone: Authorization
+    only with an `auth_token` model argument, which its README does not name. Its completions carry
+    `Authorization: Bearer $OPENAI_API_KEY` (TemplateAPI.header): a loglikelihood (echo, logprobs 1,
+    max_tokens 1), a generation with a stop list, and, with tokenized_requests=False, the ids
+    decoded first through /detokenize."""
+    bare, keyed = {"Content-Type": "application/json"}, {"Authorization": f"Bearer {key}"}
+
+    def send(method, path, body, headers):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+        try:
+            conn.request(method, path, None if body is None else json.dumps(body),
+                         headers | ({"Content-Type": "application/json"} if body is not None else {}))
+            resp = conn.getresponse()
+            answer = json.loads(resp.read() or b"null")
+        finally:
+            conn.close()
+        if isinstance(answer, dict):
+            answer = {k: v for k, v in answer.items() if k not in ("id", "created")}
+        return resp.status, answer
+
+    answers = [send("GET", "/tokenizer_info", None, bare),  # the probe that picks the remote tokenizer
+               send("POST", "/tokenize", {"prompt": "test", "add_special_tokens": False}, bare),
+               send("GET", "/tokenizer_info", None, bare)]  # RemoteTokenizer's own check
+    context = send("POST", "/tokenize", {"prompt": "Question: 2+2?\nAnswer:", "add_special_tokens": False}, bare)
+    continuation = send("POST", "/tokenize", {"prompt": " 4", "add_special_tokens": False}, bare)
+    answers += [context, continuation]
+    ids = context[1]["tokens"] + continuation[1]["tokens"]
+    model = server.model_name
+    answers.append(send("POST", "/v1/completions", {"model": model, "prompt": [ids], "temperature": 0,
+                                                    "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True},
+                        keyed))
+    eos = answers[0][1]["eos_token"]  # the task's stop strings, and the end-of-text string when there is one
+    answers.append(send("POST", "/v1/completions", {"prompt": [context[1]["tokens"]], "model": model,
+                                                    "max_tokens": 8, "temperature": 0,
+                                                    "stop": ["\n"] + ([eos] if eos is not None else []),
+                                                    "seed": 1234}, keyed))
+    text = send("POST", "/detokenize", {"tokens": ids}, bare)
+    answers += [text, send("POST", "/v1/completions", {"model": model, "prompt": text[1]["prompt"], "temperature": 0,
+                                                       "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True},
+                           keyed)]
+    return answers
+
+
+@pytest.mark.needs(5)
+def test_lm_eval_with_openai_api_key_runs_on_a_keyed_server_as_on_an_open_one(tenant_server, open_server):
+    keyed, unkeyed = lm_eval_calls(tenant_server, "sk-acme-1"), lm_eval_calls(open_server, "sk-acme-1")
+    statuses = [status for status, _ in keyed]
+    assert statuses == [200] * len(keyed), (
+        f"lm_eval's calls to a keyed server answered {statuses}: its tokenizer probe carries no key, and refused it "
+        "would take a Hugging Face tokenizer named after the model instead of the server's")
+    assert "eos_token" in keyed[0][1] and isinstance(keyed[1][1]["tokens"], list), (
+        "lm_eval picks the remote tokenizer when /tokenizer_info has eos_token and /tokenize answers tokens")
+    assert keyed == unkeyed, "lm_eval's calls answer a keyed server exactly as an open one"
+    assert call(tenant_server, "POST", "/v1/completions", {"prompt": [1, 2], "max_tokens": 1})[0] == 401, (
+        "the keyed server still refuses a completion without its key")
+
+
+@pytest.fixture(scope="module")
+def scraped_server(byte_model):
+    """Tenants' keys, and the operators' key for /metrics."""
+    with serving.start_server(api_engine(byte_model, enable_prefix_caching=True), api_keys=KEYS,
+                              metrics_api_key="sk-scraper") as running:
+        yield running
+
+
+@pytest.mark.provided
+def test_with_a_metrics_key_metrics_answers_that_key_alone_and_that_key_opens_nothing_else(scraped_server):
+    for authorization in (None, "Bearer sk-acme-1", "Bearer sk-globex", "Bearer sk-scraper-2", "Basic sk-scraper"):
+        status, data = call(scraped_server, "GET", "/metrics", None, authorization)
+        assert status == 401 and json.loads(data)["error"]["code"] == "invalid_api_key", (
+            f"/metrics with Authorization {authorization!r}: HTTP {status}; with metrics_api_key only the operators' "
+            "key reads the counters (a tenant's would read whether others' prompts were cached)")
+    status, data = call(scraped_server, "GET", "/metrics", None, "Bearer sk-scraper")
+    assert status == 200 and "vllm:prefix_cache_hits_total" in data.decode(), f"the scraper's key reads it: {status}"
+    assert call(scraped_server, "GET", "/v1/models", None, "Bearer sk-scraper")[0] == 401, (
+        "the metrics key is no tenant's key: it opens /metrics and nothing more")
+    assert call(scraped_server, "GET", "/health")[0] == 200
+
+
+@pytest.mark.provided
+def test_a_metrics_key_no_header_can_carry_is_refused_before_the_server_listens(engine_model):
+    with pytest.raises(ValueError, match="metrics_api_key"):
+        serving.start_server(api_engine(engine_model), metrics_api_key="sk scraper")
+    proc = run_cli("serve", "--port", "0", "--duration", "0.1", "--metrics-api-key", "sk scraper")
+    assert proc.returncode == 2 and "--metrics-api-key" in proc.stderr and "serving " not in proc.stdout, proc.stderr
 
 
 # --- tenants: who shares what, in pairs --------------------------------------------------------
@@ -258,42 +371,32 @@ def test_serve_warns_in_one_line_without_a_key_and_counts_its_keys_with_them():
         f"each --api-key key (repeated or listed) is a tenant of its own: {keyed.stdout!r}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.needs(1)
 def test_serve_with_a_keys_file_answers_its_keys_and_refuses_the_rest(tmp_path):
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps(KEYS))
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, lab.__file__, "serve", "--port", str(port), "--api-keys-file", str(keys)],
+    # Port 0: the server takes a free port and its banner names it (a port picked here first could
+    # be taken by another process before the server binds it).
+    proc = subprocess.Popen([sys.executable, lab.__file__, "serve", "--port", "0", "--api-keys-file", str(keys)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    server = type("Server", (), {"port": port})
+    banner, listening = "", None
     try:
-        for _ in range(400):  # until it listens (bounded: 20 s), or has ended
-            try:
-                if call(server, "GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                if proc.poll() is not None:
-                    break
-                time.sleep(0.05)
-        if proc.poll() is not None:  # it ended before it listened: a stub it names, or an error
-            out, err = proc.communicate(timeout=30)
-            reraise_stub(err)
-            raise AssertionError(f"serve --api-keys-file ended before it listened: {out}{err}")
-        assert call(server, "GET", "/v1/models", None, "Bearer sk-globex")[0] == 200
-        assert call(server, "GET", "/v1/models", None, "Bearer sk-acme-2")[0] == 200
-        assert call(server, "GET", "/v1/models", None, "Bearer sk-initech")[0] == 401
-        assert call(server, "GET", "/v1/models")[0] == 401
+        ready, _, _ = select.select([proc.stdout], [], [], 60)  # the banner, once it listens (bounded)
+        banner = proc.stdout.readline() if ready else ""
+        listening = re.search(r" at http://127\.0\.0\.1:(\d+) ", banner)
+        if listening:
+            server = type("Server", (), {"port": int(listening.group(1))})
+            assert call(server, "GET", "/v1/models", None, "Bearer sk-globex")[0] == 200
+            assert call(server, "GET", "/v1/models", None, "Bearer sk-acme-2")[0] == 200
+            assert call(server, "GET", "/v1/models", None, "Bearer sk-initech")[0] == 401
+            assert call(server, "GET", "/v1/models")[0] == 401
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # Ctrl-C
-        out, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        out, err = banner + proc.stdout.read(), proc.stderr.read()
     reraise_stub(err)
+    assert listening, f"serve --api-keys-file ended before its banner named the port it listens on: {out}{err}"
     assert proc.returncode == 0 and "API keys: 3 key(s) of 2 tenant(s)" in out, (proc.returncode, out, err)
 
 
@@ -328,6 +431,18 @@ def test_attack_prefix_cache_prints_both_caches_figures_and_the_exact_cost_of_sa
         assert figure in out, f"the review prints {figure!r}:\n{out}"
     auc = re.search(r"ROC AUC.*?(\d\.\d\d) \((\d\.\d\d)-(\d\.\d\d)\)\s+(\d\.\d\d) \((\d\.\d\d)-(\d\.\d\d)\)", out)
     assert auc and all(0 <= float(x) <= 1 for x in auc.groups()), f"two AUCs with their intervals:\n{out}"
+    # The counter channel needs no clock, so its figures are exact: a correct guess of the 4-block
+    # prefix the victim cached adds 4 hits on one shared cache, a wrong one none; with salts, none.
+    counted = {name: re.search(rf"^\s+{re.escape(name)}\s+(.+?)\s{{2,}}(.+)$", out, re.M)
+               for name in ("/metrics: hits a correct guess added", "/metrics: hits a wrong guess added",
+                            "ROC AUC, more hits = correct")}
+    assert all(counted.values()), f"the review reads /metrics' hit counter beside the clock:\n{out}"
+    got = {name: found.groups() for name, found in counted.items()}
+    assert got == {"/metrics: hits a correct guess added": ("4 blocks", "0 blocks"),
+                   "/metrics: hits a wrong guess added": ("0 blocks", "0 blocks"),
+                   "ROC AUC, more hits = correct": ("1.00 (1.00-1.00)", "0.50 (0.00-1.00)")}, (
+        f"on one shared cache /metrics tells every correct guess (AUC 1), with salts none (AUC 0.5): {got}")
+    assert "OpenBLAS on 1 thread" in out or "not OpenBLAS" in out, f"the review says how BLAS ran:\n{out}"
     for workload, want in expected_costs().items():
         row = re.search(rf"^\s+{workload}\s+(\d+) / ([\d,]+)\s+(\d+) / ([\d,]+)\s+(\d+) / ([\d,]+)$", out, re.M)
         assert row, f"the cost table has a row for {workload!r}:\n{out}"
@@ -339,6 +454,35 @@ def test_attack_prefix_cache_prints_both_caches_figures_and_the_exact_cost_of_sa
         prefill = tuple(int(row.group(i).replace(",", "")) for i in (2, 4, 6))
         assert prefill == tuple(prompts - 16 * h for h in want), (
             f"{workload}: tokens prefilled {prefill}, by hand every prompt token ({prompts}) less 16 per hit")
+
+
+@pytest.mark.needs(5)
+def test_run_attack_from_python_runs_openblas_on_one_thread_and_puts_its_count_back(monkeypatch):
+    from course import blas
+    threads = blas.openblas_threads()
+    if threads is None:
+        pytest.skip("NumPy's BLAS here is not OpenBLAS: there is no thread count to pin")
+    get, put = threads
+    original = get()
+    put(2)  # as NumPy starts on a 2-core machine, unless OPENBLAS_NUM_THREADS says otherwise
+    seen = []
+
+    class Seen(Exception):
+        pass
+
+    def start_server(*args, **kwargs):  # the review's first server: what BLAS runs the engine on
+        seen.append(get())
+        raise Seen
+    monkeypatch.setattr(attack, "start_server", start_server)
+    try:
+        with pytest.raises(Seen):
+            attack.run_attack(lab, attack.AttackQuestion(trials=2, secrets=1, candidates=2))
+        assert seen == [1], (f"run_attack called from Python ran its servers with OpenBLAS on {seen} threads: a "
+                             "second BLAS thread on two cores competes with the server's loop and the clients, and "
+                             "the timings measure that")
+        assert get() == 2, "the caller's thread count is put back after the review"
+    finally:
+        put(original)
 
 
 @pytest.mark.provided

@@ -22,8 +22,9 @@ the reference (`solution.py`): the student's commands run on a lab with every ex
 Each command must exit 0 within FINISH_S seconds, except the ones that run until stopped or for
 minutes (LONG: servers, load tests, benchmarks, the whole suite): those must not fail within CUT_S
 seconds, then are stopped, with everything they started (each command runs in a session of its
-own). A command shown with `...` for its arguments fails. NOT_RUN names the few that need what
-CI does not have, with why.
+own). A command shown with `...` for its arguments fails, and so does a snippet that leaves a file in the
+checkout that git would list as untracked (a page's output belongs in an ignored folder, or its
+name in .gitignore). NOT_RUN names the few that need what CI does not have, with why.
 
 The words of the pages, checked without running anything, are check_words.py's.
 """
@@ -54,7 +55,7 @@ CUT_S = 2.0  # a LONG command must not have failed by then: its imports, its fla
 # CUT_S seconds, then stopped.
 LONG = re.compile(r"""
     \s(serve|loadtest|fleet|bench|attack)\b    # the server, the load test, the fleet search, benchmarks, the attack
-  | tools/(?:\w+/)?(bench\w*|peer_bench|probe_closes|mutants|teach_check|second_lab|check_stubs|check_docs)\.py
+  | tools/(?:\w+/)?(bench\w*|peer_bench|probe_closes|mutants|teach_check|second_lab|check_stubs|check_docs|blame)\.py
   | -m\ pytest(?!.*\s-m\s)(?!.*::)(?!.*\stests/[\w/]+\.py)   # the whole suite (one exercise or file finishes)
   | protocol\.MAX_CHOICES                      # docs/serving.md's measurement of the choice cap, to 200,000
 """, re.X)
@@ -246,6 +247,34 @@ def scratch_checkout(root: Path, lab: Path, where: Path) -> Path:
         (where / ".git").symlink_to(root / ".git")
     shutil.copyfile(lab, where / "lab.py")
     return where
+
+
+# Where a command names a file it writes: an output option, or a shell redirection (in its first line,
+# continuations joined: the rest of a here-document or a quoted script is not shell)
+WRITES = re.compile(r"--(?:html|out|save-workload|grade)[ =](?P<option>[^\s;&|]+)"
+                    r"|(?<![<>&\d])>\s*(?P<redirect>[^\s;&|]+)")
+
+
+def written_files(command: str) -> list[str]:
+    """The files a page's command names as what it writes."""
+    shell = command.replace("\\\n", " ").split("\n")[0]
+    return [found["option"] or found["redirect"] for found in WRITES.finditer(shell)]
+
+
+def files_in(checkout: Path) -> set[str]:
+    """Every file under `checkout`, relative (check_docs' own snippet file left out)."""
+    return {str(path.relative_to(checkout)) for path in checkout.rglob("*")
+            if path.is_file() and path.name != ".snippet.py"}
+
+
+def unignored(checkout: Path, paths: set[str]) -> list[str]:
+    """Those of `paths` that git, by the checkout's .gitignore, would list as untracked (none where
+    the checkout is no git repository: a student's copy)."""
+    if not paths or not (checkout / ".git").exists():
+        return []
+    ignored = subprocess.run(["git", "-C", str(checkout), "check-ignore", "--no-index", "--stdin"],
+                             input="\n".join(sorted(paths)), capture_output=True, text=True).stdout.split("\n")
+    return sorted(paths - set(ignored))
 
 
 def _and_list(shell: str) -> list[str]:
@@ -524,7 +553,14 @@ def run_all(unique: list[Snippet], root: Path, lab: Path, jobs: int) -> tuple[di
                 where = Path(tmp) / str(unique.index(snippet)) / "checkout"
                 own = any(needle in c for needle in OWN_LAB for c in snippet.commands)
                 scratch = scratch_checkout(root, root / "lab.py" if own else lab, where)
-                return run_snippet(snippet, scratch, environment(scratch), seen)
+                before = files_in(scratch)
+                outcomes = run_snippet(snippet, scratch, environment(scratch), seen)
+                left = unignored(scratch, files_in(scratch) - before)
+                if left:
+                    outcomes.append(Outcome(snippet, snippet.commands[-1], "FAIL",
+                                            f"left {', '.join(left)} in the checkout, and git does not ignore "
+                                            "it: write into an ignored folder, or name it in .gitignore"))
+                return outcomes
             finally:
                 for lock in locks:
                     lock.release()

@@ -3,14 +3,18 @@ tools/handout/student_copy.py refuses a copy that fails them): no page names the
 was taken in (history) or types the suite's counts (typed_counts: the scoreboard prints them); no
 link points at a missing file or heading (link_problems); and the copy's pages narrate no
 history, and show no command that runs the reference, a maintainers' tool, or the git history
-(copy_problems). The commands themselves are found and run by check_docs.py.
+(copy_problems); and no file of the copy names a file or folder the copy lacks (unheld_names).
+The commands themselves are found and run by check_docs.py.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import io
 import os
 import re
 import sys
+import tokenize
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -97,3 +101,59 @@ def copy_problems(pages: dict[str, str], files: set[str]) -> list[str]:
                 if name != "solution.py" and name not in files and not any(f.startswith(name + "/") for f in files):
                     problems.append(f"{path}: `{m.group(1)}` names {name}, which the copy lacks")
     return problems + link_problems(pages, files)
+
+
+def _words(path: str, text: str) -> list[tuple[int, str]]:
+    """(line, words) of a file: all of a page or other text file; in Python, its comments and its
+    strings with a space in them (docstrings, messages, help), not a bare name in code
+    (`ROOT / "tools" / "handout"` is code that the copy never runs, not words a student reads)."""
+    if not path.endswith(".py"):
+        return list(enumerate(text.splitlines(), 1))
+    kinds = {tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return list(enumerate(text.splitlines(), 1))
+    found = []
+    for token in tokens:
+        if token.type in kinds and (token.type == tokenize.COMMENT or re.search(r"\s", token.string)):
+            found += [(token.start[0] + i, line) for i, line in enumerate(token.string.splitlines())]
+    return found
+
+
+def unheld_names(texts: dict[str, str], held: set[str], checkout: set[str],
+                 allowed: tuple[str, ...] = ("solution.py",)) -> list[str]:
+    """`path:line: name` for each file or folder the copy's words name that the copy does not hold:
+    a path from the checkout's top (`tools/checks/...`, `docs/x.md`, `.ci/run`) that is no file or
+    folder of `held` (a glob matching none), and the name of a file or folder the checkout keeps
+    back from the copy (`make_lab.py`, `handout/`). `texts`: the copy's text files as it ships
+    them; `checkout`: every file the checkout tracks; `allowed`: what the copy may name anyway
+    (solution.py: the course hands it out later). A check of names, so it holds for files added later."""
+    folders = {"/".join(p.split("/")[:i]) for p in held for i in range(1, p.count("/") + 1)}
+    tops = {p.split("/")[0] for p in checkout}
+    top_folders = sorted(t for t in tops if any(p.startswith(t + "/") for p in checkout))
+    top_files = sorted(tops - set(top_folders))
+    in_folder, top_file = "|".join(map(re.escape, top_folders)), "|".join(map(re.escape, top_files))
+    rooted = re.compile(rf"(?<![\w./-])(?:(?:{in_folder})/[\w./*?-]*|(?:{top_file})(?![\w-]))")
+    held_names = {p.split("/")[-1] for p in held} | {f + "/" for f in {p.split("/")[-1] for p in folders}}
+    kept = {p.split("/")[-1] for p in checkout - held if "." in p.split("/")[-1].strip(".")}
+    kept |= {part + "/" for p in checkout - held for part in p.split("/")[:-1]}
+    kept -= held_names | set(allowed)
+    kept_back = "|".join(re.escape(n) for n in sorted(kept, key=len, reverse=True))
+    back = re.compile(rf"(?<![\w.-])(?:{kept_back})(?!\w)") if kept else None
+
+    def held_path(name: str) -> bool:
+        name = name.rstrip("/")
+        if any(c in name for c in "*?"):
+            return any(fnmatch.fnmatch(p, name) for p in held)
+        return name in held or name in folders or name in allowed
+
+    problems = []
+    for path, text in sorted(texts.items()):
+        for line, words in _words(path, text):
+            names = [m.group().rstrip(".") for m in rooted.finditer(words)]
+            names = [n for n in names if not held_path(n)]
+            names += [m.group() for m in back.finditer(words) if not any(m.group() in n for n in names)] \
+                if back else []
+            problems += [f"{path}:{line}: {name}" for name in dict.fromkeys(names)]
+    return problems

@@ -13,6 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tool_support import load_tool, tracked_files  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 @pytest.mark.provided
 def test_no_page_narrates_the_projects_rounds_or_types_the_suites_counts_and_every_link_resolves():
@@ -65,6 +67,41 @@ def test_the_copys_words_check_names_each_kind_of_word_that_does_not_fit(page, s
 
 
 @pytest.mark.provided
+def test_every_file_of_the_copy_names_only_files_and_folders_the_copy_holds_but_solution_py():
+    student_copy = load_tool("student_copy")
+    texts, binaries = student_copy.copy_files()
+    assert "tools/handout/make_lab.py" in tracked_files(), "test setup: the check needs a file the copy keeps back"
+    unheld = student_copy.names_unheld(texts, binaries)
+    assert not unheld, "the copy names what it does not hold (words inside `<!-- maintainers -->` are dropped from " \
+                       "the copy's pages and pyproject.toml):\n" + "\n".join(unheld)
+
+
+KEPT_BACK = {"tools/handout/make_lab.py", "tools/checks/mutants.py", "docs/teaching.md", ".ci/run", "solution.py"}
+HELD = {"lab.py", "README.md", "docs/x.md", "tools/bench.py", "tools/checks_of_mine.txt", "course/cli.py"}
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("path, text, names", [
+    ("README.md", "see `docs/y.md` and tools/handout/make_lab.py.", ["docs/y.md", "tools/handout/make_lab.py"]),
+    ("README.md", "| `tools/` | `handout/`: the lab generator |", ["handout/"]),
+    ("pyproject.toml", '"tools/checks/mutants_*.py" = ["E501"]', ["tools/checks/mutants_*.py"]),
+    ("course/cli.py", "# regenerate with make_lab.py\nx = 1\n", ["make_lab.py"]),
+    ("course/cli.py", 'def f():\n    """Graded as docs/teaching.md says."""\n', ["docs/teaching.md"]),
+    ("course/cli.py", 'raise SystemExit(f"run {x} as .ci/run does")\n', [".ci/run"]),
+])
+def test_the_unheld_names_check_names_each_kept_back_or_missing_path(path, text, names):
+    found = load_tool("check_words").unheld_names({path: text}, HELD, HELD | KEPT_BACK)
+    assert [problem.rsplit(": ", 1)[1] for problem in found] == names, found
+
+
+@pytest.mark.provided
+def test_the_unheld_names_check_lets_through_what_the_copy_holds_solution_py_others_paths_and_code():
+    text = ('"""lab.py and solution.py; tools/bench.py and tools/*.py; docs/; vLLM\'s vllm/v1/core/sched/utils.py; '
+            'min(1, p/q); text/html."""\nPATH = ROOT / "tools" / "checks" / "mutants.py"\nfrom make_lab import x\n')
+    assert load_tool("check_words").unheld_names({"course/cli.py": text}, HELD, HELD | KEPT_BACK) == []
+
+
+@pytest.mark.provided
 def test_every_command_shown_is_found_complete_and_the_few_not_run_say_why():
     check_docs = load_tool("check_docs")
     found = check_docs.snippets()
@@ -84,6 +121,22 @@ def test_every_command_shown_is_found_complete_and_the_few_not_run_say_why():
     assert not unused, f"NOT_RUN names commands no page shows any more: {unused}"
     assert len(check_docs.NOT_RUN) <= 12, "a snippet that can run, runs: keep NOT_RUN short"
     assert sum(bool(check_docs.not_run(s, c)) for s, c in commands) < len(commands) / 4
+
+
+@pytest.mark.provided
+def test_every_file_a_pages_command_writes_into_the_checkout_is_one_git_ignores(tmp_path):
+    check_docs = load_tool("check_docs")
+    written = {(s.where, path) for s in check_docs.snippets() for c in s.commands
+               for path in check_docs.written_files(c) if not path.startswith(("/", "..", "~", "$"))}
+    assert {"my-report.html", "t.html", "keys.json", "results.json", "workload.jsonl"} <= {p for _, p in written}, (
+        f"the pages' outputs are found: {sorted(written)}")
+    loose = check_docs.unignored(ROOT, {path for _, path in written} | {"load.html", "fleet.html"})
+    assert not loose, ("a command of the pages leaves this in the checkout, and git would list it as untracked "
+                       f"(an ignored folder, or its name in .gitignore): {loose} from {sorted(written)}")
+    checkout = check_docs.scratch_checkout(ROOT, ROOT / "solution.py", tmp_path / "checkout")
+    (checkout / "notes.txt").write_text("a file no page writes")
+    assert check_docs.unignored(checkout, {"notes.txt", "x-report.html"}) == ["notes.txt"], (
+        "the run's check names a file git would list as untracked, and only that one")
 
 
 @pytest.mark.provided

@@ -9,11 +9,19 @@ at its root; Gradescope unpacks it into /autograder/source, runs setup.sh once a
 builds the image, then for each submission runs run_autograder in /autograder, with the
 student's files in /autograder/submission, and shows the student /autograder/results/results.json.
 
-    setup.sh         a virtual environment in source/.venv with the copy's dependencies
+An exercise scores its points (points.json: `{"1": 10, ...}`, every exercise a number >= 0; 0
+leaves it out of the grade) times the share of its own tests that pass; results.json says so,
+with the points. setup.sh refuses a points.json that names an unknown exercise, leaves one out, or
+gives one a negative or non-numeric value, naming the entry: the image is not built.
+
+    setup.sh         checks points.json, then a virtual environment in source/.venv with the
+                     copy's dependencies
     run_autograder   runs grade.py with that environment's Python
     grade.py         this file: grades one submission
+    points.json      the points of each exercise: the one file a course edits to weigh them
+    README.md        what the zip holds, and the points it was built with
     requirements.txt the copy's dependencies (pyproject.toml's, with the test extra)
-    autograder.json  the exercises' count and the points
+    autograder.json  the exercises (number and title)
     lab/             the student's copy, as the course hands it out
 
 grade.py takes only `lab.py` from the submission: it copies source/lab/ to a fresh folder, puts
@@ -49,11 +57,12 @@ SUBMITTED = "lab.py"
 
 SETUP_SH = """\
 #!/usr/bin/env bash
-# Gradescope runs this once, as root, when it builds the autograder's image: the copy's
-# dependencies in a virtual environment of their own. The lab needs Python 3.10 or newer
-# (Gradescope's Ubuntu 22.04 base image has it).
+# Gradescope runs this once, as root, when it builds the autograder's image: the points checked,
+# then the copy's dependencies in a virtual environment of their own. The lab needs Python 3.10
+# or newer (Gradescope's Ubuntu 22.04 base image has it).
 set -euo pipefail
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
+python3 "$ROOT/source/grade.py" --check-points
 if ! python3 -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3 python3-venv python3-pip
 fi
@@ -73,6 +82,73 @@ exec "$PYTHON" "$ROOT/source/grade.py"
 """
 
 SKIP = {".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".git"}
+POINTS = "points.json"
+
+
+# --- the points of each exercise (both sides) ------------------------------------------------------
+
+def read_points(text: str, exercises: dict[int, str]) -> dict[int, float]:
+    """Each exercise's points from points.json's `text`: a JSON object naming every exercise of
+    `exercises` ({number: title}) once, by its number, with a number >= 0. A ValueError names the
+    entry that is not."""
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{POINTS} is not JSON: {exc}") from None
+    if not isinstance(entries, dict):
+        raise ValueError(f'{POINTS} must be one JSON object, {{"1": 10, ...}}, not {type(entries).__name__}')
+    points = {}
+    for key, value in entries.items():
+        if not (key.isdigit() and int(key) in exercises):
+            raise ValueError(f"{POINTS}: {key!r}: no such exercise (the lab has {_span(exercises)})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
+                float("inf"), float("-inf")):
+            raise ValueError(f"{POINTS}: {key!r}: {json.dumps(value)} is not a number of points")
+        if value < 0:
+            raise ValueError(f"{POINTS}: {key!r}: {value} is negative (0 leaves an exercise out of the grade)")
+        points[int(key)] = float(value)
+    missing = [n for n in exercises if n not in points]
+    if missing:
+        raise ValueError(f"{POINTS}: no points for exercise(s) {', '.join(map(str, missing))} (give each one; 0 "
+                         "leaves it out of the grade)")
+    if not sum(points.values()):
+        raise ValueError(f"{POINTS}: every exercise has 0 points: nothing would be graded")
+    return dict(sorted(points.items()))
+
+
+def _span(exercises: dict[int, str]) -> str:
+    return f"exercises {min(exercises)}-{max(exercises)}"
+
+
+def points_text(points: dict[int, float]) -> str:
+    """`Exercise 1: 10, ... (80 in all)`: the points as results.json and the README state them."""
+    return ", ".join(f"Exercise {n}: {p:g}" for n, p in points.items()) + f" ({sum(points.values()):g} in all)"
+
+
+def readme(exercises: dict[int, str], points: dict[int, float]) -> str:
+    rows = "\n".join(f"| {n} | {exercises[n]} | {points[n]:g} |" for n in exercises)
+    return f"""# The lab's autograder (Gradescope)
+
+Upload this zip as a Gradescope programming assignment's autograder. Gradescope runs `setup.sh`
+once, when it builds the image, then `run_autograder` for each submission: `grade.py` takes only
+`lab.py` from the submission and grades it with the student's copy's own tests (`lab/`), writing
+`results/results.json`.
+
+## Points
+
+Each exercise scores its points times the share of its own tests that pass; the tests of the
+provided code are not graded. Built with these points (`{POINTS}`):
+
+| exercise | | points |
+| --- | --- | --- |
+{rows}
+| | in all | {sum(points.values()):g} |
+
+To weigh the exercises otherwise, edit `{POINTS}` (`{{"1": 10, "2": 10, ...}}`: every exercise, by
+its number, a number >= 0; 0 leaves it out of the grade) and zip the folder again. `setup.sh`
+refuses a `{POINTS}` that names an unknown exercise, leaves one out, or gives one a negative or
+non-numeric value, naming the entry. Each `results.json` states the points it was graded with.
+"""
 
 
 # --- building the zip (the maintainers' side) ----------------------------------------------------
@@ -88,14 +164,20 @@ def requirements(pyproject: str) -> list[str]:
     return found
 
 
-def build_zip(copy: Path, out: Path, exercises: int, points: float) -> list[str]:
-    """Write the autograder zip of the copy in `copy` to `out`; returns its entries."""
+def build_zip(copy: Path, out: Path, exercises: dict[int, str], points: dict[int, float]) -> list[str]:
+    """Write the autograder zip of the copy in `copy` to `out`, grading `exercises` ({number:
+    title}) with `points` (checked by read_points); returns its entries."""
+    points_json = json.dumps({str(n): points[n] for n in exercises}, indent=1) + "\n"
+    read_points(points_json, exercises)
     files = {
         "setup.sh": (SETUP_SH, 0o755),
         "run_autograder": (RUN_AUTOGRADER, 0o755),
         "grade.py": (Path(__file__).read_text(), 0o644),
+        POINTS: (points_json, 0o644),
+        "README.md": (readme(exercises, points), 0o644),
         "requirements.txt": ("\n".join(requirements((copy / "pyproject.toml").read_text())) + "\n", 0o644),
-        "autograder.json": (json.dumps({"exercises": exercises, "points_per_exercise": points}) + "\n", 0o644),
+        "autograder.json": (json.dumps({"exercises": {str(n): t for n, t in exercises.items()}}, indent=1) + "\n",
+                            0o644),
     }
     names = []
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -147,6 +229,24 @@ def run_bounded(argv: list[str], cwd: Path, env: dict, limit: float, log: Path) 
             return None
 
 
+def source_points(root: Path) -> dict[int, float]:
+    """The points of each exercise, from the autograder's source/points.json (read_points)."""
+    exercises = json.loads((root / "source" / "autograder.json").read_text())["exercises"]
+    return read_points((root / "source" / POINTS).read_text(), {int(n): t for n, t in exercises.items()})
+
+
+def weigh(graded: dict, points: dict[int, float]) -> dict:
+    """The suite's results.json with each exercise's score its points times the share of its own
+    tests that passed (`extra_data`, written by conftest.py's --grade)."""
+    for test in graded["tests"]:
+        number = int(re.match(r"Exercise (\d+):", test["name"]).group(1))
+        share = test["extra_data"]["passed"] / test["extra_data"]["total"] if test["extra_data"]["total"] else 0.0
+        test["score"], test["max_score"] = round(points[number] * share, 2), points[number]
+    graded["score"] = round(sum(t["score"] for t in graded["tests"]), 2)
+    graded["max_score"] = sum(points.values())
+    return graded
+
+
 def import_problem(text: str) -> str:
     """The last line of an import's traceback, with the line of lab.py it points at."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
@@ -166,11 +266,11 @@ def grade(root: Path, time_limit: float = TIME_LIMIT, import_limit: float = IMPO
           pytest_args: tuple[str, ...] = ()) -> dict:
     """Grade root/submission's lab.py against the copy in root/source/lab; the results.json dict."""
     started = time.monotonic()
-    config = json.loads((root / "source" / "autograder.json").read_text())
-    max_score = config["exercises"] * config["points_per_exercise"]
+    points = source_points(root)
+    config = {"exercises": len(points), "points": points}
 
     def zero(message: str) -> dict:
-        return {"score": 0.0, "max_score": max_score, "output": message, "tests": []}
+        return {"score": 0.0, "max_score": sum(points.values()), "output": message, "tests": []}
 
     submitted, why = find_submission(root / "submission")
     if submitted is None:
@@ -223,16 +323,23 @@ def run_suite(root: Path, work: Path, config: dict, zero, time_limit: float, imp
         return zero(f"The tests could not run on your lab.py (pytest exited {status})"
                     + (f": {errors[0].lstrip('E ').strip()[:300]}" if errors else "")
                     + ". Run `python -m pytest` in your copy before you submit.")
-    graded = json.loads(results.read_text())
-    done = sum(t["score"] == t["max_score"] for t in graded["tests"])
+    graded = weigh(json.loads(results.read_text()), config["points"])
+    done = sum(t["extra_data"]["passed"] == t["extra_data"]["total"] > 0 for t in graded["tests"])
     graded["output"] = (f"Graded your lab.py with the course's tests: {done} of {len(graded['tests'])} exercises "
-                        f"full marks. Each exercise scores {config['points_per_exercise']:g} points times the share "
-                        "of its tests that pass.")
+                        "pass all their tests. Each exercise scores its points times the share of its tests that "
+                        f"pass; the points: {points_text(config['points'])}.")
     return graded
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     root = Path(os.environ.get("AUTOGRADER_ROOT", "/autograder"))
+    if argv == ["--check-points"]:  # setup.sh: a points.json the grade cannot use stops the build
+        try:
+            print(f"{POINTS}: {points_text(source_points(root))}")
+        except ValueError as exc:
+            print(f"setup.sh: {exc}", file=sys.stderr)
+            return 1
+        return 0
     (root / "results").mkdir(parents=True, exist_ok=True)
     try:
         graded = grade(root, float(os.environ.get("AUTOGRADER_TIME_LIMIT", TIME_LIMIT)))
@@ -246,4 +353,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -20,6 +20,15 @@ Gradescope would run it, and its report and grade are checked (Exercises 1..k fu
 others 0); state 0's submission is DIR's own lab.py. Two runs at a time (-j); one line a state
 with its tests, its time and what failed the check. A maintainers' tool (it reads solution.py),
 run by .ci/run on the copy.
+
+Where a wrong answer's blame lands is proved the same way, once for every wrong answer: the last
+state's lab is `instrumented`, each exercise's code recording which test ran it (pytest's
+PYTEST_CURRENT_TEST: child processes inherit it, the server's engine thread reads it), and the
+check asks that no test ran an exercise after the one whose row counts it. One more run, the
+provided code's tests alone on that lab, proves that none of them runs any exercise's code, even
+through what an earlier test computed and left behind. A slip can only change what runs its
+exercise's code, so it cannot turn the provided row red (the shared servers are checked between
+tests: tests/support.py's SharedServer).
 """
 
 from __future__ import annotations
@@ -35,14 +44,27 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_lab import ROOT, make_lab, refresh_reading_map  # noqa: E402
+from make_lab import BEGIN, ROOT, make_lab, refresh_reading_map  # noqa: E402
 
 CHECKER = ROOT / ".ci" / "check_lab_report.py"
+# Defined in the instrumented lab, before its `__main__`; called first in every exercise's code.
+RECORDER = '''
+def _reached(exercise, _seen=set()):  # the instrumented lab's: tools/handout/half_way.py
+    """Record that the test pytest is running ran Exercise `exercise`'s code (once a test). Outside
+    every test (the scoreboard's speed line) nothing: no test's outcome can depend on it."""
+    import json
+    import os
+    key = (os.environ.get("PYTEST_CURRENT_TEST"), exercise)
+    if key[0] and key not in _seen:
+        _seen.add(key)
+        with open({log!r}, "a", encoding="utf-8") as records:
+            records.write(json.dumps(key) + "\\n")
+
+
+'''
 
 
 def exercise_numbers(source: str) -> list[int]:
-    from make_lab import BEGIN
-
     return sorted({int(m.group(2)) for line in source.splitlines() if (m := BEGIN.match(line))})
 
 
@@ -54,32 +76,57 @@ def state(source: str, k: int) -> str:
     return refresh_reading_map(make_lab(source, only={str(n) for n in numbers if n > k}))
 
 
+def instrumented(text: str, log: Path) -> str:
+    """The lab `text` with every written exercise's code recording, as it runs, which test ran it:
+    one line of JSON `[PYTEST_CURRENT_TEST, exercise]` a test and exercise, appended to `log`."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        lines.append(line)
+        begin = BEGIN.match(line)
+        if begin:
+            lines.append(f"{begin.group(1)}_reached({begin.group(2)})\n")
+    text = "".join(lines)
+    main = text.rindex('\nif __name__ == "__main__":')
+    return text[:main] + RECORDER.format(log=str(log)) + text[main:]
+
+
 def python_of(folder: Path) -> str:
     venv = folder / ".venv" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     return str(venv) if venv.exists() else sys.executable
 
 
-def run_checker(folder: Path, module: str, report: Path, log: Path) -> subprocess.CompletedProcess:
+def run_checker(folder: Path, module: str, report: Path, log: Path, reach: Path | None = None
+                ) -> subprocess.CompletedProcess:
     env = dict(os.environ, LAB_MODULE=module)
-    return subprocess.run([python_of(folder), str(CHECKER), str(report), str(log)], cwd=folder, env=env,
-                          capture_output=True, text=True)
+    argv = [python_of(folder), str(CHECKER), str(report), str(log), *(["--reach", str(reach)] if reach else [])]
+    return subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True)
 
 
-def module_of(folder: Path, source: str, k: int) -> str:
+def module_of(folder: Path, source: str, k: int, reach: Path | None = None) -> str:
     """The module of state k in `folder`: its own lab.py for 0 (checked to be the stubbed lab),
-    else lab_k<k>.py, written."""
+    else lab_k<k>.py, written (`instrumented`, recording into `reach`, when it is given)."""
     if k == 0:
         if (folder / "lab.py").read_text() != state(source, 0):
             raise ValueError("state 0: DIR/lab.py is not the stubbed lab that solution.py generates")
         return "lab"
-    (folder / f"lab_k{k}.py").write_text(state(source, k))
+    text = state(source, k)
+    (folder / f"lab_k{k}.py").write_text(instrumented(text, reach) if reach else text)
     return f"lab_k{k}"
+
+
+def reach_log(where: Path, source: str, k: int) -> Path | None:
+    """Where the last state's instrumented lab records which test ran which exercise (None for the others)."""
+    if k != max(exercise_numbers(source)):
+        return None
+    where.unlink(missing_ok=True)
+    return where
 
 
 def check_state(folder: Path, source: str, k: int, extra: list[str]) -> tuple[int, str, float]:
     """State k run in `folder` as a student runs it (`python -m pytest -q`, LAB_MODULE for k > 0),
     its report checked: (exit status, lines, seconds)."""
-    module = module_of(folder, source, k)
+    reach = reach_log(folder / f".state_{k}.reach.jsonl", source, k)
+    module = module_of(folder, source, k, reach)
     report, log = folder / f".state_{k}.json", folder / f".state_{k}.log"
     env = dict(os.environ, LAB_MODULE=module, LAB_REPORT=str(report), HYPOTHESIS_PROFILE="ci",
                PYTHONDONTWRITEBYTECODE="1")
@@ -94,11 +141,41 @@ def check_state(folder: Path, source: str, k: int, extra: list[str]) -> tuple[in
     if proc.returncode != expected or not report.exists():
         tail = "\n    ".join(text.strip().splitlines()[-30:])
         return 1, f"state {k}: pytest exited {proc.returncode}, expected {expected}:\n    {tail}", seconds
-    check = run_checker(folder, module, report, log)
+    check = run_checker(folder, module, report, log, reach)
     lines = f"state {k} in the copy ({module}, {seconds:.0f} s): {final}\n  {check.stdout.strip()}"
     if check.returncode == 0:
-        report.unlink()
-        log.unlink()
+        for path in (report, log, reach):
+            if path:
+                path.unlink(missing_ok=True)
+    return check.returncode, lines, seconds
+
+
+def provided_alone(folder: Path, source: str) -> tuple[int, str, float]:
+    """The provided code's tests alone (no exercise's row counts them), on the last state's lab
+    `instrumented`: none of them may run any exercise's code, even through what another test left."""
+    k = max(exercise_numbers(source))
+    reach = reach_log(folder / ".provided.reach.jsonl", source, k)
+    (folder / "lab_provided.py").write_text(instrumented(state(source, k), reach))
+    report, log = folder / ".provided.json", folder / ".provided.log"
+    rows = " or ".join(["needs", "reaches", *(f"exercise{n}" for n in exercise_numbers(source))])
+    env = dict(os.environ, LAB_MODULE="lab_provided", LAB_REPORT=str(report), HYPOTHESIS_PROFILE="ci",
+               PYTHONDONTWRITEBYTECODE="1")
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.run([python_of(folder), "-m", "pytest", "-q", "-m", f"not ({rows})"], cwd=folder, env=env,
+                              stdout=out, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    text = log.read_text()
+    final = text.strip().splitlines()[-1].strip("= ") if text.strip() else "(no output)"
+    if proc.returncode != 0 or not report.exists():
+        tail = "\n    ".join(text.strip().splitlines()[-30:])
+        return 1, f"the provided code's tests alone: pytest exited {proc.returncode}, expected 0:\n    {tail}", seconds
+    check = run_checker(folder, "lab_provided", report, log, reach)
+    lines = f"the provided code's tests alone, every exercise written ({seconds:.0f} s): {final}\n  " \
+            f"{check.stdout.strip()}"
+    if check.returncode == 0:
+        for path in (report, log, reach, folder / "lab_provided.py"):
+            path.unlink(missing_ok=True)
     return check.returncode, lines, seconds
 
 
@@ -111,7 +188,8 @@ def grade_state(folder: Path, graders: Path, source: str, k: int) -> tuple[int, 
     shutil.rmtree(root, ignore_errors=True)
     (root / "submission").mkdir(parents=True)
     (root / "source").symlink_to(graders / "source", target_is_directory=True)
-    (root / "submission" / "lab.py").write_text(state(source, k))
+    reach = reach_log(root / "reach.jsonl", source, k)
+    (root / "submission" / "lab.py").write_text(instrumented(state(source, k), reach) if reach else state(source, k))
     report = root / "report.json"
     env = dict(os.environ, AUTOGRADER_ROOT=str(root), LAB_REPORT=str(report))
     start = time.perf_counter()
@@ -121,7 +199,7 @@ def grade_state(folder: Path, graders: Path, source: str, k: int) -> tuple[int, 
     if run.returncode != 0 or not results.exists() or not report.exists():
         return 1, f"state {k} graded: run_autograder exited {run.returncode}:\n    {run.stdout[-2000:]}", seconds
     graded = json.loads(results.read_text())
-    check = run_checker(folder, module, report, root / "results" / "pytest.log")
+    check = run_checker(folder, module, report, root / "results" / "pytest.log", reach)
     scores = [t["score"] for t in graded["tests"]]
     full = [t["max_score"] for t in graded["tests"]]
     want = [m if n <= k else 0 for n, m in enumerate(full, 1)]
@@ -143,7 +221,7 @@ def guarded(fn, *args) -> tuple[int, str, float]:
 
 
 def failed_states(results: dict) -> list[int]:
-    return sorted({k for (k, _), (code, _, _) in results.items() if code})
+    return sorted({k for (k, kind), (code, _, _) in results.items() if code and kind != "provided"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.graded else {}
     jobs |= {(k, "copy"): (check_state, (folder, source, k, args.pytest_args)) for k in states
              if not args.graded}
+    if max(exercise_numbers(source)) in states:  # the shortest run: last
+        jobs[(-1, "provided")] = (provided_alone, (folder, source))
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(args.j) as pool:
         # The slowest (most exercises written: the server's tests run) first, so that the
@@ -186,10 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     for _, lines, _ in results.values():
         print(lines)
     failed = failed_states(results)
-    print(f"half-way states {sorted(states)}: {len(states) - len(failed)} honest, failed {failed or 'none'} "
-          f"({len(jobs)} runs, {time.perf_counter() - start:.0f} s wall, "
+    alone = results.get((-1, "provided"))
+    print(f"half-way states {sorted(states)}: {len(states) - len(failed)} honest, failed {failed or 'none'}"
+          + (f"; the provided code's tests alone ran no exercise's code: {alone[0] == 0}" if alone else "")
+          + f" ({len(jobs)} runs, {time.perf_counter() - start:.0f} s wall, "
           f"{sum(s for _, _, s in results.values()):.0f} s of runs, {args.j} at a time)")
-    return 1 if failed else 0
+    return 1 if failed or (alone and alone[0]) else 0
 
 
 if __name__ == "__main__":

@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN = re.compile(r"^(\s*)# BEGIN SOLUTION: Exercise (\d+)\s*$")
 END = re.compile(r"^\s*# END SOLUTION\s*$")
-HEADER = (
-    "# The lab: generated from solution.py by tools/handout/make_lab.py. Students: write each exercise here,\n"
-    "# in place of its `raise NotImplementedError`. Maintainers: edit solution.py and regenerate.\n"
+HEADER = (  # the student's copy ships lab.py, and none of the maintainers' tools: the header names none
+    "# The lab: generated from solution.py. Students: write each exercise here, in place of its\n"
+    "# `raise NotImplementedError`. Maintainers: edit solution.py, then generate this file again.\n"
 )
 
 

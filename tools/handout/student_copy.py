@@ -3,15 +3,17 @@
 
     python tools/handout/student_copy.py DIR                          # DIR must not exist yet, or be empty
     python tools/handout/student_copy.py DIR --autograder FILE.zip    # ... and Gradescope's autograder of it
+    python tools/handout/student_copy.py DIR --autograder FILE.zip --points POINTS.json  # ... weighing the exercises
 
 The copy holds every file git tracks here except MAINTAINERS_ONLY: `solution.py`, the planted
 mistakes, the tools that exist to check the reference against the lab, and the graders' page. It
 changes these files:
 - README.md and docs/*.md lose the parts written for maintainers (between `<!-- maintainers -->`
-  and `<!-- /maintainers -->`), and their commands run the lab where the maintainers' run the
-  reference (`python solution.py` becomes `python lab.py`: COPY_WORDS); README.md opens with a
-  line that says what the copy is;
-- pyproject.toml installs `lab` alone (there is no `solution` to install).
+  and `<!-- /maintainers -->`: whole blocks, or words inside a line such as a table's row), and
+  their commands run the lab where the maintainers' run the reference (`python solution.py`
+  becomes `python lab.py`: COPY_WORDS); README.md opens with a line that says what the copy is;
+- pyproject.toml installs `lab` alone (there is no `solution` to install), and loses the lines
+  between `# <!-- maintainers -->` and `# <!-- /maintainers -->` (the tools' tests, their lint rule).
 It adds `docs/reference-traces/`: each trace workload recorded on the reference engine
 (`python solution.py trace`), so a student can watch a correct run before their own Exercise 5
 exists.
@@ -20,7 +22,9 @@ Before it writes anything it checks that no shipped file holds an exercise's ans
 more lines of one solution region of `solution.py` that the stubbed lab does not have): a file
 added later that quotes the reference makes this command fail, not the course leak. Likewise
 for the pages' words (tools/checks/check_words.py): a phrase of the project's history, a link to a file
-the copy lacks, or a command that needs the reference, a maintainers' tool or the git history.
+the copy lacks, or a command that needs the reference, a maintainers' tool or the git history;
+and for every shipped file's words: none names a file or folder the copy does not hold
+(check_words.unheld_names), but solution.py, which a course hands out later.
 With `--autograder FILE.zip` it also writes the zip Gradescope takes (tools/handout/autograder.py):
 setup.sh, run_autograder and the copy, grading the submitted lab.py alone with the copy's suite.
 docs/teaching.md says how an instructor builds, checks and grades the copy.
@@ -54,15 +58,21 @@ MAINTAINERS_ONLY = (
     "docs/teaching.md",  # the graders' page
 )
 MAINTAINERS = re.compile(r"\n?<!-- maintainers -->.*?<!-- /maintainers -->\n?", re.S)
+MAINTAINERS_LINES = re.compile(r"^# <!-- maintainers -->\n.*?^# <!-- /maintainers -->\n", re.M | re.S)  # TOML
 TRACE_WORKLOADS = ("skewed", "shared-prefix", "memory-pressure", "arrivals")
 SHORTEST_ANSWER_LINE = 24  # shorter lines (`return x`, `else:`) are too common to call a leak
 LEAK_LINES = 3  # lines of one solution region in one shipped file that make it a leak
 
 
+def tracked_files(root: Path = ROOT) -> list[str]:
+    """The files git tracks under `root`."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, check=True)
+    return [path for path in tracked.stdout.split("\0") if path]
+
+
 def shipped_files(root: Path = ROOT) -> list[str]:
     """The files git tracks under `root`, less MAINTAINERS_ONLY."""
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, check=True)
-    return sorted(path for path in tracked.stdout.split("\0") if path and not path.startswith(MAINTAINERS_ONLY)
+    return sorted(path for path in tracked_files(root) if not path.startswith(MAINTAINERS_ONLY)
                   and path not in MAINTAINERS_ONLY)
 
 
@@ -112,7 +122,7 @@ def student_page(path: str, text: str) -> str:
     """A page as the copy ships it: the maintainers' parts out, the reference's commands the lab's."""
     if path == "README.md":
         return student_readme(text)
-    text = MAINTAINERS.sub("\n", text)
+    text = MAINTAINERS.sub(lambda m: "\n" if m.group().startswith("\n") else "", text)  # a block, or words in a line
     for pattern, words in COPY_WORDS:
         text = pattern.sub(words, text)
     return text
@@ -134,8 +144,16 @@ def words_unfit(texts: dict[str, str], binaries: list[str]) -> list[str]:
     return copy_problems({path: text for path, text in texts.items() if is_page(path)}, files)
 
 
+def names_unheld(texts: dict[str, str], binaries: list[str]) -> list[str]:
+    """Where the copy's files name a file or folder the copy does not hold (check_words.unheld_names)."""
+    from check_words import unheld_names
+    held = {*texts, *binaries, *(f"docs/reference-traces/{w}.html" for w in TRACE_WORKLOADS)}
+    return unheld_names(texts, held, set(tracked_files()))
+
+
 def student_pyproject(text: str) -> str:
-    changed = text.replace('py-modules = ["solution", "lab"]', 'py-modules = ["lab"]')
+    changed = MAINTAINERS_LINES.sub("", text.replace('py-modules = ["solution", "lab"]', 'py-modules = ["lab"]'))
+    changed = changed.rstrip("\n") + "\n"
     if changed == text:
         raise SystemExit("tools/handout/student_copy.py: pyproject.toml no longer lists "
                          "py-modules = [\"solution\", \"lab\"]")
@@ -183,6 +201,10 @@ def write_copy(out: Path) -> list[str]:
     if unfit:
         raise SystemExit("tools/handout/student_copy.py: these words of the copy's pages do not fit the copy (see "
                          "tools/checks/check_words.py):\n  " + "\n  ".join(unfit))
+    unheld = names_unheld(texts, binaries)
+    if unheld:
+        raise SystemExit("tools/handout/student_copy.py: these files of the copy name a file or folder the copy does "
+                         "not hold (tools/checks/check_words.py's unheld_names):\n  " + "\n  ".join(unheld))
     for path, text in texts.items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         (out / path).write_text(text, encoding="utf-8")
@@ -193,15 +215,21 @@ def write_copy(out: Path) -> list[str]:
     return sorted([*texts, *binaries])
 
 
-def write_autograder(copy: Path, out: Path) -> list[str]:
-    """Gradescope's autograder zip of the copy in `copy` (tools/handout/autograder.py); its entries."""
-    exercises = re.search(r"^EXERCISES = \{\n(.*?)^\}", (copy / "lab.py").read_text(), re.M | re.S)
-    points = re.search(r"^GRADE_PER_EXERCISE = (\d+)", (copy / "conftest.py").read_text(), re.M)
-    if not exercises or not points:
+def write_autograder(copy: Path, out: Path, points: Path | None = None) -> list[str]:
+    """Gradescope's autograder zip of the copy in `copy` (tools/handout/autograder.py), with the
+    points of `points` (a points.json; None: conftest.py's GRADE_PER_EXERCISE each); its entries."""
+    table = re.search(r"^EXERCISES = \{\n(.*?)^\}", (copy / "lab.py").read_text(), re.M | re.S)
+    each = re.search(r"^GRADE_PER_EXERCISE = (\d+)", (copy / "conftest.py").read_text(), re.M)
+    if not table or not each:
         raise SystemExit("tools/handout/student_copy.py: lab.py's EXERCISES or conftest.py's GRADE_PER_EXERCISE "
                          "is gone")
-    count = len(re.findall(r"^\s+\d+: ", exercises.group(1), re.M))
-    return autograder.build_zip(copy, out, count, int(points.group(1)))
+    exercises = {int(n): title for n, title in re.findall(r'^\s+(\d+): "([^":]+)', table.group(1), re.M)}
+    try:
+        weights = {n: float(each.group(1)) for n in exercises} if points is None else \
+            autograder.read_points(points.read_text(), exercises)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"tools/handout/student_copy.py: --points {points}: {exc}") from None
+    return autograder.build_zip(copy, out, exercises, weights)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,16 +237,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", type=Path, help="where to write it: a new or empty folder")
     parser.add_argument("--autograder", type=Path, metavar="FILE.zip",
                         help="also write Gradescope's autograder of the copy (docs/teaching.md)")
+    parser.add_argument("--points", type=Path, metavar="POINTS.json",
+                        help='the autograder\'s points per exercise, {"1": 10, ...} (default: 10 each)')
     args = parser.parse_args(argv)
     if args.autograder and args.autograder.resolve().is_relative_to(args.dir.resolve()):
         parser.error("--autograder: write the zip outside DIR (the zip holds DIR)")
+    if args.points and not args.autograder:
+        parser.error("--points: the points are the autograder's; give --autograder FILE.zip too")
     written = write_copy(args.dir)
     print(f"wrote the student's copy to {args.dir}: {len(written)} files and docs/reference-traces/ "
           f"(left out: {', '.join(MAINTAINERS_ONLY)})")
     if args.autograder:
-        entries = write_autograder(args.dir, args.autograder)
+        entries = write_autograder(args.dir, args.autograder, args.points)
         print(f"wrote Gradescope's autograder to {args.autograder}: {len(entries)} files (setup.sh, run_autograder, "
-              "grade.py and the copy in lab/); upload it as the assignment's autograder")
+              "grade.py, points.json and the copy in lab/); upload it as the assignment's autograder")
     print(f"next: cd {args.dir} and follow its README (a virtual environment, then python -m pytest)")
     return 0
 

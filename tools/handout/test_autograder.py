@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import stat
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -130,3 +132,57 @@ def test_a_failed_test_carries_the_first_line_of_its_rule_and_the_exercise_its_s
     assert all(line.count(": ") >= 2 for line in failures), f"each failed test names its rule: {failures}"
     assert all(len(line) < 500 for line in failures), "a rule's line is capped"
     assert json.dumps(graded) and graded["score"] == exercise1["score"]
+
+
+def points_file(**changed) -> str:
+    """points.json's text: 10 points each, but for `changed` ({"e1": 30}: Exercise 1 gets 30)."""
+    return json.dumps({str(n): 10 for n in range(1, 9)} | {key[1:]: value for key, value in changed.items()})
+
+
+@pytest.mark.provided
+def test_the_zip_states_its_points_in_its_readme_and_points_json(zipped):
+    with zipfile.ZipFile(zipped) as archive:
+        points = json.loads(archive.read("points.json"))
+        readme = archive.read("README.md").decode()
+    assert points == {str(n): 10 for n in range(1, 9)}, "by default every exercise weighs 10 points"
+    assert "| 1 | blocks and the allocator | 10 |" in readme and "| | in all | 80 |" in readme, readme
+    assert "edit `points.json`" in readme, "the README says where a course changes the points"
+
+
+@pytest.mark.provided
+def test_points_json_weighs_each_exercise_and_results_json_states_the_points(root):
+    (root / "source" / "points.json").write_text(points_file(e1=30, e2=0, e8=2.5))
+    (root / "submission" / "lab.py").write_text(load_tool("half_way").state((ROOT / "solution.py").read_text(), 1))
+    graded = grade(root)
+    exercise1 = graded["tests"][0]
+    assert (exercise1["score"], exercise1["max_score"]) == (30, 30), exercise1
+    assert graded["max_score"] == 30 + 0 + 5 * 10 + 2.5 == 82.5 and graded["score"] == 30, graded
+    assert [t["max_score"] for t in graded["tests"]] == [30, 0, 10, 10, 10, 10, 10, 2.5]
+    assert "Exercise 1: 30, Exercise 2: 0, " in graded["output"] and "(82.5 in all)" in graded["output"], (
+        "results.json states the points it was graded with", graded["output"])
+
+
+@pytest.mark.provided
+@pytest.mark.parametrize("text, says", [
+    (points_file(e9=10), "'9': no such exercise"),
+    (json.dumps({"one": 10}), "'one': no such exercise"),
+    (points_file(e3=-1), "'3': -1 is negative"),
+    (points_file(e4="ten"), "'4': \"ten\" is not a number"),
+    (points_file(e5=True), "'5': true is not a number"),
+    (json.dumps({str(n): 10 for n in range(1, 8)}), "no points for exercise(s) 8"),
+    ("[10, 10]", "one JSON object"),
+    ("{", "is not JSON"),
+])
+def test_a_bad_points_json_fails_setup_naming_the_entry(root, text, says):
+    (root / "source" / "points.json").write_text(text)
+    setup = subprocess.run(["bash", str(root / "source" / "setup.sh")], env=dict(os.environ, AUTOGRADER_ROOT=str(root)),
+                           capture_output=True, text=True, timeout=60)
+    assert setup.returncode != 0 and says in setup.stderr, (setup.returncode, setup.stderr)
+    assert not (root / "source" / ".venv").exists(), "setup stops before it installs anything"
+
+
+@pytest.mark.provided
+def test_setup_accepts_points_json_as_built_and_says_the_points(root):
+    check = subprocess.run([sys.executable, str(root / "source" / "grade.py"), "--check-points"],
+                           env=dict(os.environ, AUTOGRADER_ROOT=str(root)), capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and "Exercise 8: 10 (80 in all)" in check.stdout, check

@@ -14,6 +14,7 @@ from ..svg import (
     BLUE,
     INK,
     VERMILLION,
+    chart,
     el,
     figure,
     legend,
@@ -80,8 +81,9 @@ def _panel(summaries: Sequence[dict], rates: list[float], plot_rates: list[float
     if knee is not None:
         kx = sx(plot_rates[rates.index(knee)])
         body.append(line(kx, py0 - 16, kx, py1, stroke=INK, width=1.5, stroke_dasharray="6 4"))
-        body.append(text(kx + 5, py0 - 6, f"knee: {knee:g} req/s", size=12, weight="bold",
-                         label=f"knee-{key}"))
+        right = kx < (x0 + x1) / 2  # the label on the side with room
+        body.append(text(kx + 5 if right else kx - 5, py0 - 6, f"knee: {knee:g} req/s", size=12, weight="bold",
+                         anchor="start" if right else "end", label=f"knee-{key}"))
     for p, color, dash in (("p50", BLUE, None), ("p99", VERMILLION, "7 4")):
         pts = [(sx(pr), sy(s[f"{p}_{key}"] * 1e3)) for pr, s in zip(plot_rates, summaries)
                if s[f"{p}_{key}"] == s[f"{p}_{key}"] and s[f"{p}_{key}"] > 0]
@@ -125,8 +127,10 @@ def latency_figure(rates: Sequence[float], summaries: Sequence[dict], source: st
     body = []
     panels = (("TTFT", "ttft", 60, 580, True), ("TPOT", "tpot", 680, 1200, False))
     py0, py1 = 58, 296
-    for panel in panels:
-        body += _panel(summaries, rates, plot_rates, knee, panel, py0, py1)
+    for panel in panels:  # each in its box: its numbers on the left, its legend over the right edge
+        _, key, x0, x1, _ = panel
+        body.append(chart(key, (x0 - 58, 0, x1 + 40, py1 + 44), _panel(summaries, rates, plot_rates, knee, panel,
+                                                                         py0, py1)))
     svg_height = py1 + 48
     desc = "; ".join(f"{r:g} req/s: TTFT p50 {_fmt_ms(s['p50_ttft'])} ms p99 {_fmt_ms(s['p99_ttft'])} ms, "
                      f"TPOT p50 {_fmt_ms(s['p50_tpot'])} ms p99 {_fmt_ms(s['p99_tpot'])} ms"

@@ -15,6 +15,8 @@ from ..svg import (
     ORANGE,
     SKY,
     VERMILLION,
+    WIDTH,
+    chart,
     el,
     figure,
     hatch,
@@ -30,6 +32,7 @@ from ..svg import (
 
 SPEC_MODEL = dict(vocab_size=256, n_positions=256, n_embd=64, n_layer=4, n_head=4)
 SPEC = dict(k=4, max_tokens=40, draft_layers=1, refinement_scale=0.2, seed=0, prompt=list(range(1, 9)))
+CURVE_LEFT = 560  # the speedup curve's left edge
 
 
 @contextlib.contextmanager
@@ -132,7 +135,7 @@ def _speedup_curve(run: dict, y0: float) -> tuple[list[str], float]:
     Returns the elements and the axis' height."""
     k = run["params"]["k"]
     body = []
-    px0, px1, py0, py1 = 560, 1200, y0 + 10, y0 + 300
+    px0, px1, py0, py1 = CURVE_LEFT, 1200, y0 + 10, y0 + 300
     ks, speedups = run["ks"], run["speedups"]
     top = max([*speedups, run["measured_speedup"], 1.0]) * 1.15
     sx, sy = xscale(ks[0] - 0.5, ks[-1] + 0.5, px0, px1), xscale(0, top, py1, py0)
@@ -159,8 +162,9 @@ def _speedup_curve(run: dict, y0: float) -> tuple[list[str], float]:
     mx, my = sx(k), sy(run["measured_speedup"])
     body.append(el("path", d=f"M {mx:.1f} {my - 8:.1f} L {mx + 8:.1f} {my:.1f} L {mx:.1f} {my + 8:.1f} "
                              f"L {mx - 8:.1f} {my:.1f} z", fill=VERMILLION, stroke=INK, stroke_width=0.8))
-    body.append(text(mx + 12, my + (-10 if measured_above else 18), f"measured {run['measured_speedup']:.2f}\u00d7",
-                     size=12, weight="bold", fill=VERMILLION, label="measured-speedup"))
+    body.append(text(mx + 12, my + (-10 if measured_above else 18),
+                     f"this run, counted: {run['measured_speedup']:.2f}\u00d7 at c = {run['c']:.2f}", size=12,
+                     weight="bold", fill=VERMILLION, label="measured-speedup"))
     return body, py1
 
 
@@ -171,12 +175,14 @@ def figure_speculative(lab: ModuleType) -> tuple[str, dict]:
     body, _ = legend(0, 16, [(GREEN, "draft accepted"), (VERMILLION, "draft rejected"),
                              ("url(#sp-unjudged)", "drafted after a rejection: discarded unjudged"),
                              (ORANGE, "resampled from the residual"), (SKY, "bonus token (every draft accepted)")])
-    body.append(text(x0, y0 - 6, f"drafted (k = {k})", size=12, fill="#444444"))
-    body.append(text(x0 + k * cw + 8, y0 - 6, "+1", size=12, fill="#444444"))
+    heads = [text(x0, y0 - 6, f"drafted (k = {k})", size=12, fill="#444444"),
+             text(x0 + k * cw + 8, y0 - 6, "+1", size=12, fill="#444444")]
     rounds_drawn, ty = _rounds(run, cw, rh, x0, y0)
     curve, py1 = _speedup_curve(run, y0)
-    body += rounds_drawn + curve
     height = max(ty + 40, py1 + 44)
+    split = CURVE_LEFT - 60  # the rounds on the left, the curve (its numbers included) on the right
+    body += [chart("rounds", (0, y0 - 22, split, height), heads + rounds_drawn),
+             chart("speedup", (split, y0 - 22, WIDTH, height), curve)]
     desc = (f"{len(rounds)} rounds, {run['num_draft_tokens']} drafted, {run['num_accepted']} accepted, "
             f"{run['num_rejected']} rejected, {run['num_bonus']} bonus tokens; alpha {run['alpha']:.3f}; measured "
             f"speedup {run['measured_speedup']:.2f} at k = {k}, formula {run['predicted']:.2f}.")
@@ -188,7 +194,8 @@ def figure_speculative(lab: ModuleType) -> tuple[str, dict]:
                "own pass: resampled at the first rejection, or a bonus when all drafts survive, so even a round "
                "that accepts nothing makes progress. On the right, the expected speedup (1 - alpha^(k+1)) / "
                f"((1 - alpha)(k c + 1)) for the measured alpha = {run['alpha']:.3f} (estimate_alpha) and draft cost "
-               f"c = {run['c']:.2f} (its share of the layers); the diamond is this run: tokens / (target passes + "
-               "c \u00d7 draft steps). The per-round drafts are recorded by wrapping accept_or_resample during the "
-               "run; the chapter's code is unchanged.")
+               f"c = {run['c']:.2f} (its share of the layers: assumed, not timed); the diamond is this run's speedup "
+               "counted, not timed: tokens / (target passes + c \u00d7 draft steps), its passes and steps counted "
+               "and each draft step charged c of a target pass (`bench speculative` times both). The per-round "
+               "drafts are recorded by wrapping accept_or_resample during the run; the chapter's code is unchanged.")
     return figure("speculative", "4. Speculative decoding: rounds and speedup", picture, caption), run

@@ -4,9 +4,20 @@ const F = T.frames, BS = T.block_size, LAST = F.length - 1;
 const STATE = {".": "free", "e": "cached", "h": "held", "H": "held-cached", "!": "inconsistent"};
 const PALETTE = ["#56B4E9", "#E69F00", "#009E73", "#F0E442", "#CC79A7", "#0072B2", "#D55E00", "#9ad0a0",
                  "#c8a2e8", "#f4b183", "#8fb8de", "#e3c26f"];
+// Past a palette's worth of requests the colours come back with a pattern over them, so that no
+// two requests shown look alike by hue alone (r0 plain, r12 striped, r24 striped the other way...).
+const PATTERNS = ["none",
+                  "repeating-linear-gradient(45deg, rgba(255,255,255,0.6) 0 3px, transparent 3px 8px)",
+                  "repeating-linear-gradient(-45deg, rgba(0,0,0,0.35) 0 2px, transparent 2px 7px)",
+                  "radial-gradient(circle, rgba(255,255,255,0.75) 1.5px, transparent 2px)",
+                  "repeating-linear-gradient(0deg, rgba(0,0,0,0.3) 0 2px, transparent 2px 6px)",
+                  "repeating-linear-gradient(90deg, rgba(255,255,255,0.6) 0 2px, transparent 2px 6px)"];
 const IDS = Object.keys(T.requests);
-const COLOR = {};
-IDS.forEach((id, i) => { COLOR[id] = PALETTE[i % PALETTE.length]; });
+const COLOR = {}, PATTERN = {};
+IDS.forEach((id, i) => {
+  COLOR[id] = PALETTE[i % PALETTE.length];
+  PATTERN[id] = PATTERNS[Math.floor(i / PALETTE.length) % PATTERNS.length];
+});
 const $ = (id) => document.getElementById(id);
 let cur = T.open, sel = null, timer = null;
 
@@ -18,10 +29,14 @@ function textColor(hex) {
   const n = parseInt(hex.slice(1), 16), r = n >> 16, g = (n >> 8) & 255, b = n & 255;
   return (0.299 * r + 0.587 * g + 0.114 * b) > 140 ? "#111111" : "#ffffff";
 }
+function swatch(id) {  // a request's colour and pattern, as an element's style
+  const c = COLOR[id] || "#dddddd", p = PATTERN[id] || "none";
+  const size = p.startsWith("radial") ? "background-size:6px 6px;" : "";
+  return `background-color:${c};background-image:${p};${size}color:${textColor(c)}`;
+}
 function chip(id, extra) {
-  const c = COLOR[id] || "#dddddd";
-  return `<li class="chip${id === sel ? " sel" : ""}" data-request="${esc(id)}" style="background:${c};` +
-         `color:${textColor(c)}">${esc(id)}${extra || ""}</li>`;
+  return `<li class="chip${id === sel ? " sel" : ""}" data-request="${esc(id)}" style="${swatch(id)}">` +
+         `${esc(id)}${extra || ""}</li>`;
 }
 function plural(n, word) { return `${n} ${word}${n === 1 ? "" : "s"}`; }
 
@@ -144,8 +159,7 @@ function drawPool(f) {
     const st = STATE[f.state[b]], ref = f.ref[b], who = own[b] || [];
     let style = "", cls = `block ${st}`;
     if ((st === "held" || st === "held-cached") && who.length) {
-      const c = who.length === 1 ? COLOR[who[0]] : "#bdbdbd";
-      style = ` style="background:${c};color:${textColor(c)}"`;
+      style = ` style="${who.length === 1 ? swatch(who[0]) : "background:#bdbdbd;color:#111111"}"`;
     }
     if (fresh.has(b)) cls += " new";
     if (mine) cls += mine.has(b) ? " hl" : " dim";
