@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant
 
 from conftest import lab
-from serving import metrics
+from measure import latency
 
 # =====================================================================================
 # Shared references and helpers: the models the tests run, and the plain references
@@ -2271,7 +2271,7 @@ def test_engine_metrics_follow_the_vllm_benchmark_definitions(engine_model):
                "per token after the first (a prefill chunk that samples nothing is no token)")
         assert m.tpot == pytest.approx((m.e2e_latency - m.ttft) / (n - 1)), rule(5, "TPOT = (E2E - TTFT) / (n - 1)")
         assert m.ttft + sum(m.itl) == pytest.approx(m.e2e_latency), rule(5, "TTFT + the ITLs = E2E latency")
-    summary = metrics.summarize_serving(outputs, duration=1.0)
+    summary = latency.summarize_serving(outputs, duration=1.0)
     assert summary["num_output_tokens"] == 48 and summary["output_throughput"] == 48, rule(
         5, "8 requests of 6 tokens in 1 s: 48 output tokens, 48 per second")
     assert summary["p50_ttft"] <= summary["p99_ttft"], rule(5, "the median TTFT is at most the 99th percentile")

@@ -17,6 +17,7 @@ from checkpoints.commands import checkpoint_engine, generate_text, speculate_che
 from loadtest.benchmark_serving import loadtest, server_model_card
 from loadtest.costmodel import CPU_OVERHEAD_S
 from loadtest.datasets import LOAD_WORKLOADS
+from loadtest.fleet_search import SLO, FleetQuestion
 from serving.api_server import APIKeys, read_api_keys_file, serve
 
 from .arguments import exercise_number, hint_level, positive, preset_names, prices, rates
@@ -29,7 +30,6 @@ from .pages.trace_workloads import WORKLOADS
 from .quiz import run_quiz
 from .reviews.attack import AttackQuestion, run_attack
 from .reviews.fleet import NoCandidateMeets, run_fleet
-from .reviews.fleet_search import SLO, FleetQuestion
 from .reviews.scenarios import run_all_scenarios, scenario_batching, scenario_speculate
 from .reviews.sizing import SEED_SIZING, scenario_size
 from .reviews.stacks import scenario_stack

@@ -30,7 +30,7 @@ from types import ModuleType
 
 import numpy as np
 
-from serving.metrics import latency_percentiles
+from measure.latency import summarize_latencies
 
 from .datasets import WorkloadRequest, make_workload, poisson_arrival_times, save_workload
 
@@ -75,11 +75,7 @@ def summarize_load(lab: ModuleType, results: Sequence[StreamResult], duration: f
     summary = {"completed": len(metrics), "failed": len(results) - len(metrics), "duration": duration,
                "output_tokens": num_out, "request_throughput": per_second(len(metrics)),
                "output_throughput": per_second(num_out), "goodput": per_second(len(good))}
-    summary |= latency_percentiles([m.ttft for _, m in metrics], "ttft")
-    summary |= latency_percentiles([m.tpot for r, m in metrics if r.num_output_tokens > 1], "tpot")
-    summary |= latency_percentiles([gap for _, m in metrics for gap in m.itl], "itl")
-    summary |= latency_percentiles([m.e2e_latency for _, m in metrics], "e2e")
-    return summary
+    return summary | summarize_latencies([(r.num_output_tokens, m) for r, m in metrics])
 
 
 def find_knee(rates: Sequence[float], p99_ttfts: Sequence[float], factor: float = 3.0) -> float | None:

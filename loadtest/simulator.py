@@ -16,7 +16,7 @@ from types import ModuleType
 
 import numpy as np
 
-from serving.metrics import summarize_serving
+from measure.latency import summarize_serving
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,8 +13,9 @@ from types import ModuleType
 
 import numpy as np
 
+from loadtest.fleet_search import FleetQuestion, candidate_step_cost, fleet_workload, simulate_rate
+
 from ..reviews.fleet import FleetAnswer, FleetRow
-from ..reviews.fleet_search import FleetQuestion, candidate_step_cost, fleet_workload, simulate_rate
 from .svg import (
     BLUE,
     INK,

@@ -15,7 +15,7 @@ profile is costed by the roofline alone, and the table says so. KV blocks per re
 module's plan_deployment (Exercise 8), the scheduling from its Scheduler (Exercise 5).
 
 This module turns the searches into the fleet's table (cheapest first), the pick, the runner-up
-and what binds each, in words; fleet_search.py holds the search, ../pages/fleet_page.py the page.
+and what binds each, in words; loadtest/fleet_search.py holds the search, ../pages/fleet_page.py the page.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from loadtest.costmodel import (
     roofline_step_cost,
     step_cost,
 )
-
-from .fleet_search import (
+from loadtest.fleet_search import (
     SLO,
     Candidate,
     FleetQuestion,
