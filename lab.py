@@ -13,7 +13,7 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    3. Continuous batching                      1039-1791    requests, the scheduler, the engine (Ex. 5)
    4. Speculative decoding                     1792-2073    accept/resample, draft -> verify (Ex. 6-7)
    5. Capacity planning                        2074-2377    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2378-2401    the list of exercises, and `__main__`
+   6. The exercises                            2378-2402    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -2396,6 +2396,7 @@ EXERCISES = {
 
 
 if __name__ == "__main__":
+    import __main__  # this file, run as the program: the module the command line is handed
     import course
 
-    raise SystemExit(course.main(sys.modules[__name__]))
+    raise SystemExit(course.main(__main__))

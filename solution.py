@@ -11,7 +11,7 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    3. Continuous batching                      1208-2013    requests, the scheduler, the engine (Ex. 5)
    4. Speculative decoding                     2014-2349    accept/resample, draft -> verify (Ex. 6-7)
    5. Capacity planning                        2350-2694    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2695-2718    the list of exercises, and `__main__`
+   6. The exercises                            2695-2719    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -2713,6 +2713,7 @@ EXERCISES = {
 
 
 if __name__ == "__main__":
+    import __main__  # this file, run as the program: the module the command line is handed
     import course
 
-    raise SystemExit(course.main(sys.modules[__name__]))
+    raise SystemExit(course.main(__main__))

@@ -333,7 +333,7 @@ def _serve(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
     # Garbled text is what random weights write: say so before a client sees it.
     note = None if args.model else (f"the model's weights are random (--seed {args.seed}), so its text is "
                                     "noise; --model DIR serves a GPT-2 checkpoint (docs/checkpoints.md)")
-    if not serve(engine, args.host, args.port, args.duration, note=note, tokenizer=tokenizer,
+    if not serve(engine, args.host, args.port, args.duration, note=note, lab=lab, tokenizer=tokenizer,
                  model_name=names, stream_interval=args.stream_interval, max_n=args.max_n, api_keys=api_keys,
                  metrics_api_key=args.metrics_api_key):
         run.parser.exit(1, f"{run.prog} serve: error: the server's HTTP front end stopped, so the server did\n")

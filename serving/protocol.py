@@ -201,7 +201,7 @@ class GenerateRequest:
 
     `requests` holds the module's Requests, one per prompt. `n` has one home, the engine:
     `LLMEngine.add_request(request, n=n)` runs the prompt once and forks it into n samples,
-    seeded seed, seed + 1, ... (`async_llm.sample_ids` names them). Choices are prompt-major
+    seeded seed, seed + 1, ... (`engine.messages.sample_ids` names them). Choices are prompt-major
     (choice index = prompt index * n + sample index), as vLLM numbers them. `params` maps an
     engine field to the request's own name for it (the 400's `param`).
     """

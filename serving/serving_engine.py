@@ -6,7 +6,7 @@ What differs between the two endpoints, the shape of a choice, is theirs:
 
 `n` has one home, the engine: each prompt goes to it once, and `LLMEngine.add_request(request,
 n=n)` runs the prompt once and forks its block table into the n samples (copy-on-write, the
-PagedAttention paper's parallel sampling), whose ids `async_llm.sample_ids` gives. Here a choice
+PagedAttention paper's parallel sampling), whose ids `engine.messages.sample_ids` gives. Here a choice
 is a sample. At most `max_n` of one response's choices (prompts x n) are in the engine at a time,
 the next prompt going in once its n samples fit, so that no response holds more of the engine's
 seats than one request's largest n: another client's request finds the rest.
@@ -19,7 +19,8 @@ import collections
 import secrets
 import time
 
-from .async_llm import AsyncLLM, sample_ids
+from .engine.async_llm import AsyncLLM
+from .engine.messages import sample_ids
 from .http_server import Connection, Sink
 from .metrics import FINISHED_REASONS, TTFT_BUCKETS_S, Histogram
 from .output import ChoiceState, Delta

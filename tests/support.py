@@ -169,7 +169,7 @@ class SharedServer:
                 raise
 
         engine.step = counted_step
-        self.running = serving.start_server(engine, **self.options)
+        self.running = serving.start_server(engine, lab=lab, **self.options)
 
     def lease(self):
         """The server for one test: its module's, or a new one if the last test left it broken."""

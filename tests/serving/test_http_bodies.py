@@ -77,7 +77,7 @@ def test_rule8_a_large_body_is_parsed_off_the_event_loop(engine_model, monkeypat
     monkeypatch.setattr(api_server, "parse_completion_request", held_while_large)  # before the fork
     body = json.dumps({"prompt": [1] * 100, "max_tokens": 0, "user": "x" * 200_000})  # valid, not run
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4, max_num_seqs=2)
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         big = []
         sender = threading.Thread(target=lambda: big.append(http_call(srv, "POST", "/v1/completions", body)))
         sender.start()
@@ -299,7 +299,7 @@ def test_rule7_the_next_head_on_a_kept_alive_connection_gets_its_408_at_the_read
         "docs/openai-fields.md documents a 10 s deadline for a request and 5 s for an idle connection")
     monkeypatch.setattr(http_server, "READ_TIMEOUT_S", 1.0)  # before the front end starts (and forks)
     monkeypatch.setattr(http_server, "KEEP_ALIVE_TIMEOUT_S", 0.2)
-    with serving.start_server(api_engine(engine_model)) as srv, socket.create_connection(
+    with serving.start_server(api_engine(engine_model), lab=lab) as srv, socket.create_connection(
             ("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         first = read_response(sock)

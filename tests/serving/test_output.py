@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import serving
 from checkpoints.tokenizer import ByteTokenizer
 from conftest import lab
-from serving.async_llm import StepOutput
+from serving.engine.messages import StepOutput
 from serving.output import ChoiceState
 from tests.support import MODEL_CONFIGS, api_engine, complete, http_call, stream_events_at
 
@@ -120,7 +120,7 @@ class SpecialByteTokenizer(ByteTokenizer):
 def test_echoed_text_offsets_count_a_special_tokens_text():
     prompt = "<|endoftext|>The river"
     model = lab.ToyTransformer(lab.ModelConfig(**(MODEL_CONFIGS["engine"] | {"vocab_size": 128})), seed=2)
-    with serving.start_server(api_engine(model), tokenizer=SpecialByteTokenizer(128)) as srv:
+    with serving.start_server(api_engine(model), lab=lab, tokenizer=SpecialByteTokenizer(128)) as srv:
         body = complete(srv, prompt=prompt, max_tokens=0, echo=True, logprobs=0)
     choice = body["choices"][0]
     assert choice["text"] == prompt, "echo gives the prompt as sent, its special token's text included"
