@@ -8,10 +8,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              40-153       checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          154-506      blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   507-1207     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1208-2013    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     2014-2349    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2350-2694    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2695-2719    the list of exercises, and `__main__`
+   3. Continuous batching                      1208-2016    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     2017-2352    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2353-2697    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2698-2722    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -1928,9 +1928,13 @@ class LLMEngine:
         """Schedule, run, update, emit: what is new for every request since its last output (a finished
         one is reported once, then forgotten). If the model or the sampler raises, the step's sequences
         finish as "error" (blocks freed), the error propagates, and the next step reports them."""
+        self._run_step()
+        return self._emit()
+
+    def _run_step(self) -> None:
+        """Schedule, run, update: one step of every request in flight (vLLM's EngineCore.step)."""
         plan = self.scheduler.plan_step()
         self.scheduler.finish_step(plan, self._execute(plan), time.perf_counter())
-        return self._emit()
 
     def _execute(self, plan: SchedulerOutput) -> dict[str, int]:
         """The forward pass and the sampler; on an error the step's sequences finish as "error"."""
@@ -2002,8 +2006,7 @@ class LLMEngine:
         seqs = [self._add(request) for request in self._checked_requests(prompts, sampling)]
         try:
             while not all(seq.finish_reason for seq in seqs):
-                plan = self.scheduler.plan_step()
-                self.scheduler.finish_step(plan, self._execute(plan), time.perf_counter())
+                self._run_step()  # not step(): it would report (and forget) the requests add_request queued
         except BaseException:
             for seq in seqs:
                 self.abort_request(seq.request_id)
