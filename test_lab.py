@@ -1957,7 +1957,7 @@ BLOCK_PROMPTS = st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_s
 @pytest.mark.exercise5
 @settings(max_examples=25)
 @given(blocks=SHARED_BLOCKS, shapes=BLOCK_PROMPTS)
-@example(blocks=[[1, 2, 3, 4], [5, 6, 7, 8]], shapes=[([0, 1], []), ([1, 0], [])])  # issue 45's [A, B], then [B, A]
+@example(blocks=[[1, 2, 3, 4], [5, 6, 7, 8]], shapes=[([0, 1], []), ([1, 0], [])])  # [A, B], then [B, A]
 def test_prompts_of_shared_blocks_in_any_order_or_repetition_give_the_uncached_engines_tokens(engine_model, blocks,
                                                                                              shapes):
     prompts = [[t for i in order for t in blocks[i % len(blocks)]] + tail for order, tail in shapes]

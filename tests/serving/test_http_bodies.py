@@ -194,7 +194,7 @@ def test_rule8_a_transfer_coding_other_than_chunked_alone_is_refused(server, hea
         f"too, a 400, as a smuggling risk): {reply[:120]!r}")
 
 
-# --- the limits' statuses, and what a body may cost (issue 42) ------------------------------
+# --- the limits' statuses, and what a body may cost -----------------------------------------
 
 
 def error_of_reply(reply: bytes) -> dict:
