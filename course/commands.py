@@ -329,7 +329,8 @@ def _serve(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
                                    seed=args.seed, num_threads=args.num_threads)
         engine = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs or 64,
                                **options)
-        tokenizer, names = None, args.served_model_name
+        tokenizer = None
+        names = args.served_model_name
     # Garbled text is what random weights write: say so before a client sees it.
     note = None if args.model else (f"the model's weights are random (--seed {args.seed}), so its text is "
                                     "noise; --model DIR serves a GPT-2 checkpoint (docs/checkpoints.md)")

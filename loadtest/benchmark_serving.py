@@ -193,13 +193,17 @@ class _ResponseParser:
     connection closed mid-response."""
 
     def __init__(self, result: StreamResult, max_lines: int):
-        self.result, self.lines_left = result, max_lines
+        self.result = result
+        self.lines_left = max_lines
         self.buffer = bytearray()
         self.next = self._head  # what to parse next; returns False when it needs more bytes
-        self.status, self.keep_alive, self.left = 0, False, 0
+        self.status = 0
+        self.keep_alive = False
+        self.left = 0
         self.ended = False  # the response's framing has ended: the connection may carry another
         self.decided = False  # `result` is final: [DONE] or an error (the framing may still end)
-        self._line, self._error_text = b"", b""
+        self._line = b""
+        self._error_text = b""
 
     def feed(self, data: bytes) -> None:
         """Parse `data`; b"" is the server closing the connection."""
@@ -232,7 +236,8 @@ class _ResponseParser:
             self.left = int(headers["content-length"])
             self.next = self._sized if self.left else self._end
         else:  # the body ends when the connection does
-            self.next, self.keep_alive = self._to_close, False
+            self.next = self._to_close
+            self.keep_alive = False
         return True
 
     def _chunk_size(self) -> bool:
@@ -247,7 +252,8 @@ class _ResponseParser:
                 return False
             raise ValueError(f"a response chunk of {size} bytes is over the limit of {MAX_RESPONSE_BYTES}")
         del self.buffer[:at + 2]
-        self.left, self.next = size, (self._chunk if size else self._trailer)
+        self.left = size
+        self.next = self._chunk if size else self._trailer
         return True
 
     def _chunk(self) -> bool:
@@ -321,11 +327,15 @@ class _Exchange:
 
     def __init__(self, client: LoadClient, sock: socket.socket, reused: bool, request: bytes,
                  result: StreamResult, max_lines: int):
-        self.client, self.sock, self.reused = client, sock, reused
+        self.client = client
+        self.sock = sock
+        self.reused = reused
         self.unsent = memoryview(request)
-        self.result, self.parser = result, _ResponseParser(result, max_lines)
+        self.result = result
+        self.parser = _ResponseParser(result, max_lines)
         self.deadline = result.send_time + client.timeout
-        self.connected, self.received = reused, False
+        self.connected = reused
+        self.received = False
 
     def ready(self) -> None:
         """The socket is writable (connecting, sending) or readable (the response)."""
@@ -376,7 +386,8 @@ class LoadClient:
     def __init__(self, url: str, timeout: float):
         parts = urllib.parse.urlsplit(url)
         self.host, self.port, self.path = parts.hostname, parts.port or 80, parts.path.rstrip("/")
-        self.netloc, self.timeout = parts.netloc, timeout
+        self.netloc = parts.netloc
+        self.timeout = timeout
         self.address: tuple | None = None  # resolved at the first new connection
         self.selector = selectors.DefaultSelector()
         self.idle: list[tuple[socket.socket, float]] = []  # (connection, idle since), most recent last
@@ -576,7 +587,8 @@ def loadtest(lab: ModuleType, url: str, rates: Sequence[float], num_prompts: int
     log(f"{url} model {model}: {num_prompts} {workload} requests (mean {mean_in:.0f} in / {mean_out:.0f} out "
         f"tokens, {prompt_format} prompts) per rate")
     rates = sorted(rates)
-    summaries, first_error = [], None
+    summaries = []
+    first_error = None
     for rate in rates:
         results, duration = run_load(url, payloads, rate, seed, timeout)
         summaries.append(summarize_load(lab, results, duration, None if slo_ttft_ms is None else slo_ttft_ms / 1e3,

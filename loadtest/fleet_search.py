@@ -123,7 +123,10 @@ def _step_shape(plan, role: str) -> tuple[int, int, int, bool, dict[str, int]]:
     over its sequences. A decode pool's first step of a request imports its prompt's K/V: no FLOPs
     for it, only the last token's."""
     tokens = plan.total_num_scheduled_tokens
-    context, pairs, prefill, sampled = 0, 0, False, {}
+    context = 0
+    pairs = 0
+    prefill = False
+    sampled = {}
     scheduled_tokens = plan.num_scheduled_tokens
     for s in plan.scheduled:
         new, done = scheduled_tokens[s.request_id], s.num_computed_tokens
@@ -203,8 +206,10 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
     scheduler = lab.make_scheduler("continuous", lab.BlockAllocator(num_blocks, block_size), candidate.max_num_seqs,
                                    candidate.max_num_batched_tokens, True)
     arrivals = [t / rate for t in unit_arrivals]
-    seqs, counted = [], _Counted()
-    clock, nxt = 0.0, 0
+    seqs = []
+    counted = _Counted()
+    clock = 0.0
+    nxt = 0
     run = LoadRun(rate, False, math.nan, math.nan, False)
     decode = dict(time=0.0, steps=0, seqs=0, context=0)  # the steps that ran no prefill
     while nxt < n or scheduler.has_unfinished():
@@ -226,8 +231,10 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
         if parts is not None:
             run.bound_time[parts.bound] = run.bound_time.get(parts.bound, 0.0) + step
         if not prefill:
-            decode["time"], decode["steps"] = decode["time"] + step, decode["steps"] + 1
-            decode["seqs"], decode["context"] = decode["seqs"] + len(plan.scheduled), decode["context"] + context
+            decode["time"] += step
+            decode["steps"] += 1
+            decode["seqs"] += len(plan.scheduled)
+            decode["context"] += context
         run.num_steps += 1
         for s in scheduler.finish_step(plan, sampled, clock):
             if int(s.request_id) >= first:

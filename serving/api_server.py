@@ -156,7 +156,8 @@ class APIServer:
                 raise TypeError(f"{name} must be an int, got {value!r}")
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        self.engine, self.host = engine, host
+        self.engine = engine
+        self.host = host
         config = engine.model.config
         self.tokenizer = ByteTokenizer(config.vocab_size) if tokenizer is None else tokenizer
         names = [model_name] if isinstance(model_name, str) else list(model_name or [])
@@ -167,7 +168,8 @@ class APIServer:
         # One request's n takes at most half of the running seats (each sample is a sequence).
         max_n = max(1, engine.scheduler.max_num_seqs // 2) if max_n is None else max_n
         self.served = ServedModel(lab, config, self.tokenizer, tuple(names), max_n)
-        self._closed, self._close_lock = False, threading.Lock()
+        self._closed = False
+        self._close_lock = threading.Lock()
         sock = socket.create_server((host, port))  # a port in use fails here, in the caller
         self.port = sock.getsockname()[1]
         commands_r, commands_w = message_pipe()  # front end -> engine
@@ -278,7 +280,10 @@ class _Frontend:
 
     def __init__(self, served: ServedModel, stream_interval: int = 1, keys: APIKeys | None = None,
                  metrics_keys: APIKeys | None = None):
-        self.served, self.stream_interval, self.keys, self.metrics_keys = served, stream_interval, keys, metrics_keys
+        self.served = served
+        self.stream_interval = stream_interval
+        self.keys = keys
+        self.metrics_keys = metrics_keys
         self.created = int(time.time())
         self.stats = FrontendStats()
         self.connections = Connections(self._route)

@@ -18,7 +18,10 @@ class Histogram:
     """A Prometheus histogram: cumulative bucket counts, sum and count."""
 
     def __init__(self, bounds: Sequence[float]):
-        self.bounds, self.counts, self.sum, self.count = tuple(bounds), [0] * len(bounds), 0.0, 0
+        self.bounds = tuple(bounds)
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+        self.count = 0
 
     def observe(self, value: float) -> None:
         for i, bound in enumerate(self.bounds):
@@ -50,7 +53,8 @@ class StepCounts:
     @classmethod
     def attached(cls, engine) -> StepCounts:
         """Counts for `engine`, told of its scheduler's events after any observer it already had."""
-        counts, previous = cls(engine.allocator.enable_prefix_caching), engine.scheduler.observer
+        counts = cls(engine.allocator.enable_prefix_caching)
+        previous = engine.scheduler.observer
 
         def observe(event) -> None:
             if previous is not None:

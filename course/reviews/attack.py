@@ -110,7 +110,8 @@ def first_token_seconds(port: int, prompt: list[int], key: str | None = None) ->
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         start = time.perf_counter()
         sock.sendall(head + body)
-        reply, first = b"", None
+        reply = b""
+        first = None
         for _ in range(MAX_READS):
             data = sock.recv(65536)
             if not data:

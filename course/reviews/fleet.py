@@ -101,8 +101,8 @@ def _rows(question: FleetQuestion, candidates: list[Candidate], results: list, m
             continue
         row = FleetRow(candidate.label, [result], key=key)
         if result.max_rate > 0:
-            row.replicas, row.gpus = (fleet_size(question.qps, result.max_rate, candidate.tp)[0],), \
-                fleet_size(question.qps, result.max_rate, candidate.tp)[1]
+            replicas, row.gpus = fleet_size(question.qps, result.max_rate, candidate.tp)
+            row.replicas = (replicas,)
             row.usd_per_million = usd_per_million_output_tokens(row.gpus, _price(question, candidate.gpu),
                                                                 question.qps, mean_output)
         rows.append(row)

@@ -41,7 +41,8 @@ class AsyncLLM:
     """
 
     def __init__(self, commands: PipeWriter, outputs: PipeReader):
-        self.commands, self.outputs = commands, outputs
+        self.commands = commands
+        self.outputs = outputs
         self.streams: dict[str, asyncio.Queue] = {}
         self.closing = False
         self.gauges = dict(GAUGES)  # as of the last step (an idle server reports an idle engine)

@@ -99,7 +99,8 @@ class EngineCore:
     def _drop_failed(self, failed: set[str]) -> None:
         """A request the front end failed must not run: drop its add if it has not reached the
         engine yet, else abort it (by `_flush`, before any new command)."""
-        inbox, pending = [], set()
+        inbox = []
+        pending = set()
         for command in self._inbox:
             if isinstance(command, AbortRequest):
                 if command.request_id not in failed:
@@ -158,7 +159,8 @@ class EngineCore:
         self._flush()
 
     def _step(self, commands: list[AddRequests | AbortRequest]) -> tuple[dict[str, tuple], list[StepOutput]]:
-        rejected, outputs = {}, []
+        rejected = {}
+        outputs = []
         for command in commands:
             if isinstance(command, AbortRequest):
                 self.engine.abort_request(command.request_id)

@@ -65,7 +65,9 @@ def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
 def safetensors_bytes(tensors: dict[str, np.ndarray], dtype: str = "F32", align: bool = True) -> bytes:
     raw = {"F32": lambda x: x.astype("<f4").tobytes(), "F16": lambda x: x.astype("<f2").tobytes(),
            "BF16": lambda x: bf16_bits(x).astype("<u2").tobytes()}[dtype]
-    header, blobs, offset = {}, [], 0
+    header = {}
+    blobs = []
+    offset = 0
     for name, x in tensors.items():
         data = raw(np.asarray(x, dtype=np.float32))
         header[name] = {"dtype": dtype, "shape": list(np.shape(x)), "data_offsets": [offset, offset + len(data)]}

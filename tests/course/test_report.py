@@ -42,8 +42,11 @@ class ReportPage(html.parser.HTMLParser):
 
     def __init__(self, text):
         super().__init__(convert_charrefs=True)
-        self.figures, self.scripts, self.outside = {}, 0, []
-        self._figure, self._open = None, []
+        self.figures = {}
+        self.scripts = 0
+        self.outside = []
+        self._figure = None
+        self._open = []
         self.feed(text)
         self.close()
 

@@ -64,7 +64,9 @@ def test_rule8_a_large_body_is_parsed_off_the_event_loop(engine_model, monkeypat
     # The parse of a large body is made to wait until the test has been served a /health: on
     # the event loop it would hold every other client up until its deadline. The two files
     # signal across the front end's process.
-    parsing, released, parse = tmp_path / "parsing", tmp_path / "released", api_server.parse_completion_request
+    parsing = tmp_path / "parsing"
+    released = tmp_path / "released"
+    parse = api_server.parse_completion_request
 
     def held_while_large(*args):
         if len(args[1]) > api_server.INLINE_PARSE_BYTES:
@@ -260,7 +262,8 @@ def test_rule8_a_body_of_one_byte_chunks_is_refused_at_once_and_stalls_no_other_
     # 1 MB as 1-byte chunks is 6 MB on the wire and a million chunks to parse: it must cost the
     # server no more than a few thousand chunks' work, and /health must stay answered meanwhile.
     body = b"1\r\n \r\n" * (1 << 20) + b"0\r\n\r\n"
-    worst, done = [0.0], threading.Event()
+    worst = [0.0]
+    done = threading.Event()
 
     def probe_health():
         for _ in range(1000):

@@ -191,7 +191,8 @@ def test_rule2_a_streamed_stop_string_is_held_back_until_it_cannot_match(byte_se
 @pytest.mark.needs(5)
 def test_rule2_a_stop_string_aborts_the_request_in_the_engine(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
-    outputs, step = [], engine.step
+    outputs = []
+    step = engine.step
 
     def recorded_step():
         out = step()

@@ -250,7 +250,8 @@ def test_a_stream_whose_engine_step_fails_ends_at_its_error_event_and_is_no_succ
     with serving.start_server(engine, lab=lab) as srv:
         complete(srv, prompt=[3, 4], max_tokens=2, temperature=0)  # a stub is named here, not below
         successes = answered(http_call(srv, "GET", "/metrics")[2].decode())
-        forward, calls = engine.model.forward, []
+        forward = engine.model.forward
+        calls = []
 
         def fails_on_the_third_pass(*args, **kwargs):  # the prefill and one decode step give 2 tokens first
             calls.append(1)

@@ -26,7 +26,8 @@ class ChunkTokenizer:
     eos_token_id, special_token_ids = None, frozenset()
 
     def __init__(self, pieces):
-        self.pieces, self.vocab_size = list(pieces), len(pieces)
+        self.pieces = list(pieces)
+        self.vocab_size = len(pieces)
 
     def token_bytes(self, token_id):
         return self.pieces[token_id].encode()
@@ -178,7 +179,8 @@ def test_top_logprobs_keyed_by_text_keep_the_likeliest_of_tokens_spelled_alike(b
     fields = dict(prompt=prompt, max_tokens=1, temperature=0, echo=True, logprobs=1)
     by_text = complete(byte_server, **fields)["choices"][0]["logprobs"]
     by_id = complete(byte_server, **fields, return_tokens_as_token_ids=True)["choices"][0]["logprobs"]
-    tokenizer, alike_and_likelier = ByteTokenizer(256), 0
+    tokenizer = ByteTokenizer(256)
+    alike_and_likelier = 0
     for i in range(1, len(prompt) + 1):  # the first prompt token has no logprobs
         top = {int(key.removeprefix("token_id:")): value for key, value in by_id["top_logprobs"][i].items()}
         spelled = {}

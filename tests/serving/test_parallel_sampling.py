@@ -192,7 +192,8 @@ def test_a_request_with_many_choices_leaves_seats_for_another_client(engine_mode
 def test_a_request_never_has_more_than_max_n_choices_in_the_engine(engine_model, many, caching):
     engine = api_engine(engine_model, enable_prefix_caching=caching)
     with serving.start_server(engine, lab=lab) as srv:  # 8 seats: max_n is 4
-        errors, peak = [], 0
+        errors = []
+        peak = 0
 
         def long_request():
             try:
@@ -307,7 +308,9 @@ def test_a_request_the_engine_refuses_is_one_400_and_none_of_its_samples_counts_
 @pytest.mark.needs(5)
 def test_a_client_that_goes_mid_stream_aborts_every_forked_sample(engine_model):
     engine = api_engine(engine_model, num_blocks=64)
-    aborted, step, abort = [], engine.step, engine.abort_request
+    aborted = []
+    step = engine.step
+    abort = engine.abort_request
 
     def slow_step():  # a step of a real model's length: the hang-up reaches the engine mid-request
         time.sleep(0.01)

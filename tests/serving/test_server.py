@@ -352,7 +352,9 @@ def test_a_stream_is_server_sent_events_each_ended_by_a_blank_line(server):
 @pytest.mark.needs(5)
 def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_return(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
-    outputs, stubs, step = [], [], engine.step
+    outputs = []
+    stubs = []
+    step = engine.step
 
     def slow_recorded_step():  # 5 ms a step: 100 tokens outlast the client by far
         time.sleep(0.005)
@@ -396,7 +398,8 @@ def test_clients_that_end_their_stream_are_aborted_within_a_step_and_never_count
     # 8 clients, each ending its side one of three ways (half-close, close, reset) once all 8 run.
     max_tokens, clients, ways = 100, 8, ["half-close", "close", "reset"]
     engine = lab.LLMEngine(engine_model, num_blocks=256, block_size=4, max_num_seqs=clients)
-    step, produced = engine.step, []
+    step = engine.step
+    produced = []
 
     def slow_step():  # 30 ms a step: a whole answer is 3 s, far longer than the clients stay
         time.sleep(0.03)
@@ -415,7 +418,8 @@ def test_clients_that_end_their_stream_are_aborted_within_a_step_and_never_count
             for _ in range(clients):
                 socks.append(socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT))
                 socks[-1].sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-            deadline, running = time.monotonic() + HTTP_TIMEOUT, 0
+            deadline = time.monotonic() + HTTP_TIMEOUT
+            running = 0
             while time.monotonic() < deadline and running < clients and not any(o.finished for o in produced):
                 running = read_metric(http_call(srv, "GET", "/metrics")[2].decode(), "vllm:num_requests_running")
             assert running == clients, f"the {clients} requests never ran together (running {running})"

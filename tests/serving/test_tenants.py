@@ -379,7 +379,8 @@ def test_serve_with_a_keys_file_answers_its_keys_and_refuses_the_rest(tmp_path):
     # be taken by another process before the server binds it).
     proc = subprocess.Popen([sys.executable, lab.__file__, "serve", "--port", "0", "--api-keys-file", str(keys)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    banner, listening = "", None
+    banner = ""
+    listening = None
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 60)  # the banner, once it listens (bounded)
         banner = proc.stdout.readline() if ready else ""
