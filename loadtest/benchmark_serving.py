@@ -202,8 +202,7 @@ class _ResponseParser:
         self.left = 0
         self.ended = False  # the response's framing has ended: the connection may carry another
         self.decided = False  # `result` is final: [DONE] or an error (the framing may still end)
-        self._line = b""
-        self._error_text = b""
+        self._line, self._error_text = b"", b""  # the line being read, and an error's body
 
     def feed(self, data: bytes) -> None:
         """Parse `data`; b"" is the server closing the connection."""
@@ -236,8 +235,7 @@ class _ResponseParser:
             self.left = int(headers["content-length"])
             self.next = self._sized if self.left else self._end
         else:  # the body ends when the connection does
-            self.next = self._to_close
-            self.keep_alive = False
+            self.next, self.keep_alive = self._to_close, False
         return True
 
     def _chunk_size(self) -> bool:
@@ -252,8 +250,7 @@ class _ResponseParser:
                 return False
             raise ValueError(f"a response chunk of {size} bytes is over the limit of {MAX_RESPONSE_BYTES}")
         del self.buffer[:at + 2]
-        self.left = size
-        self.next = self._chunk if size else self._trailer
+        self.left, self.next = size, (self._chunk if size else self._trailer)
         return True
 
     def _chunk(self) -> bool:
@@ -566,8 +563,7 @@ def run_load(url: str, payloads: Sequence[dict], rate: float, seed: int = 0, tim
 
 def loadtest(lab: ModuleType, url: str, rates: Sequence[float], num_prompts: int,
              workload: str = "sharegpt", seed: int = 0, prompt_format: str = "token-ids", model: str | None = None,
-             max_model_len: int | None = None,
-             slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+             max_model_len: int | None = None, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
              save_workload_path: str | None = None, timeout: float = 300.0, log=print) -> list[dict]:
     """`python solution.py loadtest`: the same workload at each offered rate (ascending); prints
     a table, the chart and the first error, and returns one summary per rate. Works against any
