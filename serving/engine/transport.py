@@ -84,7 +84,7 @@ class PipeWriter(_PipeEnd):
         self._waiting = False  # a writer callback is registered for what is unsent
 
     def attach(self, loop: asyncio.AbstractEventLoop, on_gone) -> None:
-        """From now on never block; `on_gone()` (on the loop) once the engine's end has closed."""
+        """From now on never block; `on_gone()` (on the loop) once the reader's end has closed."""
         os.set_blocking(self.fd, False)
         self._loop, self._on_gone = loop, on_gone
 
