@@ -137,7 +137,8 @@ def stub_hit(excinfo: pytest.ExceptionInfo | None) -> re.Match | None:
     found several distinct failures and raised them as a group, if every one of them is)."""
     if excinfo is None:
         return None
-    errors, found = [excinfo.value], []
+    errors = [excinfo.value]
+    found = []
     while errors:
         error = errors.pop(0)
         if getattr(error, "exceptions", None):  # an exception group: look at its members
@@ -394,7 +395,9 @@ def write_grade(path: str, rows: list[dict]) -> None:
     for number, title in EXERCISES.items():
         row = ran.get(number)
         if row is None:
-            passed, total, output = 0, 0, "no test of this exercise ran (was it deselected with -m or -k?)"
+            passed = 0
+            total = 0
+            output = "no test of this exercise ran (was it deselected with -m or -k?)"
         else:
             passed, total, failed = row["passed"], row["total"], row["failed"]
             more = [f"... and {len(failed) - GRADE_FAILURES} more failed tests"] if len(failed) > GRADE_FAILURES else []

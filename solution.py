@@ -8,10 +8,10 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    0. Conventions                              40-153       checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          154-506      blocks, allocator, block tables, prefix cache (Ex. 1-3)
    2. The model and the paged attention path   507-1207     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1208-2013    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     2014-2349    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2350-2694    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2695-2718    the list of exercises, and `__main__`
+   3. Continuous batching                      1208-2017    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     2018-2353    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2354-2699    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2700-2724    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -1714,7 +1714,8 @@ class StaticBatchScheduler(Scheduler):
 
     def _worst_case(self, seq: SequenceState) -> int:
         """Blocks a request and the samples it forks may take: they share the prompt's full blocks."""
-        prompt, size = len(seq.prompt_token_ids), self.allocator.block_size
+        prompt = len(seq.prompt_token_ids)
+        size = self.allocator.block_size
         worst = blocks_needed(prompt + seq.sampling.max_tokens, size)
         return worst + (seq.num_samples - 1) * (worst - prompt // size)
 
@@ -1928,9 +1929,13 @@ class LLMEngine:
         """Schedule, run, update, emit: what is new for every request since its last output (a finished
         one is reported once, then forgotten). If the model or the sampler raises, the step's sequences
         finish as "error" (blocks freed), the error propagates, and the next step reports them."""
+        self._run_step()
+        return self._emit()
+
+    def _run_step(self) -> None:
+        """Schedule, run, update: one step of every request in flight (vLLM's EngineCore.step)."""
         plan = self.scheduler.plan_step()
         self.scheduler.finish_step(plan, self._execute(plan), time.perf_counter())
-        return self._emit()
 
     def _execute(self, plan: SchedulerOutput) -> dict[str, int]:
         """The forward pass and the sampler; on an error the step's sequences finish as "error"."""
@@ -2002,8 +2007,7 @@ class LLMEngine:
         seqs = [self._add(request) for request in self._checked_requests(prompts, sampling)]
         try:
             while not all(seq.finish_reason for seq in seqs):
-                plan = self.scheduler.plan_step()
-                self.scheduler.finish_step(plan, self._execute(plan), time.perf_counter())
+                self._run_step()  # not step(): it would report (and forget) the requests add_request queued
         except BaseException:
             for seq in seqs:
                 self.abort_request(seq.request_id)
@@ -2483,7 +2487,8 @@ def with_kv_cache_dtype(model: ModelSpec | str, kv_cache_dtype: str) -> ModelSpe
     if not (isinstance(kv_cache_dtype, str) and kv_cache_dtype in PLAN_KV_CACHE_DTYPES):
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, PLAN_KV_CACHE_DTYPES))}, "
                          f"got {kv_cache_dtype!r}")
-    model, element = get_model(model), PLAN_KV_CACHE_DTYPES[kv_cache_dtype]  # "auto": None, as is
+    model = get_model(model)
+    element = PLAN_KV_CACHE_DTYPES[kv_cache_dtype]  # "auto": None, as is
     return model if element is None else dataclasses.replace(model, kv_dtype_bytes=element)
 
 
@@ -2713,6 +2718,7 @@ EXERCISES = {
 
 
 if __name__ == "__main__":
+    import __main__  # this file, run as the program: the module the command line is handed
     import course
 
-    raise SystemExit(course.main(sys.modules[__name__]))
+    raise SystemExit(course.main(__main__))

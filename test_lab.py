@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant
 
 from conftest import lab
-from serving import metrics
+from measure import latency
 
 # =====================================================================================
 # Shared references and helpers: the models the tests run, and the plain references
@@ -80,7 +80,8 @@ def must_raise(exception, message, match=None):
 
 def greedy_reference(model, prompt, max_tokens, stop_token_ids=()):
     """The reference: one prompt, no cache, no batch: argmax of forward_dense, token by token."""
-    tokens, out = list(prompt), []
+    tokens = list(prompt)
+    out = []
     for _ in range(max_tokens):
         token = int(np.argmax(model.forward_dense(tokens)[-1]))
         out.append(token)
@@ -1115,7 +1116,8 @@ def kernel_slip(q, seqs_k, seqs_v, out, lens, block_size):
         ref = dense_attention_reference(q[b] * np.float32(scale), seqs_k[b][:tokens], seqs_v[b][:tokens])
         return np.allclose(got, ref, rtol=1e-4, atol=1e-4)
     for b, n in enumerate(lens):
-        got, whole = out[b], n // block_size * block_size
+        got = out[b]
+        whole = n // block_size * block_size
         if matches(b, got) or not len(seqs_k[b]):
             continue
         if matches(b, got, scale=math.sqrt(q.shape[-1])):
@@ -1508,7 +1510,8 @@ def test_rollback_frees_blocks_and_leaves_no_stale_kv(spec_target):
 
 def record_schedules(engine):
     """Wrap the engine's scheduler so every SchedulerOutput it plans is kept."""
-    plans, schedule = [], engine.scheduler.schedule
+    plans = []
+    schedule = engine.scheduler.schedule
 
     def recording():
         plan = schedule()
@@ -1957,7 +1960,7 @@ BLOCK_PROMPTS = st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_s
 @pytest.mark.exercise5
 @settings(max_examples=25)
 @given(blocks=SHARED_BLOCKS, shapes=BLOCK_PROMPTS)
-@example(blocks=[[1, 2, 3, 4], [5, 6, 7, 8]], shapes=[([0, 1], []), ([1, 0], [])])  # issue 45's [A, B], then [B, A]
+@example(blocks=[[1, 2, 3, 4], [5, 6, 7, 8]], shapes=[([0, 1], []), ([1, 0], [])])  # [A, B], then [B, A]
 def test_prompts_of_shared_blocks_in_any_order_or_repetition_give_the_uncached_engines_tokens(engine_model, blocks,
                                                                                              shapes):
     prompts = [[t for i in order for t in blocks[i % len(blocks)]] + tail for order, tail in shapes]
@@ -1984,7 +1987,8 @@ def drain(engine, wholes, max_steps=500):
 
 def fail_forward(engine, monkeypatch, on_call=1):
     """From now on the engine's model raises FloatingPointError on its `on_call`-th forward pass."""
-    forward, calls = engine.model.forward, []
+    forward = engine.model.forward
+    calls = []
 
     def failing(*args, **kwargs):
         calls.append(1)
@@ -2049,7 +2053,8 @@ def test_a_seeded_sampled_request_gives_the_same_tokens_alone_and_in_a_large_bat
 @pytest.mark.parametrize("temperature", [0.5, 2.0])
 def test_seeded_sampling_draws_from_softmax_of_logits_over_the_temperature(engine_model, temperature):
     prompt, seed, n = random_prompts(1, seed=23)[0], 77, 12
-    rng, tokens = np.random.default_rng(seed), list(prompt)  # the reference: no cache, no batch
+    rng = np.random.default_rng(seed)  # the reference: no cache, no batch
+    tokens = list(prompt)
     for _ in range(n):
         logits = engine_model.forward_dense(tokens)[-1].astype(np.float64) / temperature
         p = np.exp(logits - logits.max())
@@ -2271,7 +2276,7 @@ def test_engine_metrics_follow_the_vllm_benchmark_definitions(engine_model):
                "per token after the first (a prefill chunk that samples nothing is no token)")
         assert m.tpot == pytest.approx((m.e2e_latency - m.ttft) / (n - 1)), rule(5, "TPOT = (E2E - TTFT) / (n - 1)")
         assert m.ttft + sum(m.itl) == pytest.approx(m.e2e_latency), rule(5, "TTFT + the ITLs = E2E latency")
-    summary = metrics.summarize_serving(outputs, duration=1.0)
+    summary = latency.summarize_serving(outputs, duration=1.0)
     assert summary["num_output_tokens"] == 48 and summary["output_throughput"] == 48, rule(
         5, "8 requests of 6 tokens in 1 s: 48 output tokens, 48 per second")
     assert summary["p50_ttft"] <= summary["p99_ttft"], rule(5, "the median TTFT is at most the 99th percentile")
@@ -2365,7 +2370,8 @@ def test_a_request_that_forks_takes_a_seat_for_each_of_its_samples(engine_model,
     engine = lab.LLMEngine(engine_model, block_size=4, max_num_seqs=4, scheduling=scheduling)
     for i, prompt in enumerate(random_prompts(3, seed=43, low=5, high=12)):  # 3 x 2 samples for 4 seats
         engine.add_request(prompt, lab.SamplingParams(temperature=1.0, max_tokens=5, seed=i), n=2)
-    most, wholes = 0, {}
+    most = 0
+    wholes = {}
     for _ in range(200):
         if not engine.has_unfinished():
             break
@@ -2567,7 +2573,9 @@ def target_and_draft(draw):
 # TARGET[c] after token c) and a different chain for the draft (DRAFT[c]). Target rows prefer
 # high ids, draft rows low ids, each rolled by the context so rows differ: a wrong row or context
 # (e.g. drafts kept after a rejection changed the context) shows in the pair distribution.
-V8, START, NUM_SAMPLES = 8, 0, 4000
+V8 = 8
+START = 0
+NUM_SAMPLES = 4000
 TARGET = np.stack([np.roll(normalised([1, 1, 2, 2, 3, 4, 5, 6]), c) for c in range(V8)])
 DRAFT = np.stack([np.roll(normalised([6, 5, 4, 3, 2, 2, 1, 1]), 3 * c) for c in range(V8)])
 
@@ -2623,7 +2631,8 @@ def test_residual_falls_back_to_p_when_p_equals_q():
                                                       "is a valid entry, and p == q gives p whatever its entries")):
         with np.errstate(all="raise"):  # a division by zero or a 0/0 raises here, not a warning and NaN later
             try:
-                r, error = lab.residual_distribution(p, p.copy()), None
+                r = lab.residual_distribution(p, p.copy())
+                error = None
             except FloatingPointError as exc:
                 error = exc  # failed below, outside the handler: the rule comes first, not this traceback
         if error is not None:
@@ -2806,9 +2815,12 @@ def speculate(target, draft, prompt, sampling, k):
 def speculative_reference(target, draft, prompt, sampling, k):
     """speculative_generate as its docstring says, on forward_dense (no cache) with lab.accept_or_resample
     and one generator for the whole run: the tokens, and the drafts accepted per round."""
-    rng, out, accepted = np.random.default_rng(sampling.seed), [], []
+    rng = np.random.default_rng(sampling.seed)
+    out = []
+    accepted = []
     while len(out) < sampling.max_tokens and not set(sampling.stop_token_ids) & set(out):
-        n, drafts, q = min(k, sampling.max_tokens - len(out) - 1), [], []
+        n = min(k, sampling.max_tokens - len(out) - 1)
+        drafts, q = [], []
         for _ in range(n):
             q.append(lab.token_probs(draft.forward_dense(prompt + out + drafts)[-1], sampling.temperature))
             drafts.append(int(rng.choice(len(q[-1]), p=q[-1])))
@@ -2833,7 +2845,8 @@ def test_target_passes_match_the_accept_counts(spec_target, k, max_tokens):
         7, f"{len(out.token_ids)} tokens for max_tokens={max_tokens} ({out.num_target_passes} rounds, each its "
            f"accepted drafts + one token, {out.num_accepted} accepted): a round drafts min(k, tokens still wanted - 1) "
            "tokens, so no round emits past max_tokens, and the prefill emits nothing")
-    wanted, expected_drafts = max_tokens, 0
+    wanted = max_tokens
+    expected_drafts = 0
     for accepted in out.accepted_per_pass:
         expected_drafts += min(k, wanted - 1)
         wanted -= accepted + 1
@@ -2893,7 +2906,8 @@ def test_greedy_speculation_with_an_always_wrong_draft_still_equals_the_target(s
 def test_the_target_verifies_each_round_in_one_forward_pass():
     target = lab.ToyTransformer(lab.ModelConfig(**SPEC_TARGET), seed=1)  # our own instance: we wrap its forward
     draft = lab.make_self_draft(target, 1)
-    calls, forward = [], target.forward
+    calls = []
+    forward = target.forward
 
     def counting_forward(*args, **kwargs):
         calls.append(1)

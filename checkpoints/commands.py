@@ -83,7 +83,9 @@ def _plain_decode(lab: ModuleType, model, prompt: Sequence[int], num_tokens: int
     table = lab.BlockTable(lab.BlockAllocator(num_blocks, block_size))
     cache = lab.KVCache(model.config, num_blocks, block_size)
     rng = np.random.default_rng(seed)
-    tokens, out, times = list(prompt), [], [time.perf_counter()]
+    tokens = list(prompt)
+    out = []
+    times = [time.perf_counter()]
     computed = 0
     while len(out) < num_tokens:
         cache.copy_blocks(table.append_tokens(tokens[computed:]))

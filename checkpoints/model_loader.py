@@ -154,7 +154,9 @@ def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]
     nearest even), in name order, with the header padded so the data starts 8-byte aligned."""
     if dtype not in ("F32", "F16", "BF16"):
         raise ValueError(f"dtype must be 'F32', 'F16' or 'BF16', got {dtype!r}")
-    blobs, header, offset = [], {}, 0
+    blobs = []
+    header = {}
+    offset = 0
     for name in sorted(tensors):
         x = np.ascontiguousarray(tensors[name], dtype=np.float32)
         if dtype == "F32":

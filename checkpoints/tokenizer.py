@@ -279,7 +279,8 @@ class GPT2Tokenizer:
             pair = min(zip(parts, parts[1:]), key=lambda p: self._ranks.get(p, math.inf))
             if pair not in self._ranks:
                 break
-            merged, i = [], 0
+            merged = []
+            i = 0
             while i < len(parts):
                 if i + 1 < len(parts) and (parts[i], parts[i + 1]) == pair:
                     merged.append(parts[i] + parts[i + 1])

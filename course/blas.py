@@ -34,7 +34,8 @@ def openblas_threads() -> tuple[Callable[[], int], Callable[[int], None]] | None
             get = getattr(library, f"{prefix}_get_num_threads{suffix}", None)
             put = getattr(library, f"{prefix}_set_num_threads{suffix}", None)
             if get is not None and put is not None:
-                get.restype, put.argtypes = ctypes.c_int, [ctypes.c_int]
+                get.restype = ctypes.c_int
+                put.argtypes = [ctypes.c_int]
                 return get, put
     return None
 

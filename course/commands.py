@@ -17,6 +17,7 @@ from checkpoints.commands import checkpoint_engine, generate_text, speculate_che
 from loadtest.benchmark_serving import loadtest, server_model_card
 from loadtest.costmodel import CPU_OVERHEAD_S
 from loadtest.datasets import LOAD_WORKLOADS
+from loadtest.fleet_search import SLO, FleetQuestion
 from serving.api_server import APIKeys, read_api_keys_file, serve
 
 from .arguments import exercise_number, hint_level, positive, preset_names, prices, rates
@@ -29,7 +30,6 @@ from .pages.trace_workloads import WORKLOADS
 from .quiz import run_quiz
 from .reviews.attack import AttackQuestion, run_attack
 from .reviews.fleet import NoCandidateMeets, run_fleet
-from .reviews.fleet_search import SLO, FleetQuestion
 from .reviews.scenarios import run_all_scenarios, scenario_batching, scenario_speculate
 from .reviews.sizing import SEED_SIZING, scenario_size
 from .reviews.stacks import scenario_stack
@@ -329,11 +329,12 @@ def _serve(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
                                    seed=args.seed, num_threads=args.num_threads)
         engine = lab.LLMEngine(model, max_num_seqs=args.max_num_seqs or 64,
                                **options)
-        tokenizer, names = None, args.served_model_name
+        tokenizer = None
+        names = args.served_model_name
     # Garbled text is what random weights write: say so before a client sees it.
     note = None if args.model else (f"the model's weights are random (--seed {args.seed}), so its text is "
                                     "noise; --model DIR serves a GPT-2 checkpoint (docs/checkpoints.md)")
-    if not serve(engine, args.host, args.port, args.duration, note=note, tokenizer=tokenizer,
+    if not serve(engine, args.host, args.port, args.duration, note=note, lab=lab, tokenizer=tokenizer,
                  model_name=names, stream_interval=args.stream_interval, max_n=args.max_n, api_keys=api_keys,
                  metrics_api_key=args.metrics_api_key):
         run.parser.exit(1, f"{run.prog} serve: error: the server's HTTP front end stopped, so the server did\n")

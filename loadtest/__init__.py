@@ -5,6 +5,7 @@ workloads, and the model-free step simulator that predicts such runs from the mo
     benchmark_serving.py  Poisson arrivals, vLLM's latency definitions    vllm/benchmarks/serve.py
     datasets.py           synthetic traffic and load-test workloads       vllm/benchmarks/datasets.py
     simulator.py          each scheduled step costed by a model           (none: vLLM benchmarks the engine)
+    fleet_search.py       a replica's largest rate within a p99 SLO       (none: vLLM benchmarks the engine)
     costmodel.py          a step's cost: roofline, measured operators, or a fit  Vidur's execution_time_predictor/
     vidur_profile.json    the measured cost's coefficients (tools/fleet/fit_vidur.py)   Vidur's data/profiling/
 """

@@ -30,7 +30,7 @@ from types import ModuleType
 
 import numpy as np
 
-from serving.metrics import latency_percentiles
+from measure.latency import summarize_latencies
 
 from .datasets import WorkloadRequest, make_workload, poisson_arrival_times, save_workload
 
@@ -75,11 +75,7 @@ def summarize_load(lab: ModuleType, results: Sequence[StreamResult], duration: f
     summary = {"completed": len(metrics), "failed": len(results) - len(metrics), "duration": duration,
                "output_tokens": num_out, "request_throughput": per_second(len(metrics)),
                "output_throughput": per_second(num_out), "goodput": per_second(len(good))}
-    summary |= latency_percentiles([m.ttft for _, m in metrics], "ttft")
-    summary |= latency_percentiles([m.tpot for r, m in metrics if r.num_output_tokens > 1], "tpot")
-    summary |= latency_percentiles([gap for _, m in metrics for gap in m.itl], "itl")
-    summary |= latency_percentiles([m.e2e_latency for _, m in metrics], "e2e")
-    return summary
+    return summary | summarize_latencies([(r.num_output_tokens, m) for r, m in metrics])
 
 
 def find_knee(rates: Sequence[float], p99_ttfts: Sequence[float], factor: float = 3.0) -> float | None:
@@ -197,13 +193,16 @@ class _ResponseParser:
     connection closed mid-response."""
 
     def __init__(self, result: StreamResult, max_lines: int):
-        self.result, self.lines_left = result, max_lines
+        self.result = result
+        self.lines_left = max_lines
         self.buffer = bytearray()
         self.next = self._head  # what to parse next; returns False when it needs more bytes
-        self.status, self.keep_alive, self.left = 0, False, 0
+        self.status = 0
+        self.keep_alive = False
+        self.left = 0
         self.ended = False  # the response's framing has ended: the connection may carry another
         self.decided = False  # `result` is final: [DONE] or an error (the framing may still end)
-        self._line, self._error_text = b"", b""
+        self._line, self._error_text = b"", b""  # the line being read, and an error's body
 
     def feed(self, data: bytes) -> None:
         """Parse `data`; b"" is the server closing the connection."""
@@ -325,11 +324,15 @@ class _Exchange:
 
     def __init__(self, client: LoadClient, sock: socket.socket, reused: bool, request: bytes,
                  result: StreamResult, max_lines: int):
-        self.client, self.sock, self.reused = client, sock, reused
+        self.client = client
+        self.sock = sock
+        self.reused = reused
         self.unsent = memoryview(request)
-        self.result, self.parser = result, _ResponseParser(result, max_lines)
+        self.result = result
+        self.parser = _ResponseParser(result, max_lines)
         self.deadline = result.send_time + client.timeout
-        self.connected, self.received = reused, False
+        self.connected = reused
+        self.received = False
 
     def ready(self) -> None:
         """The socket is writable (connecting, sending) or readable (the response)."""
@@ -380,7 +383,8 @@ class LoadClient:
     def __init__(self, url: str, timeout: float):
         parts = urllib.parse.urlsplit(url)
         self.host, self.port, self.path = parts.hostname, parts.port or 80, parts.path.rstrip("/")
-        self.netloc, self.timeout = parts.netloc, timeout
+        self.netloc = parts.netloc
+        self.timeout = timeout
         self.address: tuple | None = None  # resolved at the first new connection
         self.selector = selectors.DefaultSelector()
         self.idle: list[tuple[socket.socket, float]] = []  # (connection, idle since), most recent last
@@ -559,8 +563,7 @@ def run_load(url: str, payloads: Sequence[dict], rate: float, seed: int = 0, tim
 
 def loadtest(lab: ModuleType, url: str, rates: Sequence[float], num_prompts: int,
              workload: str = "sharegpt", seed: int = 0, prompt_format: str = "token-ids", model: str | None = None,
-             max_model_len: int | None = None,
-             slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+             max_model_len: int | None = None, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
              save_workload_path: str | None = None, timeout: float = 300.0, log=print) -> list[dict]:
     """`python solution.py loadtest`: the same workload at each offered rate (ascending); prints
     a table, the chart and the first error, and returns one summary per rate. Works against any
@@ -580,7 +583,8 @@ def loadtest(lab: ModuleType, url: str, rates: Sequence[float], num_prompts: int
     log(f"{url} model {model}: {num_prompts} {workload} requests (mean {mean_in:.0f} in / {mean_out:.0f} out "
         f"tokens, {prompt_format} prompts) per rate")
     rates = sorted(rates)
-    summaries, first_error = [], None
+    summaries = []
+    first_error = None
     for rate in rates:
         results, duration = run_load(url, payloads, rate, seed, timeout)
         summaries.append(summarize_load(lab, results, duration, None if slo_ttft_ms is None else slo_ttft_ms / 1e3,

@@ -2,7 +2,7 @@
 Exercise 8's roofline or from the GPUs' published operator times, or fitted to steps measured on
 this machine.
 
-The simulator (simulator.py, and `fleet`'s search in course/reviews/fleet_search.py) asks one
+The simulator (simulator.py, and `fleet`'s search in fleet_search.py) asks one
 question of a cost model: how many seconds does a step take that runs `num_tokens` new tokens and
 reads `num_context_tokens` tokens of K/V? Three answers live here:
 

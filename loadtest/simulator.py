@@ -16,7 +16,7 @@ from types import ModuleType
 
 import numpy as np
 
-from serving.metrics import summarize_serving
+from measure.latency import summarize_serving
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +117,10 @@ def simulate_serving(lab: ModuleType, workload: Sequence[tuple[float, int, int]]
     seqs: list = [None] * len(workload)  # the module's SequenceStates
     step_clock: dict[str, list[int]] = {}  # request id -> [arrival step, token steps...]
     slot_of: dict[str, int] = {}
-    clock, timeline, wasted, num_steps = 0.0, [], 0, 0
+    clock = 0.0
+    timeline = []
+    wasted = 0
+    num_steps = 0
     while arrivals or scheduler.has_unfinished():
         if not scheduler.has_unfinished() and workload[arrivals[0]][0] > clock:
             clock = workload[arrivals[0]][0]  # idle: jump to the next arrival

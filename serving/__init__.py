@@ -10,7 +10,7 @@ Nothing here imports `solution` or `lab` by name: it is handed an engine of eith
     serving_completion.py   the completions endpoint's choices              .../openai/serving_completion.py
     serving_chat.py         chat messages, the plain template, the choices  .../openai/serving_chat.py, chat_utils.py
     serving_tokenization.py /tokenize and /detokenize                       .../openai/serving_tokenization.py
-    async_llm.py            engine thread <-pipes-> HTTP front end process  vllm/v1/engine/async_llm.py, core.py
+    engine/                 engine thread <-pipes-> HTTP front end process  vllm/v1/engine/async_llm.py, core.py
     sampling.py             vLLM's sampling extras as logits processors     vllm/v1/sample/
     output.py               tokens to text: detokenizing, stop strings      vllm/v1/engine/output_processor.py
     metrics.py              Prometheus text under vLLM's names              vllm/v1/metrics/

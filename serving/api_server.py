@@ -10,12 +10,12 @@ vLLM's metric names), so the load generator (`benchmark_serving.py`) and OpenAI'
 library talk to it as to a vLLM deployment.
 
 Where each job lives: the engine stays in the caller's process, stepped by a thread of its own
-(`async_llm.EngineCore`); the HTTP front end runs in a forked process (`async_llm` says why):
+(`engine/core.py`'s EngineCore); the HTTP front end runs in a forked process (`engine/` says why):
 its connections and framing are `http_server.py`'s, a request's fields `protocol.py`'s (a chat's
 messages `serving_chat.py`'s), running it and answering `serving_engine.py`'s (with the choices of
 `serving_completion.py` and `serving_chat.py`), and tokens to text `output.py`'s. The server is
-handed the engine, never the module by name: `sys.modules` gives the module the engine's class
-lives in, so `python lab.py serve` serves the student's own code.
+handed the engine and its module (`lab`: whose Request, SamplingParams and checks the engine
+runs), never the module by name, so `python lab.py serve` serves the student's own code.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import hashlib
 import hmac
 import json
 import logging
-import multiprocessing
 import os
 import secrets
 import signal
@@ -37,12 +36,15 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from multiprocessing.connection import Connection
+from types import ModuleType
 
 from checkpoints.tokenizer import ByteTokenizer
 
 from . import sampling, serving_tokenization
-from .async_llm import AsyncLLM, CommandWriter, EngineCore, Ready, Shutdown, StartupError, command_pipe
+from .engine.async_llm import AsyncLLM
+from .engine.core import EngineCore
+from .engine.messages import Ready, Shutdown, StartupError
+from .engine.transport import PipeReader, PipeWriter, message_pipe
 from .http_server import Connection as ClientConnection
 from .http_server import Connections, HTTPRequest, Sink
 from .metrics import prometheus_text
@@ -134,16 +136,16 @@ def read_api_keys_file(path: str) -> dict[str, str]:
 
 
 class APIServer:
-    """An OpenAI-compatible server for one LLMEngine (see start_server): the engine stays in
-    this process, stepped by a thread of its own, and the HTTP front end runs in a forked child
-    process (`async_llm` says why), or in a thread where there is no fork.
+    """An OpenAI-compatible server for one LLMEngine of the module `lab` (see start_server): the
+    engine stays in this process, stepped by a thread of its own, and the HTTP front end runs in a
+    forked child process (`engine/` says why), or in a thread where there is no fork.
 
     `.url`, `.port`, `.model_name` (the first served name), `.tokenizer`; `.close()` stops
     accepting, drops idle connections, ends every request in flight (503) and aborts it in the
     engine, and waits for both sides to end; it is idempotent. A context manager.
     """
 
-    def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
+    def __init__(self, engine, host: str = "127.0.0.1", port: int = 0, *, lab: ModuleType, tokenizer=None,
                  model_name: str | Sequence[str] | None = None, stream_interval: int = 1, max_n: int | None = None,
                  api_keys: Mapping[str, str] | None = None, metrics_api_key: str | None = None):
         self.keys = None if api_keys is None else APIKeys(api_keys)
@@ -154,7 +156,8 @@ class APIServer:
                 raise TypeError(f"{name} must be an int, got {value!r}")
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        self.engine, self.host = engine, host
+        self.engine = engine
+        self.host = host
         config = engine.model.config
         self.tokenizer = ByteTokenizer(config.vocab_size) if tokenizer is None else tokenizer
         names = [model_name] if isinstance(model_name, str) else list(model_name or [])
@@ -164,12 +167,13 @@ class APIServer:
         self.model_name = names[0]
         # One request's n takes at most half of the running seats (each sample is a sequence).
         max_n = max(1, engine.scheduler.max_num_seqs // 2) if max_n is None else max_n
-        self.served = ServedModel(sys.modules[type(engine).__module__], config, self.tokenizer, tuple(names), max_n)
-        self._closed, self._close_lock = False, threading.Lock()
+        self.served = ServedModel(lab, config, self.tokenizer, tuple(names), max_n)
+        self._closed = False
+        self._close_lock = threading.Lock()
         sock = socket.create_server((host, port))  # a port in use fails here, in the caller
         self.port = sock.getsockname()[1]
-        commands_r, commands_w = command_pipe()
-        outputs_r, outputs_w = multiprocessing.Pipe(duplex=False)
+        commands_r, commands_w = message_pipe()  # front end -> engine
+        outputs_r, outputs_w = message_pipe()  # engine -> front end
         self._pipes = [commands_r, outputs_w]  # this process's ends, closed by close()
         # The whole API whatever the engine was built with: the processors it lacks are installed
         # until close() (an engine handed over without them would refuse logprobs, penalties...).
@@ -201,7 +205,7 @@ class APIServer:
                                               daemon=True)
             self._frontend.start()
             self._pipes += args[1:]  # the front end's too (it closes the socket itself)
-        self._core = EngineCore(engine, commands_r, outputs_w)
+        self._core = EngineCore(self.served.lab, engine, commands_r, outputs_w)
         self._core.start()
 
     @property
@@ -271,18 +275,21 @@ class _ForkedFrontend:
 
 class _Frontend:
     """The HTTP side: every connection, request and token, on one asyncio loop; talks to the
-    engine only through `async_llm.AsyncLLM`. Built in the caller's process, run by `main` in
+    engine only through `engine/async_llm.py`'s AsyncLLM. Built in the caller's process, run by `main` in
     the front end's process (or thread)."""
 
     def __init__(self, served: ServedModel, stream_interval: int = 1, keys: APIKeys | None = None,
                  metrics_keys: APIKeys | None = None):
-        self.served, self.stream_interval, self.keys, self.metrics_keys = served, stream_interval, keys, metrics_keys
+        self.served = served
+        self.stream_interval = stream_interval
+        self.keys = keys
+        self.metrics_keys = metrics_keys
         self.created = int(time.time())
         self.stats = FrontendStats()
         self.connections = Connections(self._route)
         self._logged: set[str] = set()  # ignored field names already logged
 
-    def main(self, sock: socket.socket, commands: CommandWriter, outputs: Connection, own_process: bool) -> None:
+    def main(self, sock: socket.socket, commands: PipeWriter, outputs: PipeReader, own_process: bool) -> None:
         if own_process:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's; it closes the server
             _close_fds_except(sock, commands, outputs)
@@ -302,7 +309,7 @@ class _Frontend:
             loop.close()
             sock.close()
 
-    async def _serve(self, sock: socket.socket, commands: CommandWriter, outputs: Connection) -> None:
+    async def _serve(self, sock: socket.socket, commands: PipeWriter, outputs: PipeReader) -> None:
         self._stop = asyncio.Event()
         self._parser = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="parse")
         self.bridge = AsyncLLM(commands, outputs)
@@ -403,12 +410,13 @@ def _has_fileno(stream) -> bool:
         return False
 
 
-def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=None,
+def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, lab: ModuleType, tokenizer=None,
                  model_name: str | Sequence[str] | None = None, stream_interval: int = 1,
                  max_n: int | None = None, api_keys: Mapping[str, str] | None = None,
                  metrics_api_key: str | None = None) -> APIServer:
-    """Serve `engine` over HTTP from a background thread (port 0: any free port) and return the
-    handle once it accepts connections. The server owns the engine until `close()`.
+    """Serve `engine`, an LLMEngine of the module `lab` (whose Request, SamplingParams and checks it
+    runs), over HTTP from a background thread (port 0: any free port) and return the handle once it
+    accepts connections. The server owns the engine until `close()`.
     `tokenizer`: encodes string prompts and decodes outputs (None: a ByteTokenizer of the model's
     vocabulary); `model_name`: the id clients name, or several (vLLM's --served-model-name; the
     first is the one responses carry; None: one made of the model's shape); `stream_interval`:
@@ -430,17 +438,16 @@ def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, tokenizer=No
     `metrics_api_key`: the key /metrics asks for (None: open, as vLLM leaves it). Its prefix-cache
     counters tell a caller whether a prompt it sent was cached, so without per-tenant salts whether
     anyone sent it before: a scraper's key, given to operators, which no tenant's key replaces."""
-    return APIServer(engine, host, port, tokenizer=tokenizer, model_name=model_name,
-                            stream_interval=stream_interval, max_n=max_n, api_keys=api_keys,
-                            metrics_api_key=metrics_api_key)
+    return APIServer(engine, host, port, lab=lab, tokenizer=tokenizer, model_name=model_name,
+                     stream_interval=stream_interval, max_n=max_n, api_keys=api_keys, metrics_api_key=metrics_api_key)
 
 
 def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None, note: str | None = None,
-          **options) -> bool:
-    """`python solution.py serve`: run the server (`options` as start_server's) until Ctrl-C, or for
-    `duration` seconds; `note`, a line for the banner. False if its front end ended of itself
+          *, lab: ModuleType, **options) -> bool:
+    """`python solution.py serve`: run the server (`lab` and `options` as start_server's) until Ctrl-C,
+    or for `duration` seconds; `note`, a line for the banner. False if its front end ended of itself
     first (killed, or failed): a server nobody can reach must not run on."""
-    with start_server(engine, host, port, **options) as server:
+    with start_server(engine, host, port, lab=lab, **options) as server:
         print(f"serving {', '.join(server.served.names)} at {server.url}  (POST /v1/completions "
               f"/v1/chat/completions /tokenize /detokenize, GET /v1/models /health /metrics /tokenizer_info; "
               f"Ctrl-C stops)", flush=True)

@@ -135,7 +135,8 @@ class Connection:
         CRLF, data, CRLF; a chunk of size 0; trailer lines (read and dropped); a blank line. A
         chunk that would take the body over `limit` bytes (413), or past MAX_CHUNKS chunks (400),
         is refused before it is read."""
-        body, chunks = bytearray(), 0
+        body = bytearray()
+        chunks = 0
         while True:
             size = self._chunk_size(await self.read_line(MAX_CHUNK_LINE_BYTES))
             if size == 0:
@@ -199,7 +200,8 @@ class Connection:
         if not self.writer.can_write_eof():
             return
         self.writer.write_eof()
-        loop, dropped = asyncio.get_running_loop(), 0
+        loop = asyncio.get_running_loop()
+        dropped = 0
         deadline = loop.time() + LINGER_S
         try:
             while dropped <= LINGER_MAX_BYTES and loop.time() < deadline:
@@ -252,7 +254,8 @@ class Sink:
     or delimited by closing the connection (an HTTP/1.0 stream)."""
 
     def __init__(self, conn: Connection, request: HTTPRequest):
-        self.conn, self.request = conn, request
+        self.conn = conn
+        self.request = request
         self.keep_alive = request.keep_alive
         self.started = False
         self.chunked = False
@@ -339,7 +342,8 @@ class Connections:
         request has its word (a response, or an error: 400, 408, 431, 503)."""
         idle_timeout = READ_TIMEOUT_S  # for the first request; KEEP_ALIVE_TIMEOUT_S for each next one
         while not self.stopping:
-            conn.idle, conn.heard = True, bool(conn.buffer)
+            conn.idle = True
+            conn.heard = bool(conn.buffer)
             try:
                 if not conn.buffer and not await asyncio.wait_for(conn.fill(), idle_timeout):
                     return  # the client ended a connection with no request begun
@@ -360,7 +364,8 @@ class Connections:
                 if conn.buffer.strip():  # a request had begun to arrive: it is owed an answer
                     conn.writer.write(error_response(SHUTTING_DOWN))
                 raise
-            conn.idle, idle_timeout = False, KEEP_ALIVE_TIMEOUT_S
+            conn.idle = False
+            idle_timeout = KEEP_ALIVE_TIMEOUT_S
             if not await self._one_request(conn, head):
                 return
 

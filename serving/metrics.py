@@ -1,13 +1,10 @@
-"""Serving metrics (vLLM: `vllm/v1/metrics/`, and its benchmark's summaries): the percentile
-tables of a serving run, a Prometheus histogram, and the text exposition of the server's gauges
-and counters under vLLM's names."""
+"""Serving metrics (vLLM: `vllm/v1/metrics/`): a Prometheus histogram, the engine's per-step
+counters, and the text exposition of the server's gauges and counters under vLLM's names. The
+percentiles of a serving run are `measure/latency.py`'s."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-
-import numpy as np
 
 # vLLM's TTFT histogram uses buckets of this shape (ms to tens of seconds); these are the lab's own.
 TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -21,7 +18,10 @@ class Histogram:
     """A Prometheus histogram: cumulative bucket counts, sum and count."""
 
     def __init__(self, bounds: Sequence[float]):
-        self.bounds, self.counts, self.sum, self.count = tuple(bounds), [0] * len(bounds), 0.0, 0
+        self.bounds = tuple(bounds)
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+        self.count = 0
 
     def observe(self, value: float) -> None:
         for i, bound in enumerate(self.bounds):
@@ -53,7 +53,8 @@ class StepCounts:
     @classmethod
     def attached(cls, engine) -> StepCounts:
         """Counts for `engine`, told of its scheduler's events after any observer it already had."""
-        counts, previous = cls(engine.allocator.enable_prefix_caching), engine.scheduler.observer
+        counts = cls(engine.allocator.enable_prefix_caching)
+        previous = engine.scheduler.observer
 
         def observe(event) -> None:
             if previous is not None:
@@ -130,33 +131,3 @@ def prometheus_text(model_name: str, gauges: dict, counters: dict[str, int], ttf
               "of each prefill the step completed.", gauges["iteration_tokens"])
     return "\n".join(lines) + "\n"
 
-
-def latency_percentiles(values: Sequence[float], name: str) -> dict[str, float]:
-    """mean, p50, p90 and p99 of `values` as {"mean_<name>": ..., "p50_<name>": ...}; NaN when empty."""
-    values = np.asarray(values, dtype=np.float64)
-    stats = {"mean": np.mean, "p50": np.median, "p90": lambda x: np.percentile(x, 90),
-             "p99": lambda x: np.percentile(x, 99)}
-    return {f"{stat}_{name}": float(f(values)) if values.size else math.nan for stat, f in stats.items()}
-
-
-def summarize_serving(outputs: Sequence, duration: float, num_preemptions: int = 0,
-                      prefix_cache_hit_rate: float = 0.0) -> dict[str, float]:
-    """The numbers of a serving benchmark, named as vLLM's benchmark prints them: mean, p50,
-    p90 and p99 of TTFT, TPOT, ITL and E2E latency (in the unit of the metrics: seconds, or steps
-    for the simulator's step clock), output-token throughput per unit of `duration`, and the
-    counts. Rejected requests count as requests, not in the latencies."""
-    served = [o for o in outputs if o.metrics is not None and o.output_token_ids]
-    samples = {
-        "ttft": [o.metrics.ttft for o in served],
-        "tpot": [o.metrics.tpot for o in served if len(o.output_token_ids) > 1],
-        "itl": [gap for o in served for gap in o.metrics.itl],
-        "e2e": [o.metrics.e2e_latency for o in served],
-    }
-    num_out = sum(len(o.output_token_ids) for o in outputs)
-    summary = {"num_requests": len(outputs), "num_rejected": len(outputs) - len(served),
-               "num_output_tokens": num_out, "duration": duration,
-               "output_throughput": num_out / duration if duration > 0 else math.nan,
-               "num_preemptions": num_preemptions, "prefix_cache_hit_rate": prefix_cache_hit_rate}
-    for name, values in samples.items():
-        summary |= latency_percentiles(values, name)
-    return summary

@@ -60,9 +60,12 @@ class ChoiceState:
         self.index = index
         self.detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens)
         self.stop = stop
-        self.stop_token_ids, self.include_stop = stop_token_ids, include_stop_str_in_output
-        self.eos_token_id, self.min_tokens = eos_token_id, min_tokens
-        self.text, self.sent = "", 0
+        self.stop_token_ids = stop_token_ids
+        self.include_stop = include_stop_str_in_output
+        self.eos_token_id = eos_token_id
+        self.min_tokens = min_tokens
+        self.text = ""
+        self.sent = 0
         self.token_ids: list[int] = []
         self.offsets: list[int] = []
         self.logprobs: list = []
@@ -80,7 +83,8 @@ class ChoiceState:
         sent now."""
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
-        first, new = len(self.token_ids), out.new_token_ids
+        first = len(self.token_ids)
+        new = out.new_token_ids
         for k, token in enumerate(new):
             self.token_ids.append(token)
             self.offsets.append(len(self.text))
@@ -121,7 +125,9 @@ class ChoiceState:
         """Characters at the end of the unreleased text that begin some stop string."""
         if not self.stop or self.sent == len(self.text):
             return 0
-        tail, last, longest = self.text[self.sent:], self.text[-1], 0
+        tail = self.text[self.sent:]
+        last = self.text[-1]
+        longest = 0
         for s in self.stop:
             for k in range(min(len(s) - 1, len(tail)), longest, -1):
                 if s[k - 1] == last and tail.endswith(s[:k]):
@@ -145,7 +151,8 @@ class LogprobFormatter:
     """Token strings and OpenAI's logprobs objects for one tokenizer."""
 
     def __init__(self, tokenizer, as_token_ids: bool = False):
-        self.tokenizer, self.as_token_ids = tokenizer, as_token_ids
+        self.tokenizer = tokenizer
+        self.as_token_ids = as_token_ids
 
     def token(self, token_id: int) -> str:
         if self.as_token_ids:  # vLLM's return_tokens_as_token_ids: "token_id:{id}"
@@ -209,7 +216,9 @@ def own_text_start(tokenizer, token_id: int, piece: str) -> int:
 def prompt_offsets(tokenizer, prompt: list[int]) -> list[int]:
     """Each prompt token's character offset in the prompt's text as echoed (for logprobs): the
     text as sent, special tokens included."""
-    detokenizer, offsets, length = IncrementalDetokenizer(tokenizer, skip_special_tokens=False), [], 0
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
+    offsets = []
+    length = 0
     for token_id in prompt:
         piece = detokenizer.add(token_id)
         offsets.append(length + own_text_start(tokenizer, token_id, piece))

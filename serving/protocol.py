@@ -49,7 +49,9 @@ class APIError(Exception):
     def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
                  param: str | None = None, code: str | int | None = None):
         super().__init__(message)
-        self.status, self.kind, self.param = status, kind, param
+        self.status = status
+        self.kind = kind
+        self.param = param
         self.code = status if code is None else code  # vLLM's code is the status; OpenAI names some ("invalid_api_key")
 
     def body(self) -> dict:
@@ -116,7 +118,8 @@ class Fields:
     read is remembered, so that what no one read can be reported as ignored."""
 
     def __init__(self, payload: dict, prefix: str = ""):
-        self.payload, self.prefix = payload, prefix
+        self.payload = payload
+        self.prefix = prefix
         self.read: set[str] = set()
 
     def get(self, name: str, kinds: tuple, default, what: str):
@@ -201,7 +204,7 @@ class GenerateRequest:
 
     `requests` holds the module's Requests, one per prompt. `n` has one home, the engine:
     `LLMEngine.add_request(request, n=n)` runs the prompt once and forks it into n samples,
-    seeded seed, seed + 1, ... (`async_llm.sample_ids` names them). Choices are prompt-major
+    seeded seed, seed + 1, ... (`engine.messages.sample_ids` names them). Choices are prompt-major
     (choice index = prompt index * n + sample index), as vLLM numbers them. `params` maps an
     engine field to the request's own name for it (the 400's `param`).
     """
@@ -408,7 +411,10 @@ def build_request(served: ServedModel, fields: Fields, kind: str, model: str, re
     """The fields both endpoints share, and the Requests: one per prompt (the engine forks its n
     samples), each with the prefix-cache salt of `request_cache_salt(tenant_salt, <the body's
     cache_salt>)`."""
-    f, lab, config, params = fields, served.lab, served.config, dict(params or {})
+    f = fields
+    lab = served.lab
+    config = served.config
+    params = dict(params or {})
     n = _samples(served, f, len(prompts))
     stream = f.get("stream", (bool,), False, "true or false")
     options = f.get("stream_options", (dict,), None, "an object")

@@ -159,7 +159,8 @@ class MinP:
     fields = ("min_p",)
 
     def __call__(self, seq, logits: np.ndarray) -> np.ndarray:
-        min_p, temperature = _args(seq).get("min_p", 0.0), seq.sampling.temperature
+        min_p = _args(seq).get("min_p", 0.0)
+        temperature = seq.sampling.temperature
         if min_p > 0 and temperature > 0:  # p_i / p_max = exp((x_i - x_max) / T)
             logits[np.exp((logits.astype(np.float64) - logits.max()) / temperature) < min_p] = -np.inf
         return logits

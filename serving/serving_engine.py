@@ -6,7 +6,7 @@ What differs between the two endpoints, the shape of a choice, is theirs:
 
 `n` has one home, the engine: each prompt goes to it once, and `LLMEngine.add_request(request,
 n=n)` runs the prompt once and forks its block table into the n samples (copy-on-write, the
-PagedAttention paper's parallel sampling), whose ids `async_llm.sample_ids` gives. Here a choice
+PagedAttention paper's parallel sampling), whose ids `engine.messages.sample_ids` gives. Here a choice
 is a sample. At most `max_n` of one response's choices (prompts x n) are in the engine at a time,
 the next prompt going in once its n samples fit, so that no response holds more of the engine's
 seats than one request's largest n: another client's request finds the rest.
@@ -19,7 +19,8 @@ import collections
 import secrets
 import time
 
-from .async_llm import AsyncLLM, sample_ids
+from .engine.async_llm import AsyncLLM
+from .engine.messages import sample_ids
 from .http_server import Connection, Sink
 from .metrics import FINISHED_REASONS, TTFT_BUCKETS_S, Histogram
 from .output import ChoiceState, Delta
@@ -47,7 +48,8 @@ class Release:
             raise ValueError(f"n must be 1..cap ({cap}), got {n}")
         self.ready = collections.deque(requests)
         self.running: set[str] = set()  # the samples in the engine
-        self.n, self.cap = n, cap
+        self.n = n
+        self.cap = cap
 
     def next(self, sample_id: str | None = None, finished: bool = False) -> list:
         """The requests to submit now, after an output of `sample_id` (None: at the start);
@@ -75,7 +77,10 @@ class FrontendStats:
 
 class OpenAIServing:
     def __init__(self, served: ServedModel, bridge: AsyncLLM, stats: FrontendStats, stream_interval: int = 1):
-        self.served, self.bridge, self.stats, self.stream_interval = served, bridge, stats, stream_interval
+        self.served = served
+        self.bridge = bridge
+        self.stats = stats
+        self.stream_interval = stream_interval
         self.formats = {"completion": CompletionFormat(served), "chat": ChatFormat(served)}
 
     async def generate(self, gen: GenerateRequest, conn: Connection, sink: Sink) -> None:
@@ -111,7 +116,9 @@ class OpenAIServing:
         """(state, Delta, more) per step output, until every choice is finished; `more`: another
         output is already waiting (a stream writes once for all of them, see _stream). A late
         output of an ended choice gives (None, None, False) when nothing follows it."""
-        unfinished, first, prefilled = set(states), True, set()
+        unfinished = set(states)
+        first = True
+        prefilled = set()
         while unfinished:
             item = await queue.get()
             if item is _CLIENT_GONE:
@@ -154,7 +161,8 @@ class OpenAIServing:
         async for _ in updates:
             pass
         self._count(gen, states)
-        form, ordered = self.formats[gen.kind], sorted(states.values(), key=lambda s: s.index)
+        form = self.formats[gen.kind]
+        ordered = sorted(states.values(), key=lambda s: s.index)
         choices = [form.choice(gen, ordered, s, None, True) for s in ordered]
         sink.json(200, self._header(gen, form.whole) | {"choices": choices, "usage": self._usage(gen, states)})
 
@@ -168,8 +176,12 @@ class OpenAIServing:
         time on; the chunks themselves are the same either way. With `stream_interval` k > 1 a
         choice's chunk carries k tokens (its last one fewer), as SGLang's `--stream-interval`:
         fewer events and writes for a coarser stream."""
-        form, ordered = self.formats[gen.kind], sorted(states.values(), key=lambda s: s.index)
-        header, writer, started, out = self._header(gen, form.chunk), sink.conn.writer, set(), []
+        form = self.formats[gen.kind]
+        ordered = sorted(states.values(), key=lambda s: s.index)
+        header = self._header(gen, form.chunk)
+        writer = sink.conn.writer
+        started = set()
+        out = []
         held: dict[int, Delta] = {}  # per choice, what waits for `stream_interval` tokens
         try:
             async for state, delta, more in updates:

@@ -152,9 +152,11 @@ class SharedServer:
     IDLE_S = 5.0  # how long a test's requests may take to end after the test did
 
     def __init__(self, make_engine, **options):
-        self.make_engine, self.options = make_engine, options
+        self.make_engine = make_engine
+        self.options = options
         self.running = None
-        self.steps, self.failure = 0, None
+        self.steps = 0
+        self.failure = None
 
     def _start(self):
         engine = self.make_engine()
@@ -169,13 +171,14 @@ class SharedServer:
                 raise
 
         engine.step = counted_step
-        self.running = serving.start_server(engine, **self.options)
+        self.running = serving.start_server(engine, lab=lab, **self.options)
 
     def lease(self):
         """The server for one test: its module's, or a new one if the last test left it broken."""
         if self.running is None:
             self._start()
-        self.steps_before, self.failure = self.steps, None
+        self.steps_before = self.steps
+        self.failure = None
         return self.running
 
     def broken(self) -> str | None:
@@ -251,7 +254,8 @@ def run_script(*args) -> subprocess.CompletedProcess:
 def at_once(call, *argument_lists) -> list:
     """`call(*arguments)` for every argument list, each in a thread of its own, all at once; their
     results in order. A failure is raised here, a stub's first (the scoreboard names it)."""
-    results, errors = [None] * len(argument_lists), []
+    results = [None] * len(argument_lists)
+    errors = []
 
     def run(i, arguments):
         try:

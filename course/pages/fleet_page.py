@@ -13,8 +13,9 @@ from types import ModuleType
 
 import numpy as np
 
+from loadtest.fleet_search import FleetQuestion, candidate_step_cost, fleet_workload, simulate_rate
+
 from ..reviews.fleet import FleetAnswer, FleetRow
-from ..reviews.fleet_search import FleetQuestion, candidate_step_cost, fleet_workload, simulate_rate
 from .svg import (
     BLUE,
     INK,
@@ -57,7 +58,8 @@ def goodput_curve(lab: ModuleType, question: FleetQuestion, row: FleetRow) -> tu
 def goodput_figure(curves: Sequence[tuple[str, list[float], list[float], float]], slo_text: str) -> str:
     """One panel per row: offered rate (x) against goodput (y), both per replica on one scale, the
     y = x line, the knee marked. Each panel is a chart whose box holds its axes, labels and title."""
-    body, panel_width = [], WIDTH // 2
+    body = []
+    panel_width = WIDTH // 2
     py0, py1 = 58, 296
     for i, (label, rates, goodput, knee) in enumerate(curves):
         bx0, bx1 = i * panel_width, (i + 1) * panel_width - 10  # the panel's box

@@ -223,7 +223,8 @@ class Recorder:
         its computed tokens and its positions -> slots as the table's own `slots()` gives them:
         None when they are `block * block_size + offset` for every position (the page then
         draws that), else their runs (`_slot_runs`), so a wrong mapping is drawn as it is."""
-        scheduler, tables = self.engine.scheduler, {}
+        scheduler = self.engine.scheduler
+        tables = {}
         for seq in [*scheduler.running, *scheduler.waiting]:
             table = seq.block_table
             if not table.block_ids:

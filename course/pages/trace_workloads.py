@@ -112,7 +112,8 @@ def memory_pressure_workload() -> Workload:
 
 def arrivals_workload() -> Workload:
     rng = np.random.default_rng(4)
-    arrivals, step = [], 0
+    arrivals = []
+    step = 0
     for i in range(14):
         # Seeds from 100: with seed 0, r0's second draw falls 5e-8 from a boundary of its token CDF, so
         # its prefill in chunks and in one piece (which round differently) would sample different tokens.
@@ -165,7 +166,8 @@ def workload_from_file(path: str) -> Workload:
             lines = fh.read().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read the workload file {path}: {exc}") from None
-    arrivals, total = [], 0
+    arrivals = []
+    total = 0
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue

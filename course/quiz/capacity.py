@@ -17,7 +17,8 @@ from .questions import Question, QuizError, ceil_div, fmt, question
 def quiz_capacity(lab: ModuleType, rng: np.random.Generator) -> list[Question]:
     combos = [(m, g, length, block) for m in lab.MODELS for g in lab.GPUS
               for length in (2048, 4096, 8192) for block in (16, 32)]
-    plan, refusals = None, []
+    plan = None
+    refusals = []
     for i in rng.permutation(len(combos)):
         name, gpu_name, max_model_len, block_size = combos[i]
         try:

@@ -4,7 +4,7 @@
                      the stack), and `batching`, `speculate`
     sizing.py        `size`: the capacity plan's printout and KV waste
     stacks.py        `stack`: vLLM vs TensorRT-LLM vs SGLang, as data
-    fleet_search.py  `fleet`'s search: the largest rate one replica of a candidate serves within the SLO
-    fleet.py         `fleet`: every candidate searched, the table, the pick and what binds, in words
+    fleet.py         `fleet`: every candidate searched (loadtest/fleet_search.py), the table, the pick and
+                     what binds, in words
     attack.py        `attack prefix-cache`: the prefix cache's timing channel, and what a salt costs
 """

@@ -110,7 +110,8 @@ def first_token_seconds(port: int, prompt: list[int], key: str | None = None) ->
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         start = time.perf_counter()
         sock.sendall(head + body)
-        reply, first = b"", None
+        reply = b""
+        first = None
         for _ in range(MAX_READS):
             data = sock.recv(65536)
             if not data:
@@ -259,7 +260,7 @@ def _salt_costs(lab: ModuleType, workloads: dict, key_of: dict[str, str],
     are `keys_by_policy`): the prefix-cache hits it got, and the prompt tokens it sent."""
     costs: dict[str, dict[str, SaltCost]] = {name: {} for name in workloads}
     for policy, api_keys in zip(POLICIES, keys_by_policy):
-        with start_server(_engine(lab, COUNT_MODEL), api_keys=api_keys) as server:
+        with start_server(_engine(lab, COUNT_MODEL), lab=lab, api_keys=api_keys) as server:
             for name, sent in workloads.items():  # their prompts share nothing: the servers' hits add up
                 before = prefix_cache_hits(server.port)
                 for _, user, prompt in sent:
@@ -287,7 +288,8 @@ def _run_attack(lab: ModuleType, q: AttackQuestion, log) -> AttackReview:
     key_of, per_tenant, per_key = _policy_keys(workloads)
     tenants = {VICTIM_KEY: "victim", ATTACKER_KEY: "attacker"}
     shared, salted = CacheResult(), CacheResult()
-    with start_server(_engine(lab)) as open_server, start_server(_engine(lab), api_keys=tenants) as keyed:
+    with (start_server(_engine(lab), lab=lab) as open_server,
+          start_server(_engine(lab), lab=lab, api_keys=tenants) as keyed):
         sides = ((open_server.port, None, None, shared), (keyed.port, VICTIM_KEY, ATTACKER_KEY, salted))
 
         def both(rounds_of) -> None:

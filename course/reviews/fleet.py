@@ -15,7 +15,7 @@ profile is costed by the roofline alone, and the table says so. KV blocks per re
 module's plan_deployment (Exercise 8), the scheduling from its Scheduler (Exercise 5).
 
 This module turns the searches into the fleet's table (cheapest first), the pick, the runner-up
-and what binds each, in words; fleet_search.py holds the search, ../pages/fleet_page.py the page.
+and what binds each, in words; loadtest/fleet_search.py holds the search, ../pages/fleet_page.py the page.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from loadtest.costmodel import (
     roofline_step_cost,
     step_cost,
 )
-
-from .fleet_search import (
+from loadtest.fleet_search import (
     SLO,
     Candidate,
     FleetQuestion,
@@ -102,8 +101,8 @@ def _rows(question: FleetQuestion, candidates: list[Candidate], results: list, m
             continue
         row = FleetRow(candidate.label, [result], key=key)
         if result.max_rate > 0:
-            row.replicas, row.gpus = (fleet_size(question.qps, result.max_rate, candidate.tp)[0],), \
-                fleet_size(question.qps, result.max_rate, candidate.tp)[1]
+            replicas, row.gpus = fleet_size(question.qps, result.max_rate, candidate.tp)
+            row.replicas = (replicas,)
             row.usd_per_million = usd_per_million_output_tokens(row.gpus, _price(question, candidate.gpu),
                                                                 question.qps, mean_output)
         rows.append(row)

@@ -65,7 +65,9 @@ def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
 def safetensors_bytes(tensors: dict[str, np.ndarray], dtype: str = "F32", align: bool = True) -> bytes:
     raw = {"F32": lambda x: x.astype("<f4").tobytes(), "F16": lambda x: x.astype("<f2").tobytes(),
            "BF16": lambda x: bf16_bits(x).astype("<u2").tobytes()}[dtype]
-    header, blobs, offset = {}, [], 0
+    header = {}
+    blobs = []
+    offset = 0
     for name, x in tensors.items():
         data = raw(np.asarray(x, dtype=np.float32))
         header[name] = {"dtype": dtype, "shape": list(np.shape(x)), "data_offsets": [offset, offset + len(data)]}
@@ -326,7 +328,7 @@ def test_a_served_checkpoint_speaks_text_through_its_own_tokenizer(tmp_path):
     config = save_tiny_text_checkpoint(tmp_path / "tiny-gpt2")
     engine, tokenizer = checkpoints.commands.checkpoint_engine(lab, tmp_path / "tiny-gpt2", max_num_seqs=2)
     model, _ = load_gpt2(lab, tmp_path / "tiny-gpt2")
-    with serving.start_server(engine, tokenizer=tokenizer, model_name="tiny-gpt2") as server:
+    with serving.start_server(engine, lab=lab, tokenizer=tokenizer, model_name="tiny-gpt2") as server:
         card = json.loads(http_call(server, "GET", "/v1/models")[2])["data"][0]
         body = complete(server, model="tiny-gpt2", prompt="low lower", max_tokens=6, temperature=0,
                         return_token_ids=True)

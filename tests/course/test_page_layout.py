@@ -14,7 +14,8 @@ from course.pages import svg
 from course.pages.fleet_page import fleet_page
 from course.pages.report import build_report
 from course.pages.report.latency import load_report_html, run_latency_load
-from course.reviews import fleet, fleet_search
+from course.reviews import fleet
+from loadtest import fleet_search
 from tests.course.browser import layout_problems, needs_browser
 from tests.course.test_trace_page import busiest_step, page_of
 

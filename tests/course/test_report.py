@@ -42,8 +42,11 @@ class ReportPage(html.parser.HTMLParser):
 
     def __init__(self, text):
         super().__init__(convert_charrefs=True)
-        self.figures, self.scripts, self.outside = {}, 0, []
-        self._figure, self._open = None, []
+        self.figures = {}
+        self.scripts = 0
+        self.outside = []
+        self._figure = None
+        self._open = []
         self.feed(text)
         self.close()
 
@@ -292,7 +295,7 @@ def test_loadtest_html_draws_latency_against_load_from_a_real_run(tmp_path):
     model = lab.ToyTransformer(lab.ModelConfig(**MODEL_CONFIGS["bytes"]))
     engine = lab.LLMEngine(model, num_blocks=256, block_size=4, max_num_seqs=8)
     out = tmp_path / "load.html"
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         proc = run_cli("loadtest", "--url", srv.url, "--qps", "inf,40", "--num-prompts", "4", "--workload", "tiny",
                        "--html", str(out))
     reraise_stub(proc.stdout)

@@ -33,7 +33,9 @@ class Observer:
     `trace.drive`, which only tells it when requests arrived and what a step returned)."""
 
     def __init__(self, engine):
-        self.engine, self.states, self.seqs = engine, [], {}
+        self.engine = engine
+        self.states = []
+        self.seqs = {}
 
     def arrived(self, request_ids):
         if not self.states:  # frame 0: after the first arrivals, before the first step
@@ -75,7 +77,9 @@ class PageData(html.parser.HTMLParser):
 
     def __init__(self, text):
         super().__init__(convert_charrefs=True)
-        self.scripts, self.outside, self._script = {}, [], None
+        self.scripts = {}
+        self.outside = []
+        self._script = None
         self.feed(text)
         self.close()
 

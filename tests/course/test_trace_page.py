@@ -174,9 +174,15 @@ class RenderedPage(html.parser.HTMLParser):
     def __init__(self, text):
         super().__init__(convert_charrefs=True)
         self.step = self.selected = None
-        self.queues, self.ran, self.preempted, self.blocks = {}, {}, [], {}
-        self.tables, self.rows, self.output = {}, [], ""
-        self._queue, self._output_depth = [], 0
+        self.queues = {}
+        self.ran = {}
+        self.preempted = []
+        self.blocks = {}
+        self.tables = {}
+        self.rows = []
+        self.output = ""
+        self._queue = []
+        self._output_depth = 0
         self.feed(text)
         self.close()
 

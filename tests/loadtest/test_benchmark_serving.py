@@ -307,7 +307,7 @@ def test_loadtest_cli_against_the_lab_server_reports_every_request(tmp_path):
     # Vocabulary 256, so that text prompts (one-letter words) are in it too.
     model = lab.ToyTransformer(lab.ModelConfig(**MODEL_CONFIGS["bytes"]))
     engine = lab.LLMEngine(model, num_blocks=256, block_size=4, max_num_seqs=8)
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         proc = run_cli("loadtest", "--url", srv.url, "--qps", "40,inf", "--num-prompts", "6", "--workload", "tiny",
                        "--prompt-format", "text", "--slo-ttft-ms", "5000", "--save-workload", str(tmp_path / "w.jsonl"))
         reraise_stub(proc.stdout)

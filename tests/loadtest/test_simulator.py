@@ -1,8 +1,10 @@
 """test_simulator.py: the serving simulator (loadtest/simulator.py) and the serving statistics it
-reports (serving/metrics.py's summarize_serving). The simulator drives the module's own scheduler
+reports (measure/latency.py's summarize_serving). The simulator drives the module's own scheduler
 (Exercise 5) on a clock of its own, so most of these tests are Exercise 5's."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -10,7 +12,7 @@ import loadtest
 import loadtest.simulator
 from conftest import lab
 from course.reviews import scenarios
-from serving import metrics
+from measure import latency
 
 # --- the simulator on hand-traced workloads (it runs Exercise 5's scheduler) ---------------
 
@@ -120,17 +122,26 @@ def test_summarize_serving_statistics_on_hand_made_metrics():
     outs = [lab.RequestOutput(str(i), [1], [1] * n, lab.RequestMetrics.from_times(0.0, times, times[-1]), "length")
             for i, (n, times) in enumerate(((3, [1.0, 2.0, 4.0]), (1, [2.0])))]
     assert outs[0].metrics.tpot == 1.5 and outs[0].metrics.itl == [1.0, 2.0]
-    summary = metrics.summarize_serving(outs, duration=4.0)
+    summary = latency.summarize_serving(outs, duration=4.0)
     assert summary["mean_ttft"] == 1.5 and summary["p50_e2e"] == 3.0
     assert summary["mean_tpot"] == 1.5, "a one-token request has no TPOT and is left out of it"
     assert summary["output_throughput"] == 1.0
 
 
 @pytest.mark.provided
+def test_the_nearest_rank_p99_holds_an_slo_that_the_interpolated_one_passes_wrongly():
+    values = [1.0] * 49 + [100.0]  # 49 of 50 requests within a target of 60: 98%, under a p99 SLO
+    assert latency.interpolated_percentile(values, 99) <= 60, "interpolated between the 49th and 50th: 1 + 0.51 x 99"
+    assert latency.nearest_rank_quantile(values, 0.99) == 100.0, (
+        "by nearest rank the p99 of 50 values is the 50th smallest: the SLO of 60 is missed, as 98% < 99%")
+    assert math.isnan(latency.interpolated_percentile([], 99)) and math.isnan(latency.nearest_rank_quantile([], 0.99))
+
+
+@pytest.mark.provided
 def test_summarize_serving_counts_a_rejected_request_but_not_in_the_latencies():
     served = lab.RequestOutput("0", [1], [1, 1], lab.RequestMetrics.from_times(0.0, [1.0, 3.0], 3.0), "length")
     rejected = lab.RequestOutput("1", [1], [], lab.RequestMetrics.from_times(0.0, [], 0.5), "rejected")
-    summary = metrics.summarize_serving([served, rejected], duration=4.0)
+    summary = latency.summarize_serving([served, rejected], duration=4.0)
     assert (summary["num_requests"], summary["num_rejected"], summary["num_output_tokens"]) == (2, 1, 2)
     assert (summary["mean_ttft"], summary["mean_e2e"], summary["mean_tpot"]) == (1.0, 3.0, 2.0), (
         "a rejected request produced no token: it counts as a request, never in TTFT, TPOT or E2E")

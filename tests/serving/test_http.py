@@ -72,7 +72,7 @@ def test_rule7_head_is_get_without_the_body(server):
 @pytest.mark.provided
 def test_rule7_an_idle_connection_is_closed_after_the_keep_alive_timeout(engine_model, monkeypatch):
     monkeypatch.setattr(http_server, "KEEP_ALIVE_TIMEOUT_S", 0.2)  # before the front end starts (and forks)
-    with serving.start_server(api_engine(engine_model)) as server, socket.create_connection(
+    with serving.start_server(api_engine(engine_model), lab=lab) as server, socket.create_connection(
             ("127.0.0.1", server.port), timeout=HTTP_TIMEOUT) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         start = time.monotonic()
@@ -108,7 +108,7 @@ def test_rule7_an_http_1_0_stream_ends_with_the_close_even_when_the_client_asks_
 @pytest.mark.provided
 def test_rule7_close_returns_promptly_with_idle_client_connections_open(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
-    srv = serving.start_server(engine)
+    srv = serving.start_server(engine, lab=lab)
     conns = [http.client.HTTPConnection("127.0.0.1", srv.port, timeout=HTTP_TIMEOUT) for _ in range(3)]
     try:
         for conn in conns:
@@ -148,7 +148,7 @@ def test_rule7_a_head_whose_lines_end_in_a_bare_lf_is_answered_at_once(server):
 
 @pytest.mark.provided
 def test_rule7_a_request_cut_off_by_shutdown_gets_a_503(engine_model):
-    srv = serving.start_server(api_engine(engine_model))
+    srv = serving.start_server(api_engine(engine_model), lab=lab)
     try:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n" + b'{"prompt": [1')
@@ -170,7 +170,7 @@ def test_rule7_a_request_cut_off_by_shutdown_gets_a_503(engine_model):
 @pytest.mark.provided
 def test_rule7_a_connection_that_sends_only_blank_lines_gets_a_408_at_the_deadline(engine_model, monkeypatch):
     monkeypatch.setattr(http_server, "READ_TIMEOUT_S", 0.5)  # before the front end starts (and forks)
-    with serving.start_server(api_engine(engine_model)) as srv, socket.create_connection(
+    with serving.start_server(api_engine(engine_model), lab=lab) as srv, socket.create_connection(
             ("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
         sock.sendall(b"\r\n\r\n\r\n")
         start = time.monotonic()
@@ -183,7 +183,7 @@ def test_rule7_a_connection_that_sends_only_blank_lines_gets_a_408_at_the_deadli
 @pytest.mark.provided
 def test_rule7_a_body_that_stops_arriving_gets_a_408_at_the_deadline(engine_model, monkeypatch):
     monkeypatch.setattr(http_server, "READ_TIMEOUT_S", 0.5)
-    with serving.start_server(api_engine(engine_model)) as srv, socket.create_connection(
+    with serving.start_server(api_engine(engine_model), lab=lab) as srv, socket.create_connection(
             ("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n" + b'{"prompt": [1')
         reply = read_to_close(sock)
@@ -193,7 +193,7 @@ def test_rule7_a_body_that_stops_arriving_gets_a_408_at_the_deadline(engine_mode
 @pytest.mark.provided
 def test_rule8_megabytes_of_blank_lines_get_a_431_once_past_the_head_limit(engine_model, monkeypatch):
     monkeypatch.setattr(http_server, "READ_TIMEOUT_S", 3.0)  # without the bound, the deadline ends it
-    with serving.start_server(api_engine(engine_model)) as srv, socket.create_connection(
+    with serving.start_server(api_engine(engine_model), lab=lab) as srv, socket.create_connection(
             ("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
         try:
             sock.sendall(b"\r\n" * (1 << 20))  # 2 MB
@@ -257,7 +257,7 @@ def slow_engine(model, delay: float = 0.02):
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_rule7_a_half_close_after_a_whole_request_aborts_it_and_the_client_reads_why(engine_model, stream):
     body = json.dumps({"prompt": [3, 4, 5], "max_tokens": 100, "temperature": 0, "stream": stream}).encode()
-    with serving.start_server(slow_engine(engine_model)) as srv, socket.create_connection(
+    with serving.start_server(slow_engine(engine_model), lab=lab) as srv, socket.create_connection(
             ("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
         assert http_call(srv, "POST", "/v1/completions", json.dumps({"prompt": [1], "max_tokens": 1}))[0] == 200
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))

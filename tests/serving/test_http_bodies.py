@@ -64,7 +64,9 @@ def test_rule8_a_large_body_is_parsed_off_the_event_loop(engine_model, monkeypat
     # The parse of a large body is made to wait until the test has been served a /health: on
     # the event loop it would hold every other client up until its deadline. The two files
     # signal across the front end's process.
-    parsing, released, parse = tmp_path / "parsing", tmp_path / "released", api_server.parse_completion_request
+    parsing = tmp_path / "parsing"
+    released = tmp_path / "released"
+    parse = api_server.parse_completion_request
 
     def held_while_large(*args):
         if len(args[1]) > api_server.INLINE_PARSE_BYTES:
@@ -77,7 +79,7 @@ def test_rule8_a_large_body_is_parsed_off_the_event_loop(engine_model, monkeypat
     monkeypatch.setattr(api_server, "parse_completion_request", held_while_large)  # before the fork
     body = json.dumps({"prompt": [1] * 100, "max_tokens": 0, "user": "x" * 200_000})  # valid, not run
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4, max_num_seqs=2)
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         big = []
         sender = threading.Thread(target=lambda: big.append(http_call(srv, "POST", "/v1/completions", body)))
         sender.start()
@@ -194,7 +196,7 @@ def test_rule8_a_transfer_coding_other_than_chunked_alone_is_refused(server, hea
         f"too, a 400, as a smuggling risk): {reply[:120]!r}")
 
 
-# --- the limits' statuses, and what a body may cost (issue 42) ------------------------------
+# --- the limits' statuses, and what a body may cost -----------------------------------------
 
 
 def error_of_reply(reply: bytes) -> dict:
@@ -260,7 +262,8 @@ def test_rule8_a_body_of_one_byte_chunks_is_refused_at_once_and_stalls_no_other_
     # 1 MB as 1-byte chunks is 6 MB on the wire and a million chunks to parse: it must cost the
     # server no more than a few thousand chunks' work, and /health must stay answered meanwhile.
     body = b"1\r\n \r\n" * (1 << 20) + b"0\r\n\r\n"
-    worst, done = [0.0], threading.Event()
+    worst = [0.0]
+    done = threading.Event()
 
     def probe_health():
         for _ in range(1000):
@@ -299,7 +302,7 @@ def test_rule7_the_next_head_on_a_kept_alive_connection_gets_its_408_at_the_read
         "docs/openai-fields.md documents a 10 s deadline for a request and 5 s for an idle connection")
     monkeypatch.setattr(http_server, "READ_TIMEOUT_S", 1.0)  # before the front end starts (and forks)
     monkeypatch.setattr(http_server, "KEEP_ALIVE_TIMEOUT_S", 0.2)
-    with serving.start_server(api_engine(engine_model)) as srv, socket.create_connection(
+    with serving.start_server(api_engine(engine_model), lab=lab) as srv, socket.create_connection(
             ("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         first = read_response(sock)

@@ -16,7 +16,7 @@ from checkpoints.tokenizer import (
 )
 from conftest import lab
 from serving import output, protocol, serving_chat
-from serving.async_llm import StepOutput
+from serving.engine.messages import StepOutput
 from tests.support import (
     BYTES,
     HTTP_TIMEOUT,
@@ -191,7 +191,8 @@ def test_rule2_a_streamed_stop_string_is_held_back_until_it_cannot_match(byte_se
 @pytest.mark.needs(5)
 def test_rule2_a_stop_string_aborts_the_request_in_the_engine(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
-    outputs, step = [], engine.step
+    outputs = []
+    step = engine.step
 
     def recorded_step():
         out = step()
@@ -199,7 +200,7 @@ def test_rule2_a_stop_string_aborts_the_request_in_the_engine(engine_model):
         return out
 
     engine.step = recorded_step
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         free = complete(srv, prompt=[5] * 6, max_tokens=60, temperature=0)["choices"][0]["text"]
         outputs.clear()
         complete(srv, prompt=[5] * 6, max_tokens=60, temperature=0, stop=free[1:3])
@@ -240,7 +241,7 @@ class HalfCharTokenizer:
 @pytest.mark.needs(5)
 def test_rule3_a_character_split_across_tokens_streams_whole(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
-    with serving.start_server(engine, tokenizer=HalfCharTokenizer(), model_name="half") as srv:
+    with serving.start_server(engine, lab=lab, tokenizer=HalfCharTokenizer(), model_name="half") as srv:
         chunks, _ = stream_texts(srv, prompt=[1, 2, 3], max_tokens=4, temperature=0)
     texts = [c["choices"][0]["text"] for c in chunks]
     assert texts == ["\ufffd", "é", "é", "é\ufffd"], (

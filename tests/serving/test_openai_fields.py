@@ -85,7 +85,7 @@ def test_rule4_the_end_of_text_token_stops_with_no_stop_reason_unless_ignore_eos
     prompt = random_prompts(1, seed=32)[0]
     free_run = greedy_reference(engine_model, prompt, 12)
     eos = free_run[3]
-    with serving.start_server(api_engine(engine_model), tokenizer=EosTokenizer(64, eos)) as srv:
+    with serving.start_server(api_engine(engine_model), lab=lab, tokenizer=EosTokenizer(64, eos)) as srv:
         stopped = complete(srv, prompt=prompt, max_tokens=12, temperature=0, return_token_ids=True)["choices"][0]
         kept = complete(srv, prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True,
                         return_token_ids=True)["choices"][0]
@@ -165,7 +165,7 @@ def test_rule1_a_stop_list_as_long_as_a_harness_sends_is_accepted(server):
 
 @pytest.mark.needs(5)
 def test_rule6_the_model_answers_to_each_of_its_served_names(engine_model):
-    with serving.start_server(api_engine(engine_model), model_name=["gpt2", "openai-community/gpt2"]) as srv:
+    with serving.start_server(api_engine(engine_model), lab=lab, model_name=["gpt2", "openai-community/gpt2"]) as srv:
         listed = json.loads(http_call(srv, "GET", "/v1/models")[2])["data"]
         body = complete(srv, model="openai-community/gpt2", prompt=[1, 2], max_tokens=2, temperature=0)
         status, error = error_of(srv, "/v1/completions", {"model": "gpt3", "prompt": [1]})
@@ -247,10 +247,11 @@ def streamed_post_to_close(server, fields) -> tuple[bytes, list[bytes], bytes]:
 @pytest.mark.needs(5)
 def test_a_stream_whose_engine_step_fails_ends_at_its_error_event_and_is_no_success(engine_model, monkeypatch):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         complete(srv, prompt=[3, 4], max_tokens=2, temperature=0)  # a stub is named here, not below
         successes = answered(http_call(srv, "GET", "/metrics")[2].decode())
-        forward, calls = engine.model.forward, []
+        forward = engine.model.forward
+        calls = []
 
         def fails_on_the_third_pass(*args, **kwargs):  # the prefill and one decode step give 2 tokens first
             calls.append(1)

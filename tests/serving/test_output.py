@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import serving
 from checkpoints.tokenizer import ByteTokenizer
 from conftest import lab
-from serving.async_llm import StepOutput
+from serving.engine.messages import StepOutput
 from serving.output import ChoiceState
 from tests.support import MODEL_CONFIGS, api_engine, complete, http_call, stream_events_at
 
@@ -26,7 +26,8 @@ class ChunkTokenizer:
     eos_token_id, special_token_ids = None, frozenset()
 
     def __init__(self, pieces):
-        self.pieces, self.vocab_size = list(pieces), len(pieces)
+        self.pieces = list(pieces)
+        self.vocab_size = len(pieces)
 
     def token_bytes(self, token_id):
         return self.pieces[token_id].encode()
@@ -120,7 +121,7 @@ class SpecialByteTokenizer(ByteTokenizer):
 def test_echoed_text_offsets_count_a_special_tokens_text():
     prompt = "<|endoftext|>The river"
     model = lab.ToyTransformer(lab.ModelConfig(**(MODEL_CONFIGS["engine"] | {"vocab_size": 128})), seed=2)
-    with serving.start_server(api_engine(model), tokenizer=SpecialByteTokenizer(128)) as srv:
+    with serving.start_server(api_engine(model), lab=lab, tokenizer=SpecialByteTokenizer(128)) as srv:
         body = complete(srv, prompt=prompt, max_tokens=0, echo=True, logprobs=0)
     choice = body["choices"][0]
     assert choice["text"] == prompt, "echo gives the prompt as sent, its special token's text included"
@@ -178,7 +179,8 @@ def test_top_logprobs_keyed_by_text_keep_the_likeliest_of_tokens_spelled_alike(b
     fields = dict(prompt=prompt, max_tokens=1, temperature=0, echo=True, logprobs=1)
     by_text = complete(byte_server, **fields)["choices"][0]["logprobs"]
     by_id = complete(byte_server, **fields, return_tokens_as_token_ids=True)["choices"][0]["logprobs"]
-    tokenizer, alike_and_likelier = ByteTokenizer(256), 0
+    tokenizer = ByteTokenizer(256)
+    alike_and_likelier = 0
     for i in range(1, len(prompt) + 1):  # the first prompt token has no logprobs
         top = {int(key.removeprefix("token_id:")): value for key, value in by_id["top_logprobs"][i].items()}
         spelled = {}

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import serving
 from checkpoints.tokenizer import ByteTokenizer
 from conftest import lab
-from serving.async_llm import sample_ids
+from serving.engine.messages import sample_ids
 from serving.serving_engine import Release
 from tests.serving.test_sampling import api_sampling, reference_run
 from tests.support import (
@@ -45,7 +45,7 @@ def choices_tokens(body):
 @pytest.mark.needs(5)
 @pytest.mark.parametrize("caching", [True, False])
 def test_each_sample_is_the_single_request_seeded_seed_plus_its_index(engine_model, caching):
-    with serving.start_server(api_engine(engine_model, enable_prefix_caching=caching)) as srv:
+    with serving.start_server(api_engine(engine_model, enable_prefix_caching=caching), lab=lab) as srv:
         body = complete(srv, prompt=PROMPT, n=4, seed=30, temperature=1.0, max_tokens=6, return_token_ids=True)
     for j, tokens in enumerate(choices_tokens(body)):
         want, _ = reference_run(engine_model, PROMPT, api_sampling(temperature=1.0, seed=30 + j, max_tokens=6))
@@ -57,7 +57,7 @@ def test_each_sample_is_the_single_request_seeded_seed_plus_its_index(engine_mod
 def test_n_4_runs_the_prompt_once_and_each_sample_copies_the_shared_block_at_its_first_write(engine_model, caching):
     events = []  # the engine's own report (LLMEngine's observer), from the engine's thread
     engine = api_engine(engine_model, enable_prefix_caching=caching, observer=events.append)
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         body = complete(srv, prompt=PROMPT, n=4, seed=1, temperature=1.0, max_tokens=6, return_token_ids=True)
     kinds = [e.type.value for e in events]
     scheduled = sum(e.num_tokens for e in events if e.type.value == "scheduled")
@@ -81,7 +81,7 @@ def test_samples_under_memory_pressure_or_static_batching_still_equal_their_sing
     # A static batch reserves a request's samples together: 13 blocks for the first prompt's 3, the whole cache.
     for options in (dict(num_blocks=20, max_num_seqs=8), dict(scheduling="static", max_num_seqs=6, num_blocks=13)):
         engine = api_engine(engine_model, **options)
-        with serving.start_server(engine) as srv:
+        with serving.start_server(engine, lab=lab) as srv:
             prompts = [PROMPT, PROMPT[:9]]
             body = complete(srv, prompt=prompts, n=3, seed=7, temperature=1.0, max_tokens=10, return_token_ids=True)
         tokens = choices_tokens(body)
@@ -94,7 +94,7 @@ def test_samples_under_memory_pressure_or_static_batching_still_equal_their_sing
 
 @pytest.mark.needs(5)
 def test_every_sample_inherits_the_end_of_text_rule_and_the_sampling_fields(engine_model):
-    with serving.start_server(api_engine(engine_model), tokenizer=EosTokenizer(64, 9)) as srv:
+    with serving.start_server(api_engine(engine_model), lab=lab, tokenizer=EosTokenizer(64, 9)) as srv:
         body = complete(srv, prompt=PROMPT, n=4, seed=3, temperature=1.0, max_tokens=40, logit_bias={"9": 4},
                         return_token_ids=True)
         kept = complete(srv, prompt=PROMPT, n=4, seed=3, temperature=1.0, max_tokens=40, logit_bias={"9": 4},
@@ -108,15 +108,15 @@ def test_every_sample_inherits_the_end_of_text_rule_and_the_sampling_fields(engi
 
 @pytest.mark.provided
 def test_an_n_over_the_servers_limit_is_a_400_naming_n_and_the_limit(engine_model):
-    with serving.start_server(api_engine(engine_model, max_num_seqs=6)) as srv:
+    with serving.start_server(api_engine(engine_model, max_num_seqs=6), lab=lab) as srv:
         status, error = error_of(srv, "/v1/completions", {"prompt": [1], "n": 4, "temperature": 1})
         assert status == 400 and error["param"] == "n" and "3" in error["message"], (
             f"max_num_seqs 6: one request may hold at most 3 seats, so n = 4 is a 400 naming n and 3: {error}")
-    with serving.start_server(api_engine(engine_model), max_n=2) as srv:
+    with serving.start_server(api_engine(engine_model), lab=lab, max_n=2) as srv:
         status, error = error_of(srv, "/v1/completions", {"prompt": [1], "n": 3, "temperature": 1})
         assert status == 400 and error["param"] == "n" and "2" in error["message"], error
     with pytest.raises(ValueError, match="max_n"):
-        serving.start_server(api_engine(engine_model), max_n=0)
+        serving.start_server(api_engine(engine_model), lab=lab, max_n=0)
 
 
 @pytest.mark.provided
@@ -156,7 +156,7 @@ MANY_CHOICES = {"the largest n": dict(prompt=PROMPT, n=4), "4 prompts x n = 2": 
 @pytest.mark.parametrize("many", MANY_CHOICES)
 def test_a_request_with_many_choices_leaves_seats_for_another_client(engine_model, many, caching):
     engine = api_engine(engine_model, enable_prefix_caching=caching)
-    with serving.start_server(engine) as srv:  # 8 seats: one request may hold 4
+    with serving.start_server(engine, lab=lab) as srv:  # 8 seats: one request may hold 4
         errors = []
 
         def long_request():
@@ -191,8 +191,9 @@ def test_a_request_with_many_choices_leaves_seats_for_another_client(engine_mode
 @pytest.mark.parametrize("many", MANY_CHOICES)
 def test_a_request_never_has_more_than_max_n_choices_in_the_engine(engine_model, many, caching):
     engine = api_engine(engine_model, enable_prefix_caching=caching)
-    with serving.start_server(engine) as srv:  # 8 seats: max_n is 4
-        errors, peak = [], 0
+    with serving.start_server(engine, lab=lab) as srv:  # 8 seats: max_n is 4
+        errors = []
+        peak = 0
 
         def long_request():
             try:
@@ -216,7 +217,7 @@ def test_a_request_never_has_more_than_max_n_choices_in_the_engine(engine_model,
 def test_a_streamed_chats_samples_are_its_single_requests_seeded_seed_plus_their_index():
     model = lab.ToyTransformer(lab.ModelConfig(**MODEL_CONFIGS["bytes"]), seed=1)  # chat's template is ASCII text
     messages = [{"role": "user", "content": "Hi"}]
-    with serving.start_server(api_engine(model)) as srv:
+    with serving.start_server(api_engine(model), lab=lab) as srv:
         events = stream_events_at(srv, "/v1/chat/completions", messages=messages, n=3, seed=8, temperature=1.0,
                                   max_tokens=5, return_token_ids=True)
     tokens, prompts = {}, {}
@@ -234,7 +235,7 @@ def test_a_streamed_chats_samples_are_its_single_requests_seeded_seed_plus_their
 @pytest.mark.needs(5)
 def test_each_sample_gets_the_logprobs_of_its_own_tokens_after_the_echoed_prompt(engine_model):
     prompt = PROMPT[:9]
-    with serving.start_server(api_engine(engine_model)) as srv:
+    with serving.start_server(api_engine(engine_model), lab=lab) as srv:
         body = complete(srv, prompt=prompt, n=3, seed=11, temperature=1.0, max_tokens=5, logprobs=2, echo=True,
                         return_token_ids=True)
     assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 15, "total_tokens": 24}, (
@@ -269,7 +270,7 @@ def a_stop_only_one_sample_writes(model, n=3, max_tokens=8):
 def test_a_stop_string_ends_only_the_sample_that_wrote_it(engine_model):
     seed, j, stop, runs = a_stop_only_one_sample_writes(engine_model)
     engine = api_engine(engine_model)
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         body = complete(srv, prompt=PROMPT, n=3, seed=seed, temperature=1.0, max_tokens=8, stop=[stop])
     tokenizer = ByteTokenizer(64)
     for choice in sorted(body["choices"], key=lambda c: c["index"]):
@@ -294,7 +295,7 @@ REFUSED = {"by the request's checks": (dict(prompt=[1, 99]), {}),  # a token out
 @pytest.mark.parametrize("how", REFUSED)
 def test_a_request_the_engine_refuses_is_one_400_and_none_of_its_samples_counts_as_aborted(engine_model, how):
     fields, options = REFUSED[how]
-    with serving.start_server(api_engine(engine_model, **options)) as srv:
+    with serving.start_server(api_engine(engine_model, **options), lab=lab) as srv:
         status, error = error_of(srv, "/v1/completions", {"n": 3, "temperature": 1.0, "seed": 1, **fields})
         aborted = read_labelled(http_call(srv, "GET", "/metrics")[2].decode(), "vllm:request_success_total",
                                 finished_reason="abort")
@@ -307,7 +308,9 @@ def test_a_request_the_engine_refuses_is_one_400_and_none_of_its_samples_counts_
 @pytest.mark.needs(5)
 def test_a_client_that_goes_mid_stream_aborts_every_forked_sample(engine_model):
     engine = api_engine(engine_model, num_blocks=64)
-    aborted, step, abort = [], engine.step, engine.abort_request
+    aborted = []
+    step = engine.step
+    abort = engine.abort_request
 
     def slow_step():  # a step of a real model's length: the hang-up reaches the engine mid-request
         time.sleep(0.01)
@@ -318,7 +321,7 @@ def test_a_client_that_goes_mid_stream_aborts_every_forked_sample(engine_model):
         return abort(request_id)
 
     engine.step, engine.abort_request = slow_step, recorded_abort
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         reply = stream_then_hang_up(srv, 2, n=3, temperature=1.0, seed=5)
         assert b"data: " in reply, reply[:200]
         deadline = time.monotonic() + HTTP_TIMEOUT

@@ -56,7 +56,9 @@ def reference_probs(logits, sp, prompt=(), output=(), eos=None):
         kth = sorted((x[t] for t in keep), reverse=True)[min(sp.top_k, len(keep)) - 1]
         keep = [t for t in keep if x[t] >= kth]
     if sp.top_p < 1:
-        mass, kept, total = 0.0, [], sum(w[t] for t in keep)
+        mass = 0.0
+        kept = []
+        total = sum(w[t] for t in keep)
         for t in sorted(keep, key=lambda t: -w[t]):
             if mass >= sp.top_p:
                 break
@@ -71,7 +73,8 @@ def reference_probs(logits, sp, prompt=(), output=(), eos=None):
 def reference_run(model, prompt, sp, eos=None):
     """One request alone, without cache or batch: (tokens, finish_reason). EOS is a stop token,
     as the server makes it one."""
-    rng, out = np.random.default_rng(sp.seed), []
+    rng = np.random.default_rng(sp.seed)
+    out = []
     while True:
         p = reference_probs(model.forward_dense(list(prompt) + out)[-1], sp, prompt, out, eos)
         token = int(np.argmax(p)) if sp.temperature == 0 else int(rng.choice(len(p), p=p))

@@ -148,7 +148,7 @@ def test_a_lab_whose_gauges_raise_fails_the_request_at_once_with_a_500_naming_th
         raise AttributeError("'BlockAllocator' object has no attribute 'evictable'")
 
     monkeypatch.setattr(lab.BlockAllocator, "num_free_blocks", property(broken))
-    with serving.start_server(api_engine(engine_model)) as srv:
+    with serving.start_server(api_engine(engine_model), lab=lab) as srv:
         start = time.monotonic()
         status, _, data = http_call(srv, "POST", "/v1/completions", json.dumps({"prompt": [1], "max_tokens": 128}))
         waited = time.monotonic() - start
@@ -265,7 +265,7 @@ ITERATION = ("vllm:iteration_tokens_total_sum", "vllm:iteration_tokens_total_cou
 @pytest.mark.needs(5)
 def test_prefix_cache_counters_count_prompt_tokens_looked_up_and_found_as_vllm_does(engine_model):
     prompt = [(5 * i) % 61 + 1 for i in range(5 * 4 + 2)]  # 5 full blocks of 4, and 2 tokens
-    with serving.start_server(api_engine(engine_model, enable_prefix_caching=True)) as srv:
+    with serving.start_server(api_engine(engine_model, enable_prefix_caching=True), lab=lab) as srv:
         first, second = [], []
         for seen in (first, second):
             complete(srv, prompt=prompt, max_tokens=2)
@@ -288,7 +288,7 @@ def test_prefix_cache_counters_stay_at_zero_while_caching_is_off(server):
 @pytest.mark.needs(5)
 def test_tokens_per_step_count_a_chunked_prefill_whole_in_the_step_that_completes_it(engine_model):
     # max_num_batched_tokens 64: the 100-token prompt runs in two steps, the second samples the first token.
-    with serving.start_server(api_engine(engine_model)) as srv:
+    with serving.start_server(api_engine(engine_model), lab=lab) as srv:
         before = _counters(srv, *ITERATION)
         complete(srv, prompt=[i % 60 + 1 for i in range(100)], max_tokens=4)
         after = _counters(srv, *ITERATION)
@@ -313,7 +313,7 @@ def test_metrics_count_the_tokens_of_a_stream_its_client_abandoned(engine_model)
         return step()
 
     engine.step = slow_step
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         reply = stream_then_hang_up(srv, 3)
         assert reply.count(b"data: ") >= 3, f"expected three token events, got {reply[:300]!r}"
         deadline = time.monotonic() + HTTP_TIMEOUT
@@ -352,7 +352,9 @@ def test_a_stream_is_server_sent_events_each_ended_by_a_blank_line(server):
 @pytest.mark.needs(5)
 def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_return(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
-    outputs, stubs, step = [], [], engine.step
+    outputs = []
+    stubs = []
+    step = engine.step
 
     def slow_recorded_step():  # 5 ms a step: 100 tokens outlast the client by far
         time.sleep(0.005)
@@ -365,7 +367,7 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_return(e
         return out
 
     engine.step = slow_recorded_step
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         reply = stream_then_hang_up(srv, 1)
         assert b"data: " in reply, f"expected the first token as a data: event, got {reply[:200]!r}"
         deadline = time.monotonic() + HTTP_TIMEOUT
@@ -396,7 +398,8 @@ def test_clients_that_end_their_stream_are_aborted_within_a_step_and_never_count
     # 8 clients, each ending its side one of three ways (half-close, close, reset) once all 8 run.
     max_tokens, clients, ways = 100, 8, ["half-close", "close", "reset"]
     engine = lab.LLMEngine(engine_model, num_blocks=256, block_size=4, max_num_seqs=clients)
-    step, produced = engine.step, []
+    step = engine.step
+    produced = []
 
     def slow_step():  # 30 ms a step: a whole answer is 3 s, far longer than the clients stay
         time.sleep(0.03)
@@ -407,7 +410,7 @@ def test_clients_that_end_their_stream_are_aborted_within_a_step_and_never_count
     engine.step = slow_step
     body = json.dumps({"prompt": [5, 6, 7], "max_tokens": max_tokens, "stream": stream}).encode()
     socks = []
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         complete(srv, prompt=[1], max_tokens=1)  # a stub is named here, not below
         produced.clear()
         before = http_call(srv, "GET", "/metrics")[2].decode()
@@ -415,7 +418,8 @@ def test_clients_that_end_their_stream_are_aborted_within_a_step_and_never_count
             for _ in range(clients):
                 socks.append(socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT))
                 socks[-1].sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-            deadline, running = time.monotonic() + HTTP_TIMEOUT, 0
+            deadline = time.monotonic() + HTTP_TIMEOUT
+            running = 0
             while time.monotonic() < deadline and running < clients and not any(o.finished for o in produced):
                 running = read_metric(http_call(srv, "GET", "/metrics")[2].decode(), "vllm:num_requests_running")
             assert running == clients, f"the {clients} requests never ran together (running {running})"
@@ -451,7 +455,7 @@ def test_clients_that_end_their_stream_are_aborted_within_a_step_and_never_count
 @pytest.mark.needs(5)
 def test_a_failing_engine_step_is_a_500_for_its_requests_and_the_server_keeps_serving(engine_model, monkeypatch):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
-    with serving.start_server(engine) as srv:
+    with serving.start_server(engine, lab=lab) as srv:
         complete(srv, prompt=[3, 4], max_tokens=2, temperature=0)  # a stub is named here, not below
 
         def broken(*args, **kwargs):
@@ -475,7 +479,8 @@ def test_a_failing_engine_step_is_a_500_for_its_requests_and_the_server_keeps_se
 def test_a_stream_interval_sends_the_same_tokens_k_to_a_chunk(engine_model):
     streams = {}
     for k in (1, 4):
-        with serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4), stream_interval=k) as srv:
+        engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
+        with serving.start_server(engine, lab=lab, stream_interval=k) as srv:
             streams[k] = stream_events(srv, prompt=[3, 9, 4], max_tokens=10, temperature=0, return_token_ids=True)
     sizes = {k: [len(e["choices"][0]["token_ids"]) for e in events[:-1]] for k, events in streams.items()}
     tokens = {k: [t for e in events[:-1] for t in e["choices"][0]["token_ids"]] for k, events in streams.items()}
@@ -488,17 +493,17 @@ def test_a_stream_interval_sends_the_same_tokens_k_to_a_chunk(engine_model):
 @pytest.mark.parametrize("value, error", [(0, ValueError), (2.0, TypeError), (True, TypeError)])
 def test_a_stream_interval_that_is_not_a_positive_int_is_refused(engine_model, value, error):
     with pytest.raises(error, match="stream_interval"):
-        serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4), stream_interval=value)
+        serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4), lab=lab, stream_interval=value)
 
 
 @pytest.mark.needs(5)
 def test_the_front_end_in_a_thread_answers_as_the_one_in_its_own_process(engine_model, monkeypatch):
     # Where there is no fork the front end runs in a thread of the engine's process, on the
-    # same pipes: same answers, only slower (async_llm's docstring says why).
+    # same pipes: same answers, only slower (serving/engine/'s docstring says why).
     answers = []
     for in_process in (True, False):
         monkeypatch.setattr(api_server, "FRONTEND_PROCESS", in_process)
-        with serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4)) as srv:
+        with serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4), lab=lab) as srv:
             answers.append([stream_events(srv, prompt=[2 + i, 7], max_tokens=4 + i, temperature=0) for i in range(3)])
     texts = [[[e["choices"][0]["text"] for e in events[:-1] if e["choices"]] for events in run] for run in answers]
     assert texts[0] == texts[1], f"the front end in a thread streamed {texts[1]}, in its own process {texts[0]}"
@@ -509,7 +514,7 @@ def test_the_front_end_in_a_thread_answers_as_the_one_in_its_own_process(engine_
 @pytest.mark.provided
 @pytest.mark.skipif(not api_server.FRONTEND_PROCESS, reason="no fork here: the front end is a thread")
 def test_a_server_whose_front_end_is_killed_stops_instead_of_running_on_unreachable(engine_model):
-    with serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4)) as srv:
+    with serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4), lab=lab) as srv:
         assert not srv.wait(0.05), "a healthy server stopped of itself"
         os.kill(srv._frontend.pid, signal.SIGKILL)  # the forked HTTP process, as an OOM killer would
         assert srv.wait(HTTP_TIMEOUT), (
@@ -530,9 +535,9 @@ def test_every_unsupported_field_may_be_absent_or_null():
 def test_the_front_ends_commands_never_block_its_loop_and_arrive_in_order():
     # While the engine writes a step's outputs to the front end, it reads no commands; a loop
     # that blocked on a full command pipe would then never read those outputs: both would wait.
-    from serving.async_llm import command_pipe
+    from serving.engine.transport import message_pipe
 
-    reader, writer = command_pipe()
+    reader, writer = message_pipe()
     loop = asyncio.new_event_loop()
     try:
         writer.attach(loop, on_gone=lambda: None)
@@ -575,7 +580,7 @@ def test_an_engine_built_without_the_apis_processors_serves_the_whole_api(engine
     answers = {}
     for name, processors in (("reference", sampling.logits_processors()), ("engine", own)):
         engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4, logits_processors=processors)
-        with serving.start_server(engine) as srv:
+        with serving.start_server(engine, lab=lab) as srv:
             status, _, data = http_call(srv, "POST", "/v1/completions", json.dumps(fields))
             assert status == 200, (
                 f"start_server serves the whole API whatever the engine was built with (it installs the logits "

@@ -182,7 +182,7 @@ def test_a_wrong_key_is_401_and_changes_nothing(tenant_server):
                                                       "tenant not a name", "a list"])
 def test_start_server_refuses_keys_it_cannot_check_before_it_listens(engine_model, api_keys):
     with pytest.raises(ValueError, match="api_keys"):
-        serving.start_server(api_engine(engine_model), api_keys=api_keys)
+        serving.start_server(api_engine(engine_model), lab=lab, api_keys=api_keys)
 
 
 @pytest.mark.needs(5)
@@ -260,7 +260,7 @@ def test_lm_eval_with_openai_api_key_runs_on_a_keyed_server_as_on_an_open_one(te
 @pytest.fixture(scope="module")
 def scraped_server(byte_model):
     """Tenants' keys, and the operators' key for /metrics."""
-    with serving.start_server(api_engine(byte_model, enable_prefix_caching=True), api_keys=KEYS,
+    with serving.start_server(api_engine(byte_model, enable_prefix_caching=True), lab=lab, api_keys=KEYS,
                               metrics_api_key="sk-scraper") as running:
         yield running
 
@@ -282,7 +282,7 @@ def test_with_a_metrics_key_metrics_answers_that_key_alone_and_that_key_opens_no
 @pytest.mark.provided
 def test_a_metrics_key_no_header_can_carry_is_refused_before_the_server_listens(engine_model):
     with pytest.raises(ValueError, match="metrics_api_key"):
-        serving.start_server(api_engine(engine_model), metrics_api_key="sk scraper")
+        serving.start_server(api_engine(engine_model), lab=lab, metrics_api_key="sk scraper")
     proc = run_cli("serve", "--port", "0", "--duration", "0.1", "--metrics-api-key", "sk scraper")
     assert proc.returncode == 2 and "--metrics-api-key" in proc.stderr and "serving " not in proc.stdout, proc.stderr
 
@@ -379,7 +379,8 @@ def test_serve_with_a_keys_file_answers_its_keys_and_refuses_the_rest(tmp_path):
     # be taken by another process before the server binds it).
     proc = subprocess.Popen([sys.executable, lab.__file__, "serve", "--port", "0", "--api-keys-file", str(keys)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    banner, listening = "", None
+    banner = ""
+    listening = None
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 60)  # the banner, once it listens (bounded)
         banner = proc.stdout.readline() if ready else ""

@@ -32,7 +32,8 @@ def run_batching(lab: ModuleType) -> dict:
 
 def _runs(cells: Sequence[int]) -> list[tuple[int, int, int]]:
     """(start, stop, value) runs of equal consecutive cells."""
-    runs, start = [], 0
+    runs = []
+    start = 0
     for i in range(1, len(cells) + 1):
         if i == len(cells) or cells[i] != cells[start]:
             runs.append((start, i, cells[start]))
@@ -43,7 +44,8 @@ def _runs(cells: Sequence[int]) -> list[tuple[int, int, int]]:
 def figure_batching(lab: ModuleType) -> tuple[str, dict]:
     run = run_batching(lab)
     p = run["params"]
-    slots, x0, x1 = p["slots"], 150, 910
+    slots = p["slots"]
+    x0, x1 = 150, 910
     max_steps = max(run[s]["num_steps"] for s in ("static", "continuous"))
     sx = xscale(0, max_steps, x0, x1)
     slot_h, panel_h = 17, p["slots"] * 17 + 58
@@ -56,7 +58,8 @@ def figure_batching(lab: ModuleType) -> tuple[str, dict]:
         y0 = 44 + k * panel_h
         body.append(text(0, y0 + 14, scheduling, size=15, weight="bold"))
         body.append(text(0, y0 + 32, "batching", size=13))
-        lens, long_cut = sim["output_lens"], 4 * float(np.median(sim["output_lens"]))
+        lens = sim["output_lens"]
+        long_cut = 4 * float(np.median(sim["output_lens"]))
         for slot in range(slots):
             y = y0 + 4 + slot * slot_h
             body.append(text(x0 - 8, y + 12, f"slot {slot}", size=11, anchor="end", fill="#444444"))

@@ -106,7 +106,8 @@ def run_kv_pool(lab: ModuleType) -> dict:
 
 
 def _wrap(s: str, width: int) -> list[str]:
-    words, lines = s.split(), [""]
+    words = s.split()
+    lines = [""]
     for w in words:
         if lines[-1] and len(lines[-1]) + 1 + len(w) > width:
             lines.append(w)

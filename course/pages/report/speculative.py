@@ -69,7 +69,8 @@ def run_speculative(lab: ModuleType) -> dict:
         # This speculative_generate verifies without calling lab.accept_or_resample: derive each
         # round from its accept count, the emitted tokens and the documented draft count
         # min(k, tokens still wanted - 1); a rejected or discarded draft's id is then unknown (-1).
-        recorded, done = [], 0
+        recorded = []
+        done = 0
         for accepted in out.accepted_per_pass:
             emitted = out.token_ids[done : done + accepted + 1]
             n = min(k, SPEC["max_tokens"] - done - 1)

@@ -1,8 +1,9 @@
 """The fleet's search: for one candidate deployment (GPU, tensor-parallel degree, max_num_seqs,
 max_num_batched_tokens, or a pool of a disaggregated fleet), the largest request rate one replica
 serves with at least 99% of requests inside both p99 targets, found by binary search over runs of
-the module's own Scheduler in the simulator (`simulate_rate`). fleet.py turns the searches into the
-table, the pick and the words; the docstring there says what `fleet` answers.
+the module's own Scheduler, each step costed as the simulator costs it (`simulate_rate`).
+course/reviews/fleet.py turns the searches into the table, the pick and the words; the docstring
+there says what `fleet` answers.
 """
 
 from __future__ import annotations
@@ -12,19 +13,21 @@ import dataclasses
 import math
 import multiprocessing
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
 
-from loadtest.costmodel import (
+from measure.latency import nearest_rank, nearest_rank_quantile
+
+from .costmodel import (
     MeasuredStepCost,
     RooflineStepCost,
     has_profile,
     roofline_step_cost,
     step_cost,
 )
-from loadtest.datasets import sample_request_lengths, workload_stats
+from .datasets import sample_request_lengths, workload_stats
 
 # The grid searched besides the tensor-parallel degree (vLLM's defaults are 256 and 8192 on a
 # large GPU; 2048 is its old chunked-prefill default).
@@ -86,16 +89,9 @@ class LoadRun:
     attainment: float = math.nan   # the share of counted requests inside both targets (a finished run)
 
 
-def nearest_rank(values: Sequence[float], q: float = SLO_QUANTILE) -> float:
-    """The q-quantile by nearest rank (the ceil(q * n)-th smallest): p99 <= T exactly when at
-    least 99% of the values are <= T. NaN when empty."""
-    if len(values) == 0:
-        return math.nan
-    return float(sorted(values)[max(1, math.ceil(round(q * len(values), 9))) - 1])
-
-
 def allowed_misses(n: int, q: float = SLO_QUANTILE) -> int:
-    return n - max(1, math.ceil(round(q * n, 9)))
+    """How many of `n` requests may miss a target while the q-quantile by nearest rank meets it."""
+    return n - nearest_rank(n, q)
 
 
 def fleet_workload(lab: ModuleType, name: str, num_requests: int, seed: int, max_model_len: int):
@@ -127,7 +123,10 @@ def _step_shape(plan, role: str) -> tuple[int, int, int, bool, dict[str, int]]:
     over its sequences. A decode pool's first step of a request imports its prompt's K/V: no FLOPs
     for it, only the last token's."""
     tokens = plan.total_num_scheduled_tokens
-    context, pairs, prefill, sampled = 0, 0, False, {}
+    context = 0
+    pairs = 0
+    prefill = False
+    sampled = {}
     scheduled_tokens = plan.num_scheduled_tokens
     for s in plan.scheduled:
         new, done = scheduled_tokens[s.request_id], s.num_computed_tokens
@@ -207,8 +206,10 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
     scheduler = lab.make_scheduler("continuous", lab.BlockAllocator(num_blocks, block_size), candidate.max_num_seqs,
                                    candidate.max_num_batched_tokens, True)
     arrivals = [t / rate for t in unit_arrivals]
-    seqs, counted = [], _Counted()
-    clock, nxt = 0.0, 0
+    seqs = []
+    counted = _Counted()
+    clock = 0.0
+    nxt = 0
     run = LoadRun(rate, False, math.nan, math.nan, False)
     decode = dict(time=0.0, steps=0, seqs=0, context=0)  # the steps that ran no prefill
     while nxt < n or scheduler.has_unfinished():
@@ -230,8 +231,10 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
         if parts is not None:
             run.bound_time[parts.bound] = run.bound_time.get(parts.bound, 0.0) + step
         if not prefill:
-            decode["time"], decode["steps"] = decode["time"] + step, decode["steps"] + 1
-            decode["seqs"], decode["context"] = decode["seqs"] + len(plan.scheduled), decode["context"] + context
+            decode["time"] += step
+            decode["steps"] += 1
+            decode["seqs"] += len(plan.scheduled)
+            decode["context"] += context
         run.num_steps += 1
         for s in scheduler.finish_step(plan, sampled, clock):
             if int(s.request_id) >= first:
@@ -248,8 +251,9 @@ def simulate_rate(lab: ModuleType, cost, workload, rate: float, slo: SLO, candid
 
 def _conclude(run: LoadRun, clock: float, decode: dict, counted_seqs: list, counted: _Counted, num_counted: int,
               budget: int) -> None:
-    """The run's means, its p99s (a run stopped early counts the requests still waiting or running
-    as misses) and whether it meets both targets."""
+    """The run's means, its p99s by nearest rank (an SLO's: `nearest_rank_quantile` says why; a run
+    stopped early counts the requests still waiting or running as misses) and whether it meets both
+    targets."""
     run.mean_step = clock / max(run.num_steps, 1) if run.num_steps else math.nan
     run.mean_decode_step = decode["time"] / decode["steps"] if decode["steps"] else math.nan
     if decode["steps"]:
@@ -258,11 +262,11 @@ def _conclude(run: LoadRun, clock: float, decode: dict, counted_seqs: list, coun
     ttfts, tpots = counted.ttfts, counted.tpots
     if run.finished:
         rejected = sum(s.finish_reason == "rejected" for s in counted_seqs)
-        run.p99_ttft = nearest_rank(ttfts + [math.inf] * rejected)
-        run.p99_tpot = nearest_rank(tpots)
+        run.p99_ttft = nearest_rank_quantile(ttfts + [math.inf] * rejected, SLO_QUANTILE)
+        run.p99_tpot = nearest_rank_quantile(tpots, SLO_QUANTILE)
     else:  # stopped early: the requests still waiting or running have missed or will miss
-        run.p99_ttft = nearest_rank(ttfts + [math.inf] * (num_counted - len(ttfts)))
-        run.p99_tpot = nearest_rank(tpots + [math.inf] * (num_counted - len(tpots)))
+        run.p99_ttft = nearest_rank_quantile(ttfts + [math.inf] * (num_counted - len(ttfts)), SLO_QUANTILE)
+        run.p99_tpot = nearest_rank_quantile(tpots + [math.inf] * (num_counted - len(tpots)), SLO_QUANTILE)
     run.meets = counted.misses <= budget and run.finished
     if run.finished:
         run.attainment = 1 - counted.misses / max(num_counted, 1)
