@@ -1,7 +1,7 @@
 """Tests of the project's own tooling, not the students' spec: what make_lab generates keeps the
 contract, the chapter stays a chapter, and what runs it stands above it. Run with the README's test
 command. They read solution.py and the lab text GENERATED from it, never the lab.py a student is
-editing (whether lab.py is that text is CI's `python tools/handout/make_lab.py --check`)."""
+editing (whether lab.py is that text is CI's `python -m tools.handout.make_lab --check`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from tool_support import ROOT, load_tool, tracked_files
+
+from tools.benchmarks import bench_speculative
+from tools.checks import docstring_words, second_lab
+from tools.handout import make_lab, student_copy
+from tools.tool_support import ROOT, tracked_files
 
 
 def public_api(module) -> dict[str, str]:
@@ -46,7 +50,6 @@ def public_api(module) -> dict[str, str]:
 
 
 def generated_lab_text() -> str:
-    make_lab = load_tool("make_lab")
     solution = make_lab.refresh_reading_map((ROOT / "solution.py").read_text())
     return make_lab.refresh_reading_map(make_lab.make_lab(solution))
 
@@ -73,7 +76,7 @@ def test_lab_and_solution_expose_the_same_public_names_and_signatures():
     differ = sorted(n for n in set(lab_api) & set(solution_api) if lab_api[n] != solution_api[n])
     assert not (missing or extra or differ), (
         f"lab.py drifted from solution.py: missing {missing}, extra {extra}, different signatures {differ}; "
-        "regenerate it with `python tools/handout/make_lab.py`"
+        "regenerate it with `python -m tools.handout.make_lab`"
     )
 
 
@@ -87,7 +90,7 @@ def test_make_lab_turns_each_solution_region_into_a_stub_and_keeps_the_rest():
         "        return x + 1\n"
         "        # END SOLUTION\n"
     )
-    lab_text = load_tool("make_lab").make_lab(source)
+    lab_text = make_lab.make_lab(source)
     assert '"""Doc stays."""' in lab_text and "return x + 1" not in lab_text
     assert '        raise NotImplementedError("Exercise 3: A.f")\n' in lab_text
 
@@ -96,7 +99,7 @@ def test_make_lab_turns_each_solution_region_into_a_stub_and_keeps_the_rest():
 def test_make_lab_with_only_one_exercise_stubs_that_one_and_keeps_the_others():
     source = ("def f(x):\n    # BEGIN SOLUTION: Exercise 1\n    return x\n    # END SOLUTION\n\n\n"
               "def g(x):\n    # BEGIN SOLUTION: Exercise 2\n    return -x\n    # END SOLUTION\n")
-    lab_text = load_tool("make_lab").make_lab(source, only={"2"})
+    lab_text = make_lab.make_lab(source, only={"2"})
     assert "return x\n" in lab_text and 'raise NotImplementedError("Exercise 2: g")' in lab_text
     assert "Exercise 1: f" not in lab_text and "return -x" not in lab_text
 
@@ -109,7 +112,7 @@ def test_make_lab_with_only_one_exercise_stubs_that_one_and_keeps_the_others():
 ], ids=["no-end", "no-begin", "outside-a-function"])
 def test_make_lab_rejects_misplaced_markers(source):
     with pytest.raises(ValueError):
-        load_tool("make_lab").make_lab(source)
+        make_lab.make_lab(source)
 
 
 @pytest.mark.provided
@@ -138,14 +141,14 @@ def test_the_chapter_stays_a_chapter_and_each_reading_map_says_where():
         # as the engine's own method, and unpacked assignments took them to 193 and 200 lines.
         assert size < 210, f"{name} is {size} lines: under 210 (nano-vllm's is under 100)"
     for name, text in (("solution.py", solution), ("lab.py", lab_text)):
-        assert load_tool("make_lab").refresh_reading_map(text) == text, (
-            f"the reading map in {name}'s docstring names stale line ranges: run python tools/handout/make_lab.py")
+        assert make_lab.refresh_reading_map(text) == text, (
+            f"the reading map in {name}'s docstring names stale line ranges: run python -m tools.handout.make_lab")
 
 
 @pytest.mark.provided
 def test_the_exercises_docstrings_state_the_contract_in_at_most_1730_words():
     # 40% under the 2,884 words they had when they also gave the method (which is now the hints').
-    words = load_tool("docstring_words").total_words((ROOT / "solution.py").read_text())
+    words = docstring_words.total_words((ROOT / "solution.py").read_text())
     assert words <= 1730, (f"the docstrings of the exercises and their classes hold {words} words, at most 1,730: "
                            "they state the contract; the method belongs in docs/hints.md")
 
@@ -311,7 +314,7 @@ def test_the_course_and_the_trace_use_only_the_chapters_public_names():
 def test_the_benchmarks_import_the_module_they_measure_and_it_never_imports_them():
     bench = (ROOT / "tools" / "bench.py").read_text()
     solution = (ROOT / "solution.py").read_text()
-    assert "import_module(name)" in bench, "tools/bench.py must measure the module it is given (--module)"
+    assert "import_module(args.module)" in bench, "tools/bench.py must measure the module it is given (--module)"
     assert not re.search(r"^(from|import) (tools|bench)\b", solution, re.M), (
         "solution.py imports the benchmarks: measurement stands beside the model, not inside it")
     assert not re.search(r"^def bench_", solution, re.M), "benchmark code belongs in tools/bench.py"
@@ -399,7 +402,6 @@ def test_no_module_over_600_lines_no_folder_over_12_modules_no_function_over_60_
 
 @pytest.mark.provided
 def test_the_student_copy_ships_no_reference_and_refuses_a_file_that_quotes_an_answer():
-    student_copy = load_tool("student_copy")
     shipped = student_copy.shipped_files()
     assert "lab.py" in shipped and "test_lab.py" in shipped and "conftest.py" in shipped
     kept_back = [p for p in shipped if p in student_copy.MAINTAINERS_ONLY or p.startswith(".ci/")]
@@ -420,7 +422,7 @@ def test_grade_on_a_half_written_lab_is_a_gradescope_result_that_agrees_with_the
     """Exercises 5-7 stubs, the others written; only Exercises 6 and 8 run (fast): 8 scores full,
     6 the share of its tests that pass without its functions and names them, the others say that
     none of their tests ran."""
-    (tmp_path / "lab_half.py").write_text(load_tool("make_lab").make_lab((ROOT / "solution.py").read_text(),
+    (tmp_path / "lab_half.py").write_text(make_lab.make_lab((ROOT / "solution.py").read_text(),
                                                                          only={"5", "6", "7"}))
     env = dict(os.environ, LAB_MODULE="lab_half", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
     result_path = tmp_path / "results" / "results.json"
@@ -451,8 +453,8 @@ def test_grade_on_a_half_written_lab_is_a_gradescope_result_that_agrees_with_the
 @pytest.mark.skipif(not (ROOT / "tools" / "checks" / "second_lab.py").exists(),
                     reason="a maintainers' tool (it holds answers)")
 def test_the_second_implementation_fills_every_stub_of_the_generated_lab():
-    # The suite on it is `python tools/checks/second_lab.py --run` (issue 35): this checks it still fits lab.py.
-    text = load_tool("second_lab").second_lab(generated_lab_text())
+    # The suite on it is `python -m tools.checks.second_lab --run` (issue 35): this checks it still fits lab.py.
+    text = second_lab.second_lab(generated_lab_text())
     assert "raise NotImplementedError(\"Exercise" not in text, "a stub of lab.py has no second implementation"
     compile(text, "second_lab.py", "exec")
 
@@ -484,7 +486,7 @@ def test_the_second_implementation_reports_the_same_events():
     from course.pages.trace_workloads import WORKLOADS, get_workload
 
     solution = importlib.import_module("solution")
-    second = generated_lab_module(load_tool("second_lab").second_lab(generated_lab_text()), "second_lab_events")
+    second = generated_lab_module(second_lab.second_lab(generated_lab_text()), "second_lab_events")
     scheduler = ("SCHEDULED", "OUT_OF_BLOCKS", "PREEMPTED")
     for name in WORKLOADS:
         workload = get_workload(name)
@@ -506,6 +508,6 @@ def test_the_second_implementation_reports_the_same_events():
     (1.10, 1.50, 0.50, ["does NOT hold", "does not apply: alpha 0.50 < 0.7", "Not worth adding here"]),
 ], ids=["below the bar, still pays", "above the bar", "alpha below the bar's"])
 def test_the_speculative_verdict_holds_each_number_to_its_own_bar(measured, extended, alpha, says):
-    verdict = load_tool("bench_speculative").speculative_verdict(measured, extended, alpha)
+    verdict = bench_speculative.speculative_verdict(measured, extended, alpha)
     missing = [words for words in says if words not in verdict]
     assert not missing, f"the verdict on {measured}x must say {missing}: {verdict}"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One exercise's test run, as a student types it, on the tree of each git revision named, in turns.
 
-    OPENBLAS_NUM_THREADS=1 python tools/benchmarks/bench_test_run.py 6521113 56cc7bd
-    python tools/benchmarks/bench_test_run.py 6521113 56cc7bd -m exercise4 --rounds 7
+    OPENBLAS_NUM_THREADS=1 python -m tools.benchmarks.bench_test_run 6521113 56cc7bd
+    python -m tools.benchmarks.bench_test_run 6521113 56cc7bd -m exercise4 --rounds 7
 
 Each revision's tree is unpacked from git into a scratch folder, and `python -m pytest -q -m
 exercise1` runs there with LAB_MODULE=solution (every exercise written: each test runs to its
@@ -26,9 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tools")]
-from bench_common import tree_at  # noqa: E402
+from tools.bench_common import tree_at
 
 MODES = {"no bytecode (CI)": {"PYTHONDONTWRITEBYTECODE": "1"}, "bytecode cached": {}}
 

@@ -2,7 +2,7 @@
 """Words in the docstrings a student reads to write each exercise: every function holding an
 exercise's solution region, and the classes around them (issue 30's measure).
 
-    python tools/checks/docstring_words.py [solution.py]
+    python -m tools.checks.docstring_words [solution.py]
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ went red; the tooling tests (tools/) never count as a catch. A mutant that survi
 the spec. A full run writes tools/checks/mutants_caught.json (which test caught which mutant);
 later runs try that test first, so proving all of them takes minutes, not a quarter of an hour.
 
-    python tools/checks/mutants.py              # all mutants, two at a time (-j), hints first
-    python tools/checks/mutants.py -k slot      # those whose name contains "slot"
-    python tools/checks/mutants.py --no-hints   # each mutant's whole marker: finds the first test that fails
+    python -m tools.checks.mutants              # all mutants, two at a time (-j), hints first
+    python -m tools.checks.mutants -k slot      # those whose name contains "slot"
+    python -m tools.checks.mutants --no-hints   # each mutant's whole marker: finds the first test that fails
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools.checks.mutants_chapter import CHAPTER
+from tools.checks.mutants_packages import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutants_chapter import CHAPTER  # noqa: E402
-from mutants_packages import PACKAGES  # noqa: E402
 
 # (name, exercise marker to run, old text, new text[, file: default solution.py])
 MUTANTS: list[tuple[str, ...]] = CHAPTER + PACKAGES
@@ -60,7 +60,9 @@ PYTEST_ARGS = ["-x", "-q", "-rf", "-p", "no:cacheprovider"]
 
 
 def _pytest_in_child(project: str, env: dict, args: list[str]) -> tuple[int, str]:
-    """In a fresh process: `python -m pytest ARGS` as run in `project` under `env`, and its output."""
+    """In a fresh process: `python -m pytest ARGS` as run in `project` under `env`, and its output.
+    The forked process was not started in `project`: its import path is made what that command's
+    would be (the working directory first, then PYTHONPATH's folders)."""
     os.chdir(project)
     os.environ.clear()
     os.environ.update(env)

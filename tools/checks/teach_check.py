@@ -22,11 +22,11 @@ class:
 stand in for a reader: a message that states the rule in other words is a b to this tool, so
 the report's own reading may differ; a message that matches and is wrong is not excused.
 
-    python tools/checks/teach_check.py               # every mistake, two at a time
-    python tools/checks/teach_check.py -k reseeded   # those whose name contains this
-    python tools/checks/teach_check.py -e 5          # Exercise 5's
-    python tools/checks/teach_check.py --json out.json
-    python tools/checks/teach_check.py --held-out    # issue 35's mistakes, planted after the messages
+    python -m tools.checks.teach_check               # every mistake, two at a time
+    python -m tools.checks.teach_check -k reseeded   # those whose name contains this
+    python -m tools.checks.teach_check -e 5          # Exercise 5's
+    python -m tools.checks.teach_check --json out.json
+    python -m tools.checks.teach_check --held-out    # issue 35's mistakes, planted after the messages
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "handout"))
-from make_lab import BEGIN, END, ROOT  # noqa: E402
+from tools.handout.make_lab import BEGIN, END, ROOT
 
 # (name, exercise, old text, new text, the rule a message must name: a regular expression)
 MISTAKES: list[tuple[str, int, str, str, str]] = [

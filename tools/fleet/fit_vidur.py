@@ -2,11 +2,11 @@
 """Fit loadtest/vidur_profile.json, the measured cost model's coefficients, from Vidur's published
 operator profiles, and print the error table: predicted against measured, per model, GPU and tp.
 
-    python tools/fleet/fit_vidur.py --vidur DIR            # fit, print the coefficients and the error tables
-    python tools/fleet/fit_vidur.py --vidur DIR --write    # ... and write loadtest/vidur_profile.json
-    python tools/fleet/fit_vidur.py --vidur DIR --check    # the SHIPPED table against the profiles; exit 1 if a
+    python -m tools.fleet.fit_vidur --vidur DIR            # fit, print the coefficients and the error tables
+    python -m tools.fleet.fit_vidur --vidur DIR --write    # ... and write loadtest/vidur_profile.json
+    python -m tools.fleet.fit_vidur --vidur DIR --check    # the SHIPPED table against the profiles; exit 1 if a
                                                      # held-out target is missed
-    python tools/fleet/fit_vidur.py --vidur DIR --leave-one-out   # fit on one Llama-2, predict the other
+    python -m tools.fleet.fit_vidur --vidur DIR --leave-one-out   # fit on one Llama-2, predict the other
 
 DIR is a clone of https://github.com/microsoft/vidur (MIT licence; its data/profiling/ is read) or
 a bare git mirror of it (read with `git show`); default $VIDUR_DIR. Nothing of it is copied into
@@ -36,14 +36,11 @@ import os
 import pathlib
 import statistics
 import subprocess
-import sys
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from loadtest import costmodel  # noqa: E402
+from loadtest import costmodel
+from tools.bench_common import ROOT
 
 FITTED = ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-70b-hf")
 HELD_OUT = ("codellama/CodeLlama-34b-Instruct-hf", "Qwen/Qwen-72B", "internlm/internlm-20b", "microsoft/phi-2",

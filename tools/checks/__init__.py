@@ -1,0 +1,1 @@
+"""The maintainers' checks: planted mistakes, a second implementation, the pages' commands and words."""
