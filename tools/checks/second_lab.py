@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A second implementation of every exercise, written from lab.py's docstrings alone (issue 35).
+"""A second implementation of every exercise, written from lab.py's docstrings alone.
 
 It proves that test_lab.py holds a student to the docstrings' contract and nothing more: the
 work is divided differently from solution.py, and the suite must still be green on it. This file

@@ -21,9 +21,9 @@ from serving import api_server, protocol
 from tools.bench_common import ROOT, blas_env
 
 # A server in a child process, as `python solution.py serve` runs one, with the front end in a
-# process of its own (what `serve` does) or in a thread of the engine's process (what it did
-# before: the two then take turns on one interpreter lock). Run with the checkout as its working
-# directory, where `python -c` imports from.
+# process of its own (what `serve` does) or in a thread of the engine's process (the simpler design
+# it is measured against: the two then take turns on one interpreter lock). Run with the checkout
+# as its working directory, where `python -c` imports from.
 _SERVE_PROBE = """
 import json, sys
 lab = __import__(sys.argv[1])

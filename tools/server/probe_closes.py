@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Count the connections `python <module>.py serve` ends without a word: raw-socket probes on
-127.0.0.1, all at once, each the kind of odd client that once got a silent close (issue 36).
+127.0.0.1, all at once, each a kind of odd client a server can be tempted to close on silently.
 
 A probe that sent bytes and saw its connection end (end of stream or reset) with no byte of a
 response is "silent"; one still waiting after 20 s "hang"; a probe that sent nothing and was closed
