@@ -254,7 +254,7 @@ PACKAGES: list[tuple[str, ...]] = [
      'if len(have) == len(kinds):', 'if have:', 'serving/sampling.py'),
     ("close() leaves the API's processors in the engine", 'provided',
      '            self.engine.logits_processors = self._own_processors\n', '            pass\n', 'serving/api_server.py'),
-    ('at most 128 prompts a request again', 'provided',
+    ('at most 128 prompts a request, not MAX_CHOICES = 2048', 'provided',
      'MAX_CHOICES = 2048', 'MAX_CHOICES = 128', 'serving/protocol.py'),
     ('serve --model DIR answers only to the directory name', 'provided',
      '                                                              args.model]))\n', '                                                              ][:1]))\n', 'course/commands.py'),
