@@ -1,6 +1,6 @@
 """The pages' words, held by the tools that check them: no narrated rounds nor hand-typed counts,
 links that resolve, a student's copy whose pages fit it, and every command a page shows found
-complete and run (tools/checks/check_words.py, tools/checks/check_docs.py)."""
+complete and run (tools/pages/check_words.py, tools/pages/check_docs.py)."""
 
 from __future__ import annotations
 

@@ -2,10 +2,10 @@
 """The pages' own check: every command README.md and docs/ show runs as written (their words are
 check_words.py's).
 
-    python -m tools.checks.check_docs                 # run every command the pages show (minutes)
-    python -m tools.checks.check_docs --list          # what would run, and the few that are not run, with why
-    python -m tools.checks.check_docs --copy DIR      # the same in a student's copy (tools.handout.student_copy)
-    python -m tools.checks.check_docs -k serving.md   # only the snippets whose page or text contains a word
+    python -m tools.pages.check_docs                 # run every command the pages show (minutes)
+    python -m tools.pages.check_docs --list          # what would run, and the few that are not run, with why
+    python -m tools.pages.check_docs --copy DIR      # the same in a student's copy (tools.handout.student_copy)
+    python -m tools.pages.check_docs -k serving.md   # only the snippets whose page or text contains a word
 
 A snippet is a fenced block of shell (```bash), a `$ `-prompted or indented block of commands, a
 ```python block, or the commands written inline on one line (`python solution.py size`). A
@@ -58,7 +58,7 @@ CUT_S = 2.0  # a LONG command must not have failed by then: its imports, its fla
 LONG = re.compile(r"""
     \s(serve|loadtest|fleet|bench|attack)\b    # the server, the load test, the fleet search, benchmarks, the attack
   | -m\ tools\.(?:\w+\.)?(bench\w*|peer_bench|probe_closes)\b      # the benchmarks and probes
-  | -m\ tools\.checks\.(mutants|teach_check|second_lab|check_stubs|check_docs|blame)\b   # the checks of the suite
+  | -m\ tools\.(?:checks|pages)\.(mutants|teach_check|second_lab|check_stubs|check_docs|blame)\b   # the checks
   | -m\ pytest(?!.*\s-m\s)(?!.*::)(?!.*\stests/[\w/]+\.py)   # the whole suite (one exercise or file finishes)
   | protocol\.MAX_CHOICES                      # docs/serving.md's measurement of the choice cap, to 200,000
 """, re.X)
@@ -76,7 +76,7 @@ NOT_RUN: tuple[tuple[str, str, str], ...] = (
     ("peer_bench tokenizer", "command", "needs Hugging Face's tokenizers package, outside the lab's dependencies"),
     ("python bench_serving.py", "command", "needs SGLang's bench_serving.py and its packages (docs/serving.md)"),
     ("from transformers import", "command", "needs transformers, outside the lab's dependencies"),
-    ("tools.checks.check_docs", "command", "this check itself"),
+    ("tools.pages.check_docs", "command", "this check itself"),
     ("../graded-copy", "block", "CI runs this flow for every half-way state: .ci/run unpacks and sets up the "
                                 "autograder so, and tools/handout/half_way.py --graded submits each state's lab.py"),
     ("--vidur DIR", "command", "needs Vidur's profiling CSVs (a clone of microsoft/vidur); the lab ships no CSV"),

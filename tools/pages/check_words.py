@@ -15,7 +15,7 @@ import os
 import re
 import tokenize
 
-from tools.checks.check_docs import FENCE, INLINE, INLINE_COMMAND, not_run, snippets_of
+from tools.pages.check_docs import FENCE, INLINE, INLINE_COMMAND, not_run, snippets_of
 
 # The project's history, in any page: a figure carries its date and machine instead.
 ROUNDS = re.compile(r"\b(?:this|that|earlier|last|previous|latest|prior)\s+rounds?\b|\bround\s+before\b"
