@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from course.commands import SERVE_MODEL
-from tools.checks import check_docs, check_words
 from tools.handout import student_copy
+from tools.pages import check_docs, check_words
 from tools.tool_support import tracked_files
 
 ROOT = Path(__file__).resolve().parents[2]
