@@ -117,7 +117,8 @@ def test_make_lab_rejects_misplaced_markers(source):
 
 @pytest.mark.provided
 def test_the_chapter_stays_a_chapter_and_each_reading_map_says_where():
-    solution, lab_text = (ROOT / "solution.py").read_text(), generated_lab_text()
+    solution = (ROOT / "solution.py").read_text()
+    lab_text = generated_lab_text()
     titles = [int(m.group(1)) for line in solution.split("\n") if (m := re.match(r"# (\d+)\. ", line))]
     assert titles == sorted(titles), f"sections must come in their numbered order, found {titles}"
     # The day's reading, the chapter's one budget: the mechanisms and their checks. What vLLM's API
@@ -183,7 +184,8 @@ def import_tricks(source: str) -> list[str]:
     """What in a module imports past its `import` lines, where the import graph (and a reader) cannot
     see it: `importlib` or `runpy`, `__import__`, `sys.modules` looked up under a name written out,
     or a module-level `__getattr__` / `__dir__` (names handed out from elsewhere when asked for)."""
-    tree, found = ast.parse(source), []
+    tree = ast.parse(source)
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [f"line {node.lineno}: import {a.name}" for a in node.names
@@ -343,7 +345,8 @@ def tools_graph(files: dict[str, str]) -> dict[str, set[str]]:
 
 def loops(graph: dict[str, set[str]]) -> list[list[str]]:
     """Each loop of the graph found by a depth-first walk (a part that reaches itself), as its path."""
-    found, done = [], set()
+    found = []
+    done = set()
 
     def walk(node: str, path: list[str]) -> None:
         if node in path:

@@ -118,7 +118,9 @@ def _cast_rates(clock, kib: tuple[int, ...] = (256, 3072), repeats: int = 20) ->
     rates = {}
     for size in kib:
         n = size * 256                                   # float32 elements in `size` KiB
-        dst, src8, src32 = np.empty(n, np.float32), np.ones(n, np.int8), np.ones(n, np.float32)
+        dst = np.empty(n, np.float32)
+        src8 = np.ones(n, np.int8)
+        src32 = np.ones(n, np.float32)
         rates["int8", size] = n / best_time(lambda: np.copyto(dst, src8), repeats, clock=clock)
         rates["float32", size] = n / best_time(lambda: np.copyto(dst, src32), repeats, clock=clock)
     return rates

@@ -58,7 +58,8 @@ def bench_decode(lab: ModuleType, n_embd: int = 1024, n_layer: int = 6, n_head: 
         say(f"  batch {batch:2d}: model {t['model'] * 1e3:6.1f} ms/step = {batch / t['model']:6.0f} tok/s, "
             f"weight GEMMs {t['gemm'] * 1e3:6.1f} ms = {batch / t['gemm']:6.0f} tok/s "
             f"(model/GEMMs {t['model'] / t['gemm']:.2f}x, logits {logits.dtype})")
-    lo, hi = batch_sizes[0], batch_sizes[-1]
+    lo = batch_sizes[0]
+    hi = batch_sizes[-1]
     model_gain = (hi / model_time[hi]) / (lo / model_time[lo])
     gemm_gain = (hi / gemm_time[hi]) / (lo / gemm_time[lo])
     say(f"  throughput batch {hi} / batch {lo}: model {model_gain:.1f}x, weight GEMMs (ceiling) "

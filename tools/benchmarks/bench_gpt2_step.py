@@ -82,7 +82,8 @@ def torch_step(shape: dict, weights: dict, context: int):
     def step():
         with torch.inference_mode():
             out = hf(input_ids=state["token"], past_key_values=state["past"], use_cache=True)
-        state["past"], state["token"] = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        state["past"] = out.past_key_values
+        state["token"] = out.logits[:, -1].argmax(-1, keepdim=True)
 
     return step
 
@@ -123,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<12}{t * 1e3:9.3f}{vs}")
     names = list(modules)
     if len(names) > 1:
-        a, b = names[0], names[-1]
+        a = names[0]
+        b = names[-1]
         ratios = [after / before for before, after in zip(best[a], best[b])]
         print(f"  {b} / {a}: {median[b] / median[a]:.3f} (medians); per round {min(ratios):.3f}-{max(ratios):.3f}")
     return 0

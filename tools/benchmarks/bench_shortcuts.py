@@ -57,7 +57,8 @@ def cases(lab: ModuleType, rng: np.random.Generator) -> list[tuple[str, str, str
                     lambda x=x: lab._gelu(x), lambda x=x: _gelu_power(x)))
     for rows in (1, 128):
         x = rng.standard_normal((rows, 768)).astype(np.float32)
-        w, b = np.ones(768, np.float32), np.zeros(768, np.float32)
+        w = np.ones(768, np.float32)
+        b = np.zeros(768, np.float32)
         out.append((f"_layer_norm, ({rows}, 768)", "mean and variance as sums", "`x.mean`, `x.var`",
                     lambda x=x, w=w, b=b: lab._layer_norm(x, w, b, 1e-5),
                     lambda x=x, w=w, b=b: _layer_norm_mean_var(x, w, b, 1e-5)))

@@ -87,7 +87,8 @@ def bench_speculative(lab: ModuleType, num_tokens: int = 96, repeats: int = 5, c
     the measurements behind "it helps decode, not prefill, and less at large batch".
     All timings are best-of-N of interleaved runs on the paged path, after a warm-up.
     """
-    config, m = lab.ModelConfig(**SPEC_BENCH_CONFIG), SPEC_BENCH_DRAFT_LAYERS
+    config = lab.ModelConfig(**SPEC_BENCH_CONFIG)
+    m = SPEC_BENCH_DRAFT_LAYERS
     _progress(f"building the target ({config.n_layer} layers, n_embd {config.n_embd}, vocab "
               f"{config.vocab_size}) and its {m}-layer self-draft")
     target = scenarios.make_early_exit_target(lab, config, m, SPEC_BENCH_REFINEMENT_SCALE)
@@ -125,7 +126,8 @@ def _batch_one(r: SimpleNamespace, target, draft, prompt: list[int], ctx: int) -
     and speculative greedy generation (interleaved with the per-step costs, so that a
     neighbour's load hits the prediction and the measurement alike; their tokens checked equal),
     alpha, and the predictions."""
-    lab, k = r.lab, r.k
+    lab = r.lab
+    k = r.k
     r.read_bw = _read_bandwidth(r.clock)
     steps = {"t1": forward_pass(lab, target, ctx, 1), "d1": forward_pass(lab, draft, ctx, 1),
              "d2": forward_pass(lab, draft, ctx, 2)}
@@ -179,7 +181,13 @@ def speculative_verdict(measured: float, extended: float, alpha: float) -> str:
 
 def _speculative_report(r: SimpleNamespace) -> str:
     """The report of bench_speculative's measurements `r`."""
-    lab, config, k, t1, verify, alpha, E = r.lab, r.config, r.k, r.t1, r.verify, r.alpha, r.E
+    lab = r.lab
+    config = r.config
+    k = r.k
+    t1 = r.t1
+    verify = r.verify
+    alpha = r.alpha
+    E = r.E
     head = f"{'k':>3} {'verify cost':>12} {'paper (v=1)':>12} {'extended':>9}"
     return "\n".join([
         scenarios.format_speculation_table(lab, round(r.c, 3)),

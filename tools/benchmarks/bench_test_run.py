@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             walls, cpus = sorted(w for w, _ in runs), sorted(c for _, c in runs)
             print(f"  {rev:<12} {counts[rev]:4d} passed: wall {walls[0]:.2f}-{walls[-1]:.2f} s, "
                   f"CPU {cpus[0]:.2f}-{cpus[-1]:.2f} s")
-        first, last = args.revisions[0], args.revisions[-1]
+        first = args.revisions[0]
+        last = args.revisions[-1]
         if first != last:
             wall = [b[0] / a[0] for a, b in zip(times[first], times[last])]
             cpu = [b[1] / a[1] for a, b in zip(times[first], times[last])]

@@ -99,7 +99,8 @@ def _engine_breakdown(lab: ModuleType, model, batch: int, clock, prompt_len: int
         engine.step()
     engine.step()
     saved = lab.paged_attention, lab.sample_token
-    lab.paged_attention, lab.sample_token = timed("attention", lab.paged_attention), timed("sampling", lab.sample_token)
+    lab.paged_attention = timed("attention", lab.paged_attention)
+    lab.sample_token = timed("sampling", lab.sample_token)
     engine.model = model_wrapper = _TimedForward(model, timed)
     engine._run_model = timed("model call", engine._run_model)
     try:
@@ -132,7 +133,8 @@ class _TimedForward:
     """The model with its `forward` timed (everything else passed through)."""
 
     def __init__(self, model, timed):
-        self._model, self.forward = model, timed("forward", model.forward)
+        self._model = model
+        self.forward = timed("forward", model.forward)
 
     def __getattr__(self, name):
         return getattr(self._model, name)
@@ -218,7 +220,8 @@ def _against_generate(lab: ModuleType, say: Report, torch, hf, model, requests: 
     """The workload through the engine, through `generate` one request at a time (in turns,
     best of `rounds`) and in static batches; the outputs compared token by token (a divergence
     must be a near tie of the two float32 implementations) before the ratios are reported."""
-    num_requests, useful = len(requests), sum(m for _, m in requests)
+    num_requests = len(requests)
+    useful = sum(m for _, m in requests)
     # Correctness first: the logits of one prompt agree, then every greedy output, token by token.
     prompt = requests[0][0]
     with torch.inference_mode():
@@ -241,7 +244,8 @@ def _against_generate(lab: ModuleType, say: Report, torch, hf, model, requests: 
         f"{useful / t_single:.0f} useful tokens/s")
 
     start = clock()
-    static, computed = [], 0
+    static = []
+    computed = 0
     for i in range(0, num_requests, static_batch):
         group = requests[i:i + static_batch]
         longest = max(m for _, m in group)

@@ -38,11 +38,14 @@ from tools.handout.make_lab import BEGIN, END, ROOT
 
 def regions(source: str) -> list[tuple[int, int, int]]:
     """(start, end, exercise): the character span of each solution region of `source`."""
-    spans, offset, start = [], 0, None
+    spans = []
+    offset = 0
+    start = None
     for line in source.splitlines(keepends=True):
         begin = BEGIN.match(line)
         if begin:
-            start, exercise = offset + len(line), int(begin.group(2))
+            start = offset + len(line)
+            exercise = int(begin.group(2))
         elif END.match(line) and start is not None:
             spans.append((start, offset, exercise))
             start = None
@@ -105,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         by_exercise = collections.defaultdict(list)
         for slip in random.Random(args.seed).sample(chosen, len(chosen)):
             by_exercise[slip[1]].append(slip)
-        queues, chosen = [collections.deque(v) for _, v in sorted(by_exercise.items())], []
+        queues = [collections.deque(v) for _, v in sorted(by_exercise.items())]
+        chosen = []
         while len(chosen) < args.sample and any(queues):  # one of each exercise in turn
             chosen += [q.popleft() for q in queues if q][: args.sample - len(chosen)]
     failed = 0

@@ -42,7 +42,8 @@ def main() -> int:
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(corpus, vocab_size=2000, min_frequency=2, special_tokens=["<|endoftext|>"])
     bpe.save_model(str(work))
-    mine, theirs = GPT2Tokenizer.from_dir(work), GPT2TokenizerFast.from_pretrained(str(work))
+    mine = GPT2Tokenizer.from_dir(work)
+    theirs = GPT2TokenizerFast.from_pretrained(str(work))
     rng = random.Random(0)
     lines = [line for text in corpus for line in text.splitlines() if line.strip()]
     alphabet = list("abc XYZ 019'sStvreml\n\t  .,!?-_²½Ⅻ①éмир漢字🙂\u0301\u00a0\u2003\x85") + ["<|endoftext|>"]

@@ -99,7 +99,8 @@ def _pytest(project: Path, env: dict, selection: list[str]) -> tuple[int, list[s
     else:
         proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=project, env=env, capture_output=True,
                               text=True)
-        code, out = proc.returncode, proc.stdout + proc.stderr
+        code = proc.returncode
+        out = proc.stdout + proc.stderr
     # "FAILED <node id> - <message>": a parametrized id may hold spaces, so cut at the dash
     failed = [line.removeprefix("FAILED ").split(" - ")[0] for line in out.splitlines() if line.startswith("FAILED")]
     return code, failed, out.strip()
@@ -113,9 +114,12 @@ def run(name: str, marker: str, path: str, source: str, workdir: Path, hint: str
     if path == "solution.py":
         module = "mutant_" + "".join(c if c.isalnum() else "_" for c in name)[:40]
         (workdir / f"{module}.py").write_text(source)
-        project, pythonpath = ROOT, f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+        project = ROOT
+        pythonpath = f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     else:  # a scratch copy of the project, with this one file mutated
-        module, project, pythonpath = "solution", workdir / "project", os.environ.get("PYTHONPATH", "")
+        module = "solution"
+        project = workdir / "project"
+        pythonpath = os.environ.get("PYTHONPATH", "")
         # __pycache__ comes along: it holds test_lab.py with pytest's assertions already rewritten
         # (about 4 s to redo per process), valid in the copy because copytree keeps mtimes.
         shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(".git", ".hypothesis", ".venv"))
@@ -142,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     hints = {} if args.no_hints or not HINTS.exists() else json.loads(HINTS.read_text())
     chosen = [(name, marker, old, new, where[0] if where else "solution.py")
               for name, marker, old, new, *where in MUTANTS if args.k in name]
-    survivors, caught_by = 0, {}
+    survivors = 0
+    caught_by = {}
     global _POOL
     _POOL = _pool(args.j)
     # Once, before the workers start: pytest rewrites test_lab.py's asserts into __pycache__.

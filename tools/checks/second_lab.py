@@ -437,7 +437,9 @@ body("plan_deployment")("""
 
 def second_lab(lab_text: str) -> str:
     """lab.py's text with every stub replaced by its body here; ValueError if one has none."""
-    out, missing, used = [], [], set()
+    out = []
+    missing = []
+    used = set()
     for line in lab_text.splitlines(keepends=True):
         stub = STUB.match(line)
         if not stub:

@@ -252,7 +252,8 @@ FRAME = re.compile(r"^(\S+\.py):(\d+): in (\S+)")
 
 def regions(source: str) -> list[tuple[int, int, int]]:
     """(exercise, first line, last line) of every solution region (0-based line numbers)."""
-    found, start = [], None
+    found = []
+    start = None
     for i, line in enumerate(source.split("\n")):
         if m := BEGIN.match(line):
             start = (int(m.group(2)), i)

@@ -82,7 +82,9 @@ def measure_steps(lab, engine, requests, arrivals_every: int = 6, max_seconds: f
                       sum(s.num_computed_tokens + plan.num_scheduled_tokens[s.request_id] for s in plan.scheduled)))
         return plan
     engine.scheduler.plan_step = recording_plan_step  # an instance attribute: the class is untouched
-    samples, pending, deadline = [], list(requests), time.perf_counter() + max_seconds
+    samples = []
+    pending = list(requests)
+    deadline = time.perf_counter() + max_seconds
     step = 0
     try:
         while (pending or engine.has_unfinished()) and time.perf_counter() < deadline:
@@ -157,7 +159,9 @@ class ServedStepCost:
     charges_sampled_tokens = True
 
     def __init__(self, fit, excess: np.ndarray, per_token: float, stalls: bool = True, seed: int = 0):
-        self.fit, self.per_step, self.per_token = fit, float(np.median(excess)), per_token
+        self.fit = fit
+        self.per_step = float(np.median(excess))
+        self.per_token = per_token
         self.tail = np.maximum(excess - self.per_step, 0.0) if stalls else np.zeros(1)
         self.rng = np.random.default_rng(seed)
 
@@ -203,7 +207,8 @@ def bench_model(lab, name: str, rates=None, num_prompts=None, seed: int = 0) -> 
     every term, against the offered rate (the same axes as `loadtest --html`)."""
     config = MODELS[name]
     workload_name, default_rates, default_prompts = PLANS[name]
-    rates, num_prompts = sorted(rates or default_rates), num_prompts or default_prompts
+    rates = sorted(rates or default_rates)
+    num_prompts = num_prompts or default_prompts
     requests = datasets.make_workload(lab, workload_name, num_prompts, seed, config["n_positions"],
                                       config["vocab_size"])
     out = [f"== {name}: {config}, {workload_name} requests, {num_prompts} per rate, max_num_seqs {MAX_NUM_SEQS}, "

@@ -60,7 +60,8 @@ GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 # sequences of a 4096-8192 hidden model sends 8 KB - 4 MB (the latency band); prefill chunks of
 # 512-4096 tokens 4-64 MB (the bandwidth band).
 DECODE_BAND = (8 * 1024, 4.2e6)
-PREFILL_TOKENS, HIDDENS = (512, 1024, 2048, 4096), (4096, 5120, 8192)
+PREFILL_TOKENS = (512, 1024, 2048, 4096)
+HIDDENS = (4096, 5120, 8192)
 TARGETS = {"linear median": 0.15, "linear worst": 0.35, "allreduce": 0.25}
 
 
@@ -159,7 +160,10 @@ def levenberg_marquardt(residuals, theta: np.ndarray, iterations: int = 200) -> 
             trial = residuals(theta + delta)
             if trial @ trial < cost:
                 gain = cost - trial @ trial
-                theta, r, cost, damping = theta + delta, trial, trial @ trial, damping / 3
+                theta = theta + delta
+                r = trial
+                cost = trial @ trial
+                damping = damping / 3
                 break
             damping *= 4
             if damping > 1e10:
@@ -305,7 +309,8 @@ def report(vidur: Vidur, profile: dict) -> tuple[str, bool]:
                 cells.append("-" if e is None else f"{100 * np.median(np.abs(e)):.1f}% / "
                              f"{100 * np.abs(e).max():.0f}% ({100 * e.mean():+.1f}%)")
             every = np.concatenate(list(errors.values()))
-            med, worst = np.median(np.abs(every)), np.abs(every).max()
+            med = np.median(np.abs(every))
+            worst = np.abs(every).max()
             held = model in HELD_OUT
             if held and (med > TARGETS["linear median"] or worst > TARGETS["linear worst"]):
                 ok = False

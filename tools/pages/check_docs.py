@@ -110,7 +110,9 @@ class Snippet(NamedTuple):
 def logical_commands(text: str) -> list[str]:
     """Shell text as its commands: `\\` continuations joined, a here-document kept with its
     command, a double-quoted string over several lines kept whole; comments and blanks dropped."""
-    lines, commands, i = text.split("\n"), [], 0
+    lines = text.split("\n")
+    commands = []
+    i = 0
     while i < len(lines):
         line = lines[i]
         i += 1
@@ -282,7 +284,9 @@ def unignored(checkout: Path, paths: set[str]) -> list[str]:
 
 def _and_list(shell: str) -> list[str]:
     """A command's parts joined by `&&`, outside quotes (`make_it && cd it`: `make_it`, `cd it`)."""
-    parts, quote, start = [], None, 0
+    parts = []
+    quote = None
+    start = 0
     for j, ch in enumerate(shell):
         if ch in "'\"" and quote in (None, ch):
             quote = None if quote else ch
@@ -520,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{snippet.where:24} {'not run: ' + why if why else 'runs'}: {first}")
         return 0
     total_start = time.monotonic()
-    unique, done = [], set()  # inline commands shown on several pages run once
+    unique = []  # inline commands shown on several pages run once
+    done = set()
     for snippet in found:
         if snippet.kind == "inline":
             if tuple(snippet.commands) in done:

@@ -38,8 +38,13 @@ from pathlib import Path
 
 from tools.bench_common import ROOT, blas_env, tree_at
 
-CLIENTS, ATTEMPTS, TIMEOUT_S, MAX_TOKENS = 8, 3, 0.3, 480
-INITIAL_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 0.5, 8.0  # the OpenAI SDK's backoff: 0.5 s, doubling, jittered
+CLIENTS = 8
+ATTEMPTS = 3
+TIMEOUT_S = 0.3
+MAX_TOKENS = 480
+# the OpenAI SDK's backoff: 0.5 s, doubling, jittered, up to 8 s
+INITIAL_RETRY_DELAY_S = 0.5
+MAX_RETRY_DELAY_S = 8.0
 DRAIN_TIMEOUT_S = 120.0
 
 
@@ -92,7 +97,8 @@ def worker(seed: int, serve_model: dict) -> dict:
 
     model = lab.ToyTransformer(lab.ModelConfig(**serve_model), seed=0)
     engine = lab.LLMEngine(model, max_num_seqs=64, block_size=16, max_num_batched_tokens=512)
-    step, run = engine.step, {"tokens": 0, "finished": {}}
+    step = engine.step
+    run = {"tokens": 0, "finished": {}}
 
     def counted_step():
         outputs = step()

@@ -100,7 +100,8 @@ def count_waiting(lab, prefix_caching: bool, prompt_len: int = 150, block_size: 
     num_blocks = -(-(prompt_len + 20) // block_size)
     engine = lab.LLMEngine(lab.ToyTransformer(config), num_blocks=num_blocks, block_size=block_size,
                            max_num_seqs=4, enable_prefix_caching=prefix_caching)
-    calls, real_hash = [0], lab.hash_block
+    calls = [0]
+    real_hash = lab.hash_block
 
     def counted_hash(*args, **kwargs):
         calls[0] += 1

@@ -33,7 +33,8 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of `pid` and its live children (the front end is a forked child)."""
-    pids, total = [pid], 0.0
+    pids = [pid]
+    total = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         pids += [int(c) for c in (task / "children").read_text().split()]
     for p in pids:
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(f'{v:.2f}' for v in values)})")
     names = list(trees)
     if len(names) > 1:
-        a, b = per_request[names[0]], per_request[names[-1]]
+        a = per_request[names[0]]
+        b = per_request[names[-1]]
         ratios = [after / before for before, after in zip(a, b)]
         print(f"{names[-1]} / {names[0]}: {min(b) / min(a):.3f} (best of each); per round "
               f"{min(ratios):.3f}-{max(ratios):.3f}")

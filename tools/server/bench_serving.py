@@ -143,7 +143,8 @@ def _saturation(lab: ModuleType, model, requests: list, urls: dict[str, str],
     sampling = [lab.SamplingParams(max_tokens=r.max_tokens) for r in requests]
     num_tokens = sum(r.max_tokens for r in requests)
     payloads = [benchmark_serving.completion_payload(r, "") for r in requests]
-    offline, served = 0.0, {frontend: 0.0 for frontend in urls}
+    offline = 0.0
+    served = {frontend: 0.0 for frontend in urls}
     for _ in range(repeats):
         start = time.perf_counter()
         lab.LLMEngine(model).generate([r.prompt_token_ids for r in requests], sampling)

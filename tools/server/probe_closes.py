@@ -74,7 +74,9 @@ def probes() -> list[tuple[str, list[bytes], bool, float]]:
 
 def probe(port: int, name: str, pieces: list[bytes], shut: bool, pause: float) -> tuple[str, str, str]:
     """(name, verdict, the reply's status line)."""
-    sent, reply, ended = 0, b"", "eof"
+    sent = 0
+    reply = b""
+    ended = "eof"
     with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as sock:
         try:
             for piece in pieces:
@@ -111,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         if address is None:
             print("the server did not start", file=sys.stderr)
             return 1
-        port, cases, start = int(address.group(1)), probes(), time.monotonic()
+        port = int(address.group(1))
+        cases = probes()
+        start = time.monotonic()
         with ThreadPoolExecutor(len(cases)) as pool:
             results = list(pool.map(lambda case: probe(port, *case), cases))
     finally:

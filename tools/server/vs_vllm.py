@@ -104,7 +104,11 @@ class Server:
     everything it started (Ctrl-C first, then SIGKILL to the session)."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, log: Path):
-        self.name, self.argv, self.env, self.port, self.log_path = name, argv, env, port, log
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.port = port
+        self.log_path = log
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
 
@@ -140,7 +144,8 @@ class Server:
             return counters(reply.read().decode())
 
     def __exit__(self, *exc) -> None:
-        proc, self.proc = self.proc, None
+        proc = self.proc
+        self.proc = None
         if proc is None:
             return
         for sig, wait in ((signal.SIGINT, 20.0), (signal.SIGKILL, 10.0)):
@@ -166,8 +171,8 @@ def session_members(sid: int) -> list[int]:
 def openblas_env(keep: bool) -> tuple[dict[str, str], str]:
     """The servers' environment (this one's, less OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unless
     `keep`), and what was done, to print."""
-    env, found = dict(os.environ), {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-                                    if k in os.environ}
+    env = dict(os.environ)
+    found = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
     if not found:
         return env, "OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE: neither is set on this machine"
     if keep:
@@ -373,7 +378,8 @@ def run_behaviour(lab, server: Server, payloads: list[dict], rate: float) -> dic
 def speed(args, lab, env: dict, checkpoint: str, work: Path, log) -> tuple[list[dict], dict]:
     """The speed runs, alternating from round to round which engine and which load generator go
     first. Returns each run and each engine's greedy answers."""
-    runs, answers = [], {}
+    runs = []
+    answers = {}
     plan = QUICK_PLAN if args.quick else PLAN
     for round_ in range(args.rounds):
         for engine in ("lab", "vLLM") if round_ % 2 == 0 else ("vLLM", "lab"):
@@ -442,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
                 if line.startswith("model name")), "?")
     print(f"vs_vllm: {time.strftime('%Y-%m-%d %H:%M %Z')}, {cpu}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.2f}; lab {args.module}.py, vLLM {version}; {note}", flush=True)
-    found, ok = {}, True
+    found = {}
+    ok = True
     with tempfile.TemporaryDirectory(prefix="vs_vllm-") as tmp:
         work = Path(tmp)
         make_checkpoint(lab, work / "gpt2-124m")
