@@ -36,7 +36,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import json
 import os
@@ -445,16 +444,6 @@ SPEED_SHAPE = dict(batch=32, context_len=256, n_head=4, head_dim=32, block_size=
 LOOKS_LIKE_A_LOOP = 10.0  # paged / contiguous at or above this: named a Python loop over tokens
 
 
-def _load_bench():
-    """tools/benchmarks/bench_attention.py, whose reference kernels (contiguous attention, a loop over tokens)
-    the scoreboard times the student's kernel against. Loading it imports no module under test."""
-    path = Path(__file__).parent / "tools" / "benchmarks" / "bench_attention.py"
-    spec = importlib.util.spec_from_file_location("bench_attention", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def exercise4_speed() -> list[str]:
     """The scoreboard's lines on the module's paged_attention: its time over contiguous attention's."""
     batch, context_len, n_head, head_dim, block_size = SPEED_SHAPE.values()
@@ -471,12 +460,12 @@ def exercise4_speed() -> list[str]:
     v_dense = v_cache[tables].reshape(batch, -1, n_head, head_dim)[:, :context_len].copy()
     where = (f"batch {batch}, {context_len} tokens, {n_head} heads x {head_dim}, block size {block_size}; "
              f"full benchmark: python {LAB_MODULE}.py bench attention")
-    try:
-        bench = _load_bench()
-    except OSError as exc:  # a copy of the lab without tools/: the scoreboard still ends
-        return [f"speed: not measured: the reference kernels could not be loaded ({exc})"]
-    dense = lambda: bench._contiguous_decode_attention(q, k_dense, v_dense)
-    loop = lambda: bench._per_token_loop_attention(q[:1], k_cache, v_cache, tables[:1], lens[:1])
+    try:  # the reference kernels: tools/benchmarks/bench_attention.py imports no module under test
+        from tools.benchmarks.bench_attention import contiguous_decode_attention, per_token_loop_attention
+    except ImportError as exc:  # a copy of the lab without tools/: the scoreboard still ends
+        return [f"speed: not measured: the reference kernels could not be imported ({exc})"]
+    dense = lambda: contiguous_decode_attention(q, k_dense, v_dense)
+    loop = lambda: per_token_loop_attention(q[:1], k_cache, v_cache, tables[:1], lens[:1])
     fns = {"dense": dense, "loop": loop}
     try:
         # First 2 sequences only: a kernel that loops over tokens and heads would take seconds on

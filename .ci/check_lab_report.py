@@ -60,7 +60,8 @@ if args.log:
     if listed > len(printed) or unprinted:
         lies.append(f"the scoreboard names {listed} failure(s), pytest printed {len(printed)}"
                     + (f"; not printed: {unprinted[:3]}" if unprinted else ""))
-beyond, reached = [], 0
+beyond = []
+reached = 0
 if args.reach:
     row_of = {r["test"]: r["row"] for r in rows}
     records = open(args.reach, encoding="utf-8").readlines() if os.path.exists(args.reach) else []  # none: none ran

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import numpy as np
@@ -99,18 +99,32 @@ def _plain_decode(lab: ModuleType, model, prompt: Sequence[int], num_tokens: int
     return out, times[1] - times[0], times[-1] - times[1]
 
 
-def _verify_cost(lab: ModuleType, model, prompt: Sequence[int], k: int, repeats: int) -> float:
-    """How many decode steps one verify pass costs: the best time of a forward pass over k + 1
-    new tokens after the prompt, over the best time of a pass over one (each pass rewrites the
-    same slots, so the cache stays as it was)."""
+def forward_pass(lab: ModuleType, model, context_len: int, num_new: int, batch: int = 1) -> Callable[[], object]:
+    """One paged forward of `model` to time: each of `batch` sequences has `context_len` tokens
+    cached and runs `num_new` more (1: a decode step; k + 1: a verify pass; from context 0: a
+    prefill). Each call rewrites the same slots, so every call does the same work. A TypeError
+    where the model's activations come out other than float32 (a pass in float64 costs twice)."""
     block_size = 16
-    num_blocks = lab.blocks_needed(len(prompt) + k + 1, block_size)
-    table = lab.BlockTable(lab.BlockAllocator(num_blocks, block_size))
-    cache = lab.KVCache(model.config, num_blocks, block_size)
-    table.append_tokens(list(prompt) + [0] * (k + 1))
-    model.forward(cache, [table], [0], [len(prompt)])
-    best = best_side_by_side({n: lambda n=n: model.forward(cache, [table], [len(prompt)], [n]) for n in (1, k + 1)},
-                             repeats)
+    per_seq = lab.blocks_needed(context_len + num_new, block_size)
+    allocator = lab.BlockAllocator(batch * per_seq, block_size)
+    cache = lab.KVCache(model.config, batch * per_seq, block_size)
+    rng = np.random.default_rng(0)
+    tables = [lab.BlockTable(allocator) for _ in range(batch)]
+    for table in tables:
+        table.append_tokens(rng.integers(0, model.config.vocab_size, context_len + num_new).tolist())
+    starts, counts = [context_len] * batch, [num_new] * batch
+    if model.forward(cache, tables, starts, counts).dtype != np.float32:
+        raise TypeError("the model path promoted its activations to float64: keep it float32")
+    return lambda: model.forward(cache, tables, starts, counts)
+
+
+def measure_verify_cost(lab: ModuleType, model, context_len: int, k: int, repeats: int = 5, *, batch: int = 1,
+                        clock: Callable[[], float] = time.perf_counter) -> float:
+    """How many decode steps one verify pass costs: the best time of a forward over k + 1 new
+    tokens per sequence after `context_len`, over the best time of one over a single token, the
+    two timed in turns (`forward_pass`)."""
+    best = best_side_by_side({n: forward_pass(lab, model, context_len, n, batch) for n in (1, k + 1)}, repeats,
+                             clock=clock)
     return best[k + 1] / best[1]
 
 
@@ -200,7 +214,7 @@ def speculate_checkpoints(lab: ModuleType, target_dir: str | os.PathLike, draft_
     best, base, out = _best_times(lab, target, draft, ids, sampling, k, repeats)
     (baseline_time, target_decode), (_, draft_decode) = best["target"], best["draft"]
     spec_time = best["speculative"]
-    verify_cost = _verify_cost(lab, target, ids, k, repeats=max(repeats, 5))
+    verify_cost = measure_verify_cost(lab, target, len(ids), k, repeats=max(repeats, 5))
 
     alpha = lab.estimate_alpha(out, k)  # accepts / judged drafts: a round ends at its first rejection
     formula_alpha = _formula_alpha(lab, target, draft, ids, out.token_ids, temperature)

@@ -1,6 +1,6 @@
 """NumPy's OpenBLAS on one thread, from inside a running process: what a review that times a
 server on this machine's CPU needs (on two cores a second BLAS thread waits for the core the
-server's loop and its clients need; `python tools/bench.py blas-threads` measures it). The command
+server's loop and its clients need; `python -m tools.bench blas-threads` measures it). The command
 line sets OPENBLAS_NUM_THREADS before NumPy loads (cli.py); a caller from Python has NumPy loaded
 already, so `one_blas_thread()` sets the count through OpenBLAS's own entry points, found among
 the libraries the process has loaded (as threadpoolctl finds them).

@@ -32,13 +32,14 @@ def build_parser(lab: ModuleType, prog: str) -> argparse.ArgumentParser:
 
 
 def run_benchmarks(prog: str, argv: list[str]) -> int:
-    """`python solution.py bench ...` is `python tools/bench.py ... --module solution`: the
-    benchmarks import the module they measure, never the other way round."""
-    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "bench.py")
-    return subprocess.call([sys.executable, bench, *argv, "--module", os.path.splitext(prog)[0]])
+    """`python solution.py bench ...` is `python -m tools.bench ... --module solution`, run from the
+    repository's root: the benchmarks import the module they measure, never the other way round."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.call([sys.executable, "-m", "tools.bench", *argv, "--module", os.path.splitext(prog)[0]],
+                           cwd=root)
 
 
-# `serve` runs OpenBLAS on one thread (tools/bench.py blas-threads: on two cores a second BLAS
+# `serve` runs OpenBLAS on one thread (`python -m tools.bench blas-threads`: on two cores a second BLAS
 # thread waits for the core the HTTP loop and the clients need, and decode steps got 1.6-2.4x
 # slower), and so does `attack`, which times a server. OpenBLAS reads the variable once, when
 # NumPy loads, so the command re-executes itself with it set; a value the user set wins.

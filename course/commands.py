@@ -435,7 +435,7 @@ def _trace(lab: ModuleType, args: argparse.Namespace, run: Run) -> int | None:
 
 class Command(NamedTuple):
     """One command: what `--help` says of it, the function that adds its arguments (None: it takes
-    none) and the function that runs it (None: `bench`, which main() hands to tools/bench.py)."""
+    none) and the function that runs it (None: `bench`, which main() hands to `python -m tools.bench`)."""
 
     help: str
     arguments: Callable[[argparse.ArgumentParser, ModuleType, str], None] | None
@@ -453,7 +453,7 @@ COMMANDS = {
     "speculate": Command("expected speedup of speculative decoding", _speculate_arguments, _speculate),
     "generate": Command("continue a prompt with a GPT-2 checkpoint from disk", _generate_arguments, _generate),
     "stack": Command("vLLM vs TensorRT-LLM vs SGLang", _stack_arguments, _stack),
-    "bench": Command("measure on this machine, side by side (tools/bench.py; bench --help)", None, None),
+    "bench": Command("measure on this machine, side by side (python -m tools.bench; bench --help)", None, None),
     "status": Command("which exercises are done", None, _status),
     "hint": Command("the next of three hints for exercise N (docs/hints.md)", _hint_arguments, _hint, HINT_HELP),
     "quiz": Command("questions with numbers about exercise N, answered by this module's code", _quiz_arguments,

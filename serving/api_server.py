@@ -25,6 +25,7 @@ import concurrent.futures
 import gc
 import hashlib
 import hmac
+import inspect
 import json
 import logging
 import os
@@ -410,13 +411,15 @@ def _has_fileno(stream) -> bool:
         return False
 
 
-def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, lab: ModuleType, tokenizer=None,
+def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, lab: ModuleType | None = None, tokenizer=None,
                  model_name: str | Sequence[str] | None = None, stream_interval: int = 1,
                  max_n: int | None = None, api_keys: Mapping[str, str] | None = None,
                  metrics_api_key: str | None = None) -> APIServer:
     """Serve `engine`, an LLMEngine of the module `lab` (whose Request, SamplingParams and checks it
     runs), over HTTP from a background thread (port 0: any free port) and return the handle once it
-    accepts connections. The server owns the engine until `close()`.
+    accepts connections. The server owns the engine until `close()`. `lab` None: the module that
+    defines the engine's class, so that `start_server(engine)` serves an engine of either module;
+    the project's commands hand it over.
     `tokenizer`: encodes string prompts and decodes outputs (None: a ByteTokenizer of the model's
     vocabulary); `model_name`: the id clients name, or several (vLLM's --served-model-name; the
     first is the one responses carry; None: one made of the model's shape); `stream_interval`:
@@ -438,6 +441,7 @@ def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, lab: ModuleT
     `metrics_api_key`: the key /metrics asks for (None: open, as vLLM leaves it). Its prefix-cache
     counters tell a caller whether a prompt it sent was cached, so without per-tenant salts whether
     anyone sent it before: a scraper's key, given to operators, which no tenant's key replaces."""
+    lab = inspect.getmodule(type(engine)) if lab is None else lab
     return APIServer(engine, host, port, lab=lab, tokenizer=tokenizer, model_name=model_name,
                      stream_interval=stream_interval, max_n=max_n, api_keys=api_keys, metrics_api_key=metrics_api_key)
 

@@ -30,10 +30,8 @@ TIMEOUT = 60
 
 
 def _make_lab_text(only: set[str] | None = None) -> str:
-    spec = importlib.util.spec_from_file_location("make_lab", ROOT / "tools" / "handout" / "make_lab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_lab(REFERENCE.read_text(), only=only)
+    from tools.handout.make_lab import make_lab
+    return make_lab(REFERENCE.read_text(), only=only)
 
 
 @pytest.fixture(scope="module")

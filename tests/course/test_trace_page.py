@@ -136,11 +136,7 @@ def test_cli_trace_says_in_one_line_that_it_cannot_write_the_page(tmp_path):
 @needs_reference
 @pytest.mark.parametrize("checkout", ["student's copy", "maintainers' checkout"])
 def test_cli_trace_on_a_half_written_lab_names_the_missing_stub_and_where_its_run_is_seen(tmp_path, checkout):
-    sys.path.insert(0, str(ROOT / "tools" / "handout"))
-    try:
-        from make_lab import make_lab
-    finally:
-        sys.path.remove(str(ROOT / "tools" / "handout"))
+    from tools.handout.make_lab import make_lab
     script = tmp_path / "lab_half.py"
     script.write_text(make_lab((ROOT / "solution.py").read_text(), only={"5"}))
     if checkout == "student's copy":  # it ships the reference's recorded pages, and no solution.py

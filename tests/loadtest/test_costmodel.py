@@ -8,7 +8,6 @@ against the held-out models' measured operators; elsewhere those tests skip, say
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -257,10 +256,8 @@ def _vidur() -> str | None:
 
 
 def _fit_tool():
-    spec = importlib.util.spec_from_file_location("fit_vidur", ROOT / "tools" / "fleet" / "fit_vidur.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from tools.fleet import fit_vidur
+    return fit_vidur
 
 
 needs_vidur = pytest.mark.skipif(_vidur() is None, reason="Vidur's profiles are not on this machine: set VIDUR_DIR "

@@ -500,11 +500,7 @@ def test_attack_refuses_bad_input_with_exit_status_2(args):
 @pytest.mark.provided
 @needs_reference
 def test_attack_on_a_half_written_lab_names_the_stub_it_needs(tmp_path, monkeypatch):
-    sys.path.insert(0, str(ROOT / "tools" / "handout"))
-    try:
-        from make_lab import make_lab
-    finally:
-        sys.path.remove(str(ROOT / "tools" / "handout"))
+    from tools.handout.make_lab import make_lab
     script = tmp_path / "lab_half.py"
     script.write_text(make_lab((ROOT / "solution.py").read_text(), only={"3", "6"}))
     spec = importlib.util.spec_from_file_location("lab_half", script)

@@ -1,34 +1,27 @@
-"""`python tools/bench.py attention`: paged decode attention against contiguous K/V, a loop over
-tokens, and the memory floor.
-
-Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
+"""`python -m tools.bench attention`: paged decode attention against contiguous K/V, a loop over
+tokens, and the memory floor. conftest.py's scoreboard times a student's kernel against
+`contiguous_decode_attention` and `per_token_loop_attention`."""
 
 from __future__ import annotations
 
 import math
-import sys
 import time
-from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-
-from bench_common import Report, _best_side_by_side, _timeit  # noqa: E402
-
-lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
-clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
+from measure.timing import best_side_by_side, best_time
+from tools.bench_common import Report
 
 
-def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
+def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, *, clock=time.perf_counter) -> float:
     """Bytes copied per second by np.copyto of a buffer far larger than the CPU caches."""
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
-    return nbytes / _timeit(lambda: np.copyto(dst, src), repeats)
+    return nbytes / best_time(lambda: np.copyto(dst, src), repeats, clock=clock)
 
 
-def _contiguous_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+def contiguous_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """The same attention on contiguous per-sequence K/V (B, T, H, D), all of length T."""
     scale = np.float32(1.0 / math.sqrt(q.shape[-1]))
     scores = np.matmul(k.transpose(0, 2, 1, 3), (q * scale)[..., None])[..., 0]   # (B, H, T)
@@ -46,7 +39,7 @@ def _head_major_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) ->
     return np.matmul(p[:, :, None, :], v)[:, :, 0, :]
 
 
-def _per_token_loop_attention(q, k_cache, v_cache, block_tables, context_lens, per_head=False):
+def per_token_loop_attention(q, k_cache, v_cache, block_tables, context_lens, per_head=False):
     """The kernel as Python loops over every token (and, with per_head, every head too).
 
     The baselines vectorisation is measured against: what the formula looks like when each
@@ -70,13 +63,13 @@ def _per_token_loop_attention(q, k_cache, v_cache, block_tables, context_lens, p
     return out
 
 
-def _chunk_columns(q, k_cache) -> int:
+def _chunk_columns(lab: ModuleType, q, k_cache) -> int:
     """Block columns per step of the kernel: as many as fit in PAGED_ATTENTION_CHUNK_BYTES."""
     batch, n_head, head_dim = q.shape
     return max(1, lab.PAGED_ATTENTION_CHUNK_BYTES // (batch * k_cache.shape[1] * n_head * head_dim * 4))
 
 
-def _table_floors(q, k_cache, v_cache, block_tables):
+def _table_floors(lab: ModuleType, q, k_cache, v_cache, block_tables):
     """Two floors of a kernel that reads K/V through block tables, as functions to time.
 
     `gather`: only the gathers, the same block columns into the same reused buffers as the
@@ -86,7 +79,7 @@ def _table_floors(q, k_cache, v_cache, block_tables):
     softmax's max, exp and rescaling. Every context is full length (the bench's case).
     """
     batch, n_head, head_dim = q.shape
-    step = _chunk_columns(q, k_cache)
+    step = _chunk_columns(lab, q, k_cache)
     columns = lab.BlockGather(k_cache, v_cache, None, None, batch, step)
     qv = q[..., None]
 
@@ -104,12 +97,12 @@ def _table_floors(q, k_cache, v_cache, block_tables):
     return gather, gather_matmuls
 
 
-def _int8_gather(q, k_int8, v_int8, k_scale, v_scale, block_tables):
+def _int8_gather(lab: ModuleType, q, k_int8, v_int8, k_scale, v_scale, block_tables):
     """The int8 kernel's gathers alone, as a function to time: the same block columns as the
     kernel, each taken as int8, cast into the reused float32 buffer and its scales taken
     (`BlockGather` on the int8 cache), with no arithmetic after them."""
     batch = q.shape[0]
-    step = _chunk_columns(q, k_int8)
+    step = _chunk_columns(lab, q, k_int8)
     columns = lab.BlockGather(k_int8, v_int8, k_scale, v_scale, batch, step)
 
     def gather():
@@ -118,16 +111,18 @@ def _int8_gather(q, k_int8, v_int8, k_scale, v_scale, block_tables):
     return gather
 
 
-def _cast_rates(kib: tuple[int, ...] = (256, 3072), repeats: int = 20) -> dict:
+def _cast_rates(clock, kib: tuple[int, ...] = (256, 3072), repeats: int = 20) -> dict:
     """Elements per second of np.copyto int8 -> float32 (the int8 gather's cast) and float32 ->
     float32 (a plain copy), into a destination of each size in KiB: one that stays in L2 and
     one that does not."""
     rates = {}
     for size in kib:
         n = size * 256                                   # float32 elements in `size` KiB
-        dst, src8, src32 = np.empty(n, np.float32), np.ones(n, np.int8), np.ones(n, np.float32)
-        rates["int8", size] = n / _timeit(lambda: np.copyto(dst, src8), repeats)
-        rates["float32", size] = n / _timeit(lambda: np.copyto(dst, src32), repeats)
+        dst = np.empty(n, np.float32)
+        src8 = np.ones(n, np.int8)
+        src32 = np.ones(n, np.float32)
+        rates["int8", size] = n / best_time(lambda: np.copyto(dst, src8), repeats, clock=clock)
+        rates["float32", size] = n / best_time(lambda: np.copyto(dst, src32), repeats, clock=clock)
     return rates
 
 
@@ -149,10 +144,11 @@ def _on_fresh_pages(array: np.ndarray) -> np.ndarray:
     return fresh
 
 
-def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, head_dim: int = 64,
+def bench_attention(lab: ModuleType, batch: int = 32, context_len: int = 1000, n_head: int = 12, head_dim: int = 64,
                     block_size: int = 16, loop_seqs: int = 4, repeats: int = 9, seed: int = 0,
-                    log=print) -> str:
-    """Paged decode attention vs contiguous K/V, vs a per-token Python loop, vs memory bandwidth.
+                    log=print, clock=time.perf_counter) -> str:
+    """Paged decode attention of the module `lab` vs contiguous K/V, vs a per-token Python loop, vs
+    memory bandwidth, timed by `clock`.
 
     The physical blocks are shuffled (a pool that has served many requests), with spare blocks
     in the pool. Returns the report; each line also goes to `log` (None: silent) as it is measured.
@@ -164,19 +160,19 @@ def bench_attention(batch: int = 32, context_len: int = 1000, n_head: int = 12, 
     say(f"bench attention: batch {batch}, context {context_len}, {n_head} heads x {head_dim}, "
         f"block size {block_size}, shuffled physical blocks, K+V read {kv_bytes / 2**20:.0f} MiB per call, "
         f"clock {clock.__name__}")
-    t, out_paged = _against_contiguous(say, case, repeats)
+    t, out_paged = _against_contiguous(lab, say, case, repeats, clock)
     for per_head, seqs in ((False, min(loop_seqs, batch)), (True, 1)):
         sub = (q[:seqs], k_cache, v_cache, block_tables[:seqs], context_lens[:seqs])
-        out_loop = _per_token_loop_attention(*sub, per_head=per_head)
+        out_loop = per_token_loop_attention(*sub, per_head=per_head)
         assert np.allclose(out_loop, out_paged[:seqs], atol=1e-5), "the loop baseline disagrees"
-        t_loop = _timeit(lambda: _per_token_loop_attention(*sub, per_head=per_head), 1) * batch / seqs
+        t_loop = best_time(lambda: per_token_loop_attention(*sub, per_head=per_head), 1, clock=clock) * batch / seqs
         say(f"  Python loop over tokens{' and heads' if per_head else ' (heads vectorised)'} "
             f"{t_loop * 1e3:.0f} ms (timed on {seqs} sequence{'s' * (seqs > 1)}, scaled x{batch / seqs:g}): "
             f"paged is {t_loop / t['paged']:.0f}x faster ({_goal(t_loop / t['paged'], '>=', 30, 'x')}); the loop "
             f"reads K/V at "
             f"{kv_bytes / t_loop / 1e9:.2f} GB/s")
 
-    copy_bw = copy_bandwidth()
+    copy_bw = copy_bandwidth(clock=clock)
     paged_bw = kv_bytes / t["paged"]
     say(f"  np.copyto bandwidth {copy_bw / 1e9:.1f} GB/s copied ({2 * copy_bw / 1e9:.1f} GB/s "
         f"read + written); paged kernel reads K/V at {paged_bw / 1e9:.1f} GB/s = "
@@ -209,7 +205,7 @@ def _attention_case(batch: int, context_len: int, n_head: int, head_dim: int, bl
     return q, k_cache, v_cache, block_tables, context_lens, k_dense, v_dense
 
 
-def _against_contiguous(say: Report, case: tuple, repeats: int) -> tuple[dict, np.ndarray]:
+def _against_contiguous(lab: ModuleType, say: Report, case: tuple, repeats: int, clock) -> tuple[dict, np.ndarray]:
     """The paged kernel timed beside contiguous token-major and head-major attention, the
     table's floors and the int8 cache, outputs checked first; (the best times, paged's output)."""
     q, k_cache, v_cache, block_tables, context_lens, k_dense, v_dense = case
@@ -227,7 +223,7 @@ def _against_contiguous(say: Report, case: tuple, repeats: int) -> tuple[dict, n
         k_cache.nbytes + v_cache.nbytes)   # the share of the pool this batch reads
 
     paged = lambda: lab.paged_attention(q, k_cache, v_cache, block_tables, context_lens)
-    dense = lambda: _contiguous_decode_attention(q, k_dense, v_dense)
+    dense = lambda: contiguous_decode_attention(q, k_dense, v_dense)
     heads = lambda: _head_major_decode_attention(q, k_heads, v_heads)
     int8 = lambda: lab.paged_attention(q, k_int8, v_int8, block_tables, context_lens, k_scale=k_scale, v_scale=v_scale)
     out_paged, out_dense = paged(), dense()
@@ -237,10 +233,10 @@ def _against_contiguous(say: Report, case: tuple, repeats: int) -> tuple[dict, n
         f"{float(np.abs(out_paged - heads()).max()):.1e}, max |int8 - float32| "
         f"{float(np.abs(int8() - out_paged).max()):.1e}")
 
-    gather, gather_matmuls = _table_floors(q, k_cache, v_cache, block_tables)
-    gather_int8 = _int8_gather(q, k_int8, v_int8, k_scale, v_scale, block_tables)
-    t = _best_side_by_side({"paged": paged, "dense": dense, "heads": heads, "int8": int8, "gather": gather,
-                            "floor": gather_matmuls, "gather int8": gather_int8}, repeats)
+    gather, gather_matmuls = _table_floors(lab, q, k_cache, v_cache, block_tables)
+    gather_int8 = _int8_gather(lab, q, k_int8, v_int8, k_scale, v_scale, block_tables)
+    t = best_side_by_side({"paged": paged, "dense": dense, "heads": heads, "int8": int8, "gather": gather,
+                           "floor": gather_matmuls, "gather int8": gather_int8}, repeats, clock=clock)
     say(f"  paged {t['paged'] * 1e3:.1f} ms, contiguous token-major (batch, token, head, dim) "
         f"{t['dense'] * 1e3:.1f} ms: paged / token-major = {t['paged'] / t['dense']:.2f}x (no goal: the goal is "
         "against head-major, the faster contiguous layout, next)")
@@ -249,18 +245,18 @@ def _against_contiguous(say: Report, case: tuple, repeats: int) -> tuple[dict, n
         f"where NumPy's floor below is above 1.5x, the goal is within 1.15x of that floor), token-major "
         f"contiguous / head-major = {t['dense'] / t['heads']:.2f}x")
     say(f"  the floor of any NumPy kernel that reads blocks through the table: gathering the same blocks "
-        f"column by column into a reused buffer (BlockGather, {_chunk_columns(q, k_cache)} columns a step) "
+        f"column by column into a reused buffer (BlockGather, {_chunk_columns(lab, q, k_cache)} columns a step) "
         f"{t['gather'] * 1e3:.1f} ms = {t['gather'] / t['heads']:.2f}x head-major on its own")
     to_floor = t["paged"] / (t["gather"] + t["heads"])
     say(f"    gather + head-major compute {(t['gather'] + t['heads']) * 1e3:.1f} ms: paged / that = "
         f"{to_floor:.2f}x ({_goal(to_floor, '<=', 1.15, 'x')}); tighter, gather + the two matmuls on "
         f"the gathered buffer {t['floor'] * 1e3:.1f} ms: paged / that = {t['paged'] / t['floor']:.2f}x "
         f"(the rest is the online softmax's bookkeeping)")
-    _int8_lines(say, t, int8_bytes, kv_bytes)
+    _int8_lines(say, t, int8_bytes, kv_bytes, clock)
     return t, out_paged
 
 
-def _int8_lines(say: Report, t: dict, int8_bytes: int, kv_bytes: int) -> None:
+def _int8_lines(say: Report, t: dict, int8_bytes: int, kv_bytes: int, clock) -> None:
     """What the int8 cache's kernel costs against the float32 one, and its floor."""
     say(f"  paged on int8 blocks {t['int8'] * 1e3:.1f} ms = {t['int8'] / t['paged']:.2f}x the float32 "
         f"kernel ({_goal(t['int8'] / t['paged'], '<=', 0.9, 'x')}): reads {int8_bytes / 2**20:.0f} MiB instead of "
@@ -269,7 +265,7 @@ def _int8_lines(say: Report, t: dict, int8_bytes: int, kv_bytes: int) -> None:
         f"the scores and probabilities")
     # What int8 can save is only the gather: everything after it is the same float32 work.
     after = t["paged"] - t["gather"]
-    rates = _cast_rates()
+    rates = _cast_rates(clock)
     say(f"    its floor: the int8 gathers alone (take int8, cast into the float32 buffer, take the scales) "
         f"{t['gather int8'] * 1e3:.1f} ms against {t['gather'] * 1e3:.1f} ms for float32; the float32 kernel's "
         f"work after its gathers ({after * 1e3:.1f} ms) is the same on the cast buffer, so int8 / float32 >= "

@@ -1,25 +1,17 @@
-"""`python tools/bench.py batching`: static against continuous batching, simulated and measured.
-
-Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
+"""`python -m tools.bench batching`: static against continuous batching, simulated and measured."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from course.reviews import scenarios  # noqa: E402
-from loadtest import simulator  # noqa: E402
-
-lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
-clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
+from course.reviews import scenarios
+from loadtest import simulator
 
 
-def _measure_engine(model: lab.ToyTransformer, workload: list[tuple[float, int, int]], scheduling: str,
+def _measure_engine(lab: ModuleType, model, workload: list[tuple[float, int, int]], scheduling: str,
                     max_num_seqs: int) -> tuple[float, int]:
     """Wall-clock seconds and output tokens of one engine run (greedy, every request queued at once)."""
     rng = np.random.default_rng(0)
@@ -31,19 +23,19 @@ def _measure_engine(model: lab.ToyTransformer, workload: list[tuple[float, int, 
     return time.perf_counter() - start, sum(len(o.output_token_ids) for o in outputs)
 
 
-def _best_runs(model, workload, slots: int, repeats: int = 3) -> dict:
+def _best_runs(lab: ModuleType, model, workload, slots: int, repeats: int = 3) -> dict:
     """(seconds, tokens) of the fastest of `repeats` runs per scheduling, static and continuous in
     turns after a warm-up, so that load on the machine hits both alike."""
-    _measure_engine(model, workload[:8], "continuous", slots)
+    _measure_engine(lab, model, workload[:8], "continuous", slots)
     runs = {"static": [], "continuous": []}
     for _ in range(repeats):
         for scheduling, times in runs.items():
-            times.append(_measure_engine(model, workload, scheduling, slots))
+            times.append(_measure_engine(lab, model, workload, scheduling, slots))
     return {scheduling: min(times) for scheduling, times in runs.items()}
 
 
-def bench_batching(slots: int = 16) -> str:
-    """`python tools/bench.py batching`: the scenario in the simulator, then measured wall-clock
+def bench_batching(lab: ModuleType, slots: int = 16) -> str:
+    """`python -m tools.bench batching`: the scenario in the simulator, then measured wall-clock
     on the toy model at sizes scaled by 1/10 to fit its n_positions = 256 (answers of 200 and 5
     tokens instead of 2000 and 50), beside the simulator's prediction for the same workloads."""
     out = [scenarios.scenario_batching(lab, slots)]
@@ -53,11 +45,12 @@ def bench_batching(slots: int = 16) -> str:
     out.append(f"{'workload':<34}{'static tok/s':>14}{'continuous tok/s':>18}{'measured':>10}{'simulated':>11}")
     for name, workload in (("skewed (1 long + 63 short)", simulator.skewed_workload(63, 200, 5, 13)),
                            ("one in eight long (128 requests)", simulator.recurring_workload(128, 200, 5, 13, rate=0))):
-        best = _best_runs(model, workload, slots)
+        best = _best_runs(lab, model, workload, slots)
         (ts, ns), (tc, nc) = best["static"], best["continuous"]
-        sim_s, sim_c = scenarios._static_and_continuous(lab, workload, slots)
+        simulated = {scheduling: simulator.simulate_serving(lab, workload, scheduling, max_num_seqs=slots).throughput
+                     for scheduling in ("static", "continuous")}
         out.append(f"{name:<34}{ns / ts:>14.0f}{nc / tc:>18.0f}{(nc / tc) / (ns / ts):>9.2f}x"
-                   f"{sim_c.throughput / sim_s.throughput:>10.2f}x")
+                   f"{simulated['continuous'] / simulated['static']:>10.2f}x")
     out.append("On a CPU the toy model's step cost grows with the batch (its weights sit in cache; nothing\n"
                "like a GPU's fixed weight read), so the measured gain is smaller than the simulated one.")
     return "\n".join(out)

@@ -2,10 +2,10 @@
 """What a real GPT-2 checkpoint costs on this machine: load time and decode tokens per second
 through the engine, and speculative decoding on a synthetic target/draft pair of checkpoints.
 
-    python tools/benchmarks/bench_checkpoint.py                    # decode at batch 1 and 8, then speculate
-    python tools/benchmarks/bench_checkpoint.py decode --batch 1,4,16
-    python tools/benchmarks/bench_checkpoint.py speculate --target-layers 4 --draft-layers 1
-    python tools/benchmarks/bench_checkpoint.py --module lab       # YOUR lab.py instead of solution.py
+    python -m tools.benchmarks.bench_checkpoint                    # decode at batch 1 and 8, then speculate
+    python -m tools.benchmarks.bench_checkpoint decode --batch 1,4,16
+    python -m tools.benchmarks.bench_checkpoint speculate --target-layers 4 --draft-layers 1
+    python -m tools.benchmarks.bench_checkpoint --module lab       # YOUR lab.py instead of solution.py
 
 The weights are random, GPT-2 124M's shape (n_embd 768, 12 layers, 12 heads, vocab 50257,
 n_positions 1024), written as a Hugging Face directory with `save_gpt2` and read back with
@@ -18,18 +18,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from checkpoints.commands import DEFAULT_PROMPT, speculate_checkpoints  # noqa: E402
-from checkpoints.model_loader import load_gpt2, save_gpt2  # noqa: E402
+from checkpoints.commands import DEFAULT_PROMPT, speculate_checkpoints
+from checkpoints.model_loader import load_gpt2, save_gpt2
+from tools.bench_common import DEFAULT_MODULE
 
 GPT2_124M = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 
@@ -101,7 +98,7 @@ def bench_speculate(lab, workdir: Path, target_layers: int, draft_layers: int, r
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("which", nargs="?", choices=["all", "decode", "speculate"], default="all")
-    parser.add_argument("--module", default="solution" if (ROOT / "solution.py").exists() else "lab",
+    parser.add_argument("--module", default=DEFAULT_MODULE,
                         help="the module to measure (default: solution, or lab in the student's copy)")
     parser.add_argument("--batch", type=_positive_ints, default=[1, 8], help="batch sizes for decode, e.g. 1,8")
     parser.add_argument("--target-layers", type=int, default=4)

@@ -1,24 +1,16 @@
-"""`python tools/bench.py decode`: decode throughput of the paged model against its bare weight GEMMs.
-
-Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
+"""`python -m tools.bench decode`: decode throughput of the paged model against its bare weight GEMMs."""
 
 from __future__ import annotations
 
 import math
 import os
-import sys
 import time
-from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-
-from bench_common import Report, _best_side_by_side  # noqa: E402
-
-lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
-clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
+from measure.timing import best_side_by_side
+from tools.bench_common import Report
 
 
 def _large_matvec(nbytes: int = 256 * 2**20):
@@ -33,10 +25,11 @@ def _large_matvec(nbytes: int = 256 * 2**20):
     return (lambda: x @ w), w.nbytes
 
 
-def bench_decode(n_embd: int = 1024, n_layer: int = 6, n_head: int = 16, vocab_size: int = 4096,
+def bench_decode(lab: ModuleType, n_embd: int = 1024, n_layer: int = 6, n_head: int = 16, vocab_size: int = 4096,
                  context_len: int = 32, batch_sizes=(1, 2, 4, 8, 16, 32), block_size: int = 16,
-                 repeats: int = 5, log=print) -> str:
-    """Decode throughput of the paged model vs the bare weight GEMMs, and batch-1 bytes/s.
+                 repeats: int = 5, log=print, clock=time.perf_counter) -> str:
+    """Decode throughput of the module `lab`'s paged model vs the bare weight GEMMs, and batch-1
+    bytes/s, timed by `clock`.
 
     One decode step = `forward` of one new token per sequence at position context_len - 1, with
     the earlier K/V already in the cache (the step is repeated in place: it rewrites the same K/V).
@@ -58,14 +51,15 @@ def bench_decode(n_embd: int = 1024, n_layer: int = 6, n_head: int = 16, vocab_s
     rng = np.random.default_rng(0)
     model_time, gemm_time = {}, {}
     for batch in batch_sizes:
-        t, logits = _decode_step_against_gemms(model, batch, context_len, block_size, rng, repeats)
+        t, logits = _decode_step_against_gemms(lab, model, batch, context_len, block_size, rng, repeats, clock)
         if batch == 1:
             matvec_bw = t["matvec bytes"] / t["matvec"]
         model_time[batch], gemm_time[batch] = t["model"], t["gemm"]
         say(f"  batch {batch:2d}: model {t['model'] * 1e3:6.1f} ms/step = {batch / t['model']:6.0f} tok/s, "
             f"weight GEMMs {t['gemm'] * 1e3:6.1f} ms = {batch / t['gemm']:6.0f} tok/s "
             f"(model/GEMMs {t['model'] / t['gemm']:.2f}x, logits {logits.dtype})")
-    lo, hi = batch_sizes[0], batch_sizes[-1]
+    lo = batch_sizes[0]
+    hi = batch_sizes[-1]
     model_gain = (hi / model_time[hi]) / (lo / model_time[lo])
     gemm_gain = (hi / gemm_time[hi]) / (lo / gemm_time[lo])
     say(f"  throughput batch {hi} / batch {lo}: model {model_gain:.1f}x, weight GEMMs (ceiling) "
@@ -80,8 +74,8 @@ def bench_decode(n_embd: int = 1024, n_layer: int = 6, n_head: int = 16, vocab_s
     return say.text()
 
 
-def _decode_step_against_gemms(model, batch: int, context_len: int, block_size: int, rng,
-                               repeats: int) -> tuple[dict, np.ndarray]:
+def _decode_step_against_gemms(lab: ModuleType, model, batch: int, context_len: int, block_size: int, rng,
+                               repeats: int, clock) -> tuple[dict, np.ndarray]:
     """One decode step of `batch` prefilled sequences timed beside the bare weight products of
     the same batch (and, at batch 1, a large matvec: the roofline, in the same turns as the step
     it judges); (the best times, with "matvec bytes" at batch 1; the step's logits)."""
@@ -107,7 +101,7 @@ def _decode_step_against_gemms(model, batch: int, context_len: int, block_size: 
     matvec_bytes = None
     if batch == 1:
         fns["matvec"], matvec_bytes = _large_matvec()
-    t = _best_side_by_side(fns, repeats)
+    t = best_side_by_side(fns, repeats, clock=clock)
     if matvec_bytes is not None:
         t["matvec bytes"] = matvec_bytes
     return t, logits

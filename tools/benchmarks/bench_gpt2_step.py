@@ -2,11 +2,11 @@
 """A batch-1 decode step at GPT-2 124M's shape: the engine of solution.py at each git revision
 named (or of this checkout) against PyTorch's GPT2LMHeadModel, in turns, in one process.
 
-    OPENBLAS_NUM_THREADS=1 python tools/benchmarks/bench_gpt2_step.py 6521113 56cc7bd   # two revisions
-    OPENBLAS_NUM_THREADS=1 python tools/benchmarks/bench_gpt2_step.py 6521113 56cc7bd --cpu-time
-    OPENBLAS_NUM_THREADS=1 python tools/benchmarks/bench_gpt2_step.py 6521113 56cc7bd --model tiny --cpu-time
-    OPENBLAS_NUM_THREADS=1 python tools/benchmarks/bench_gpt2_step.py --against HEAD~3  # it and this checkout
-    OPENBLAS_NUM_THREADS=1 /tmp/venv/bin/python tools/benchmarks/bench_gpt2_step.py REV REV   # with torch
+    OPENBLAS_NUM_THREADS=1 python -m tools.benchmarks.bench_gpt2_step 6521113 56cc7bd   # two revisions
+    OPENBLAS_NUM_THREADS=1 python -m tools.benchmarks.bench_gpt2_step 6521113 56cc7bd --cpu-time
+    OPENBLAS_NUM_THREADS=1 python -m tools.benchmarks.bench_gpt2_step 6521113 56cc7bd --model tiny --cpu-time
+    OPENBLAS_NUM_THREADS=1 python -m tools.benchmarks.bench_gpt2_step --against HEAD~3  # it and this checkout
+    OPENBLAS_NUM_THREADS=1 /tmp/venv/bin/python -m tools.benchmarks.bench_gpt2_step REV REV   # with torch
 
 The model is random (the weights' values do not change the time), vocab 50257, 1024 positions,
 768 wide, 12 layers of 12 heads (`--model tiny`: 16 wide, 1 layer, vocab 256, a step that is
@@ -32,13 +32,10 @@ import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_common import solution_at  # noqa: E402
+from tools.bench_common import solution_at
 
 GPT2_124M = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 # `--model tiny`: a step that is nearly all Python (scheduling, checks, sampling, the output's
@@ -63,19 +60,20 @@ def blocks(tokens: int) -> int:
 def torch_step(shape: dict, weights: dict, context: int):
     import torch
     import transformers
-    from bench_vs_transformers import _hf_gpt2
+
+    from tools.benchmarks.bench_vs_transformers import hf_gpt2
 
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers renaming past_key_values
 
-    class Config:  # what _hf_gpt2 reads of a lab model
+    class Config:  # what hf_gpt2 reads of a lab model
         pass
 
     model = Config()
     model.config = type("C", (), dict(shape, layer_norm_epsilon=1e-5))()
     model.weights = weights
-    hf = _hf_gpt2(torch, transformers, model)
+    hf = hf_gpt2(torch, transformers, model)
     ids = torch.tensor([np.random.default_rng(0).integers(0, shape["vocab_size"], context).tolist()])
     with torch.inference_mode():
         out = hf(input_ids=ids, use_cache=True)
@@ -84,7 +82,8 @@ def torch_step(shape: dict, weights: dict, context: int):
     def step():
         with torch.inference_mode():
             out = hf(input_ids=state["token"], past_key_values=state["past"], use_cache=True)
-        state["past"], state["token"] = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        state["past"] = out.past_key_values
+        state["token"] = out.logits[:, -1].argmax(-1, keepdim=True)
 
     return step
 
@@ -125,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<12}{t * 1e3:9.3f}{vs}")
     names = list(modules)
     if len(names) > 1:
-        a, b = names[0], names[-1]
+        a = names[0]
+        b = names[-1]
         ratios = [after / before for before, after in zip(best[a], best[b])]
         print(f"  {b} / {a}: {median[b] / median[a]:.3f} (medians); per round {min(ratios):.3f}-{max(ratios):.3f}")
     return 0

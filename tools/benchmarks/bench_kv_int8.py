@@ -1,25 +1,16 @@
-"""`python tools/bench.py kv-int8`: what an int8 KV cache costs in accuracy.
-
-Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
+"""`python -m tools.bench kv-int8`: what an int8 KV cache costs in accuracy."""
 
 from __future__ import annotations
 
-import sys
-import time
-from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_common import Report  # noqa: E402
-
-lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
-clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
+from tools.bench_common import Report
 
 
-def bench_kv_int8(num_prompts: int = 32, max_tokens: int = 32, seed: int = 0, log=print) -> str:
-    """What an int8 KV cache costs in accuracy: the same greedy requests on a float32 and an
+def bench_kv_int8(lab: ModuleType, num_prompts: int = 32, max_tokens: int = 32, seed: int = 0, log=print) -> str:
+    """What an int8 KV cache of the module `lab` costs in accuracy: the same greedy requests on a float32 and an
     int8 engine, for the default ModelConfig and a wider one.
 
     Reports the cache bytes, how many whole greedy outputs and first tokens agree, and, teacher

@@ -1,23 +1,16 @@
-"""`python tools/bench.py shortcuts`: the chapter's small shortcuts for speed, each against the
+"""`python -m tools.bench shortcuts`: the chapter's small shortcuts for speed, each against the
 plainer code it replaced, side by side (docs/performance.md, section 6). The chapter keeps one
-line of why beside each and points here.
-
-Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
+line of why beside each and points here."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_common import Report, _best_side_by_side  # noqa: E402
-
-lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
-clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
+from measure.timing import best_side_by_side
+from tools.bench_common import Report
 
 
 def _calls(fn, n: int):
@@ -28,7 +21,7 @@ def _calls(fn, n: int):
     return run
 
 
-def _plain_check_int(name, value, minimum=None):
+def _plain_check_int(lab: ModuleType, name, value, minimum=None):
     """check_int without its first test (`type(value) is int`): the full test for every value."""
     if not lab.is_int(value):
         raise TypeError(name)
@@ -45,12 +38,13 @@ def _gelu_power(x):
     return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
 
 
-def cases(rng: np.random.Generator) -> list[tuple[str, str, str, object, object]]:
-    """(where in the chapter, the shortcut, the plainer code, shortcut(), plain()), each checked first."""
+def cases(lab: ModuleType, rng: np.random.Generator) -> list[tuple[str, str, str, object, object]]:
+    """The module `lab`'s shortcuts: (where in the chapter, the shortcut, the plainer code,
+    shortcut(), plain()), each checked first."""
     out = []
     ids = [int(t) for t in rng.integers(0, 50257, 150)]
     out.append(("check_int, 1000 calls", "`type(value) is int` first", "`is_int` for every value",
-                _calls(lambda: lab.check_int("n", 7, 0), 1000), _calls(lambda: _plain_check_int("n", 7, 0), 1000)))
+                _calls(lambda: lab.check_int("n", 7, 0), 1000), _calls(lambda: _plain_check_int(lab, "n", 7, 0), 1000)))
     out.append(("check_token_ids, 100 calls", "all plain ints >= 0: one pass", "`check_int` per id (150 ids)",
                 _calls(lambda: lab.check_token_ids("ids", ids), 100),
                 _calls(lambda: [lab.check_int(f"ids[{i}]", t, 0) for i, t in enumerate(ids)], 100)))
@@ -63,7 +57,8 @@ def cases(rng: np.random.Generator) -> list[tuple[str, str, str, object, object]
                     lambda x=x: lab._gelu(x), lambda x=x: _gelu_power(x)))
     for rows in (1, 128):
         x = rng.standard_normal((rows, 768)).astype(np.float32)
-        w, b = np.ones(768, np.float32), np.zeros(768, np.float32)
+        w = np.ones(768, np.float32)
+        b = np.zeros(768, np.float32)
         out.append((f"_layer_norm, ({rows}, 768)", "mean and variance as sums", "`x.mean`, `x.var`",
                     lambda x=x, w=w, b=b: lab._layer_norm(x, w, b, 1e-5),
                     lambda x=x, w=w, b=b: _layer_norm_mean_var(x, w, b, 1e-5)))
@@ -85,18 +80,18 @@ def cases(rng: np.random.Generator) -> list[tuple[str, str, str, object, object]
     return out
 
 
-def bench_shortcuts(repeats: int = 7, log=print) -> str:
-    """Each shortcut and its plainer form, in turns, best of `repeats`: the plain one's time over the
-    shortcut's. Their outputs are compared first (equal, or within float32 rounding)."""
+def bench_shortcuts(lab: ModuleType, repeats: int = 7, log=print, clock=time.perf_counter) -> str:
+    """Each shortcut of the module `lab` and its plainer form, in turns, best of `repeats`: the
+    plain one's time over the shortcut's. Their outputs are compared first (equal, or within float32 rounding)."""
     rng = np.random.default_rng(0)
     say = Report(log)
     say(f"== The chapter's shortcuts against the plainer code, best of {repeats} in turns ==")
     say(f"{'where':<72}{'shortcut':>12}{'plain':>12}{'plain/shortcut':>16}")
-    for where, shortcut, plain, fast, slow in cases(rng):
+    for where, shortcut, plain, fast, slow in cases(lab, rng):
         a, b = fast(), slow()
         if isinstance(a, np.ndarray):
             assert np.allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max()), f"{where}: the two forms disagree"
-        best = _best_side_by_side({"shortcut": fast, "plain": slow}, repeats)
+        best = best_side_by_side({"shortcut": fast, "plain": slow}, repeats, clock=clock)
         unit, scale = ("us", 1e6) if best["plain"] < 1e-2 else ("ms", 1e3)
         say(f"{where:<72}{best['shortcut'] * scale:>9.1f} {unit}{best['plain'] * scale:>9.1f} {unit}"
             f"{best['plain'] / best['shortcut']:>15.2f}x")

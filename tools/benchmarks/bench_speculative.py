@@ -1,25 +1,20 @@
-"""`python tools/bench.py speculative`: should we add speculative decoding? Measured against the prediction.
+"""`python -m tools.bench speculative`: should we add speculative decoding? Measured against the prediction.
 
-Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
+Its forward passes are checkpoints/commands.py's `forward_pass`, as `speculate`'s verify cost is; it
+times them itself, in the same turns as the generation runs they predict (a verify pass beside
+plain and speculative decoding), so it does not call `measure_verify_cost`."""
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_common import _best_side_by_side  # noqa: E402
-
-from course.reviews import scenarios  # noqa: E402
-
-lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
-clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
-
+from checkpoints.commands import forward_pass
+from course.reviews import scenarios
+from measure.timing import best_side_by_side
 
 # The bench model must make a decode step weight-read-bound: GPT-2-small's body (12 layers,
 # n_embd 768) with a 4096-token vocabulary is ~350 MB of float32 weights, ten times this CPU's
@@ -50,28 +45,7 @@ def _progress(message: str) -> None:
     print(f"  ... {message}", file=sys.stderr, flush=True)
 
 
-def _forward_call(model: lab.ToyTransformer, batch: int, context_len: int, num_new: int):
-    """A callable running one paged forward in which each of `batch` sequences has `context_len`
-    tokens cached and processes `num_new` more (1: a decode step; k+1: a verify pass; a prompt
-    from position 0: prefill). Re-running overwrites the same slots, so every call does the same
-    work."""
-    block_size = 16
-    per_seq = lab.blocks_needed(context_len + num_new, block_size)
-    allocator = lab.BlockAllocator(batch * per_seq, block_size)
-    cache = lab.KVCache(model.config, batch * per_seq, block_size)
-    rng = np.random.default_rng(0)
-    tables = []
-    for _ in range(batch):
-        table = lab.BlockTable(allocator)
-        table.append_tokens(rng.integers(0, model.config.vocab_size, context_len + num_new).tolist())
-        tables.append(table)
-    starts, counts = [context_len] * batch, [num_new] * batch
-    if model.forward(cache, tables, starts, counts).dtype != np.float32:
-        raise TypeError("the model path promoted its activations to float64: keep it float32")
-    return lambda: model.forward(cache, tables, starts, counts)
-
-
-def _round_overhead_seconds(vocab_size: int, k: int, repeats: int) -> float:
+def _round_overhead_seconds(lab: ModuleType, vocab_size: int, k: int, repeats: int, clock) -> float:
     """The Python/NumPy work of one greedy speculative round besides the forward passes: k draft
     `token_probs` + draws, the target's (k+1)-row `token_probs`, `accept_or_resample`, and the
     truncate + append on both block tables."""
@@ -93,18 +67,18 @@ def _round_overhead_seconds(vocab_size: int, k: int, repeats: int) -> float:
             table.truncate(100 - k)
             table.append_tokens(list(range(k - len(emitted) + 1)) + emitted[-1:])
             table.truncate(100)
-    return _best_side_by_side({"round": one_round}, repeats)["round"]
+    return best_side_by_side({"round": one_round}, repeats, clock=clock)["round"]
 
 
-def _read_bandwidth() -> float:
+def _read_bandwidth(clock) -> float:
     """Bytes/s of the plainest DRAM stream NumPy has, a sum over 256 MB: the yardstick for a
     decode step's weight reads."""
     a = np.ones(2**26, dtype=np.float32)
-    return a.nbytes / _best_side_by_side({"sum": a.sum}, 3)["sum"]
+    return a.nbytes / best_side_by_side({"sum": a.sum}, 3, clock=clock)["sum"]
 
 
-def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
-    """`python tools/bench.py speculative`: should we add speculative decoding?
+def bench_speculative(lab: ModuleType, num_tokens: int = 96, repeats: int = 5, clock=time.perf_counter) -> str:
+    """`python -m tools.bench speculative`: should we add speculative decoding to the module `lab`?
 
     Prints a progress line per measurement (stderr) and returns the report: the expected-speedup
     table for the measured draft cost, the measured point (alpha from greedy acceptance counts,
@@ -113,13 +87,15 @@ def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
     the measurements behind "it helps decode, not prefill, and less at large batch".
     All timings are best-of-N of interleaved runs on the paged path, after a warm-up.
     """
-    config, m = lab.ModelConfig(**SPEC_BENCH_CONFIG), SPEC_BENCH_DRAFT_LAYERS
+    config = lab.ModelConfig(**SPEC_BENCH_CONFIG)
+    m = SPEC_BENCH_DRAFT_LAYERS
     _progress(f"building the target ({config.n_layer} layers, n_embd {config.n_embd}, vocab "
               f"{config.vocab_size}) and its {m}-layer self-draft")
     target = scenarios.make_early_exit_target(lab, config, m, SPEC_BENCH_REFINEMENT_SCALE)
     draft = lab.make_self_draft(target, m)
-    r = SimpleNamespace(config=config, m=m, k=SPEC_BENCH_K, ks=(1, 2, 3, 4, 6, 8), num_tokens=num_tokens,
-                        repeats=repeats, weight_bytes=sum(w.nbytes for w in target.weights.values()),
+    r = SimpleNamespace(lab=lab, clock=clock, config=config, m=m, k=SPEC_BENCH_K, ks=(1, 2, 3, 4, 6, 8),
+                        num_tokens=num_tokens, repeats=repeats,
+                        weight_bytes=sum(w.nbytes for w in target.weights.values()),
                         dtypes="/".join(sorted({str(w.dtype) for w in target.weights.values()})))
     prompt = np.random.default_rng(1).integers(0, config.vocab_size, 8).tolist()
     ctx = len(prompt) + num_tokens // 2  # a mid-generation context for the per-step costs
@@ -128,14 +104,15 @@ def bench_speculative(num_tokens: int = 96, repeats: int = 5) -> str:
 
     # 3. Prefill: P prompt tokens in one pass, and P/2, against P decode steps.
     r.P = 256
-    r.pre = _best_side_by_side({"P": _forward_call(target, 1, 0, r.P), "P/2": _forward_call(target, 1, 0, r.P // 2)},
-                               3)
+    r.pre = best_side_by_side({"P": forward_pass(lab, target, 0, r.P), "P/2": forward_pass(lab, target, 0, r.P // 2)},
+                              3, clock=clock)
     _progress(f"prefill {r.P} tokens {r.pre['P'] * 1e3:.0f} ms, {r.P // 2} tokens {r.pre['P/2'] * 1e3:.0f} ms")
 
     # 4. Batch 32: a decode step vs a verify pass of k+1 tokens per sequence; the draft's step.
     r.B = 32
-    big = _best_side_by_side({"t": _forward_call(target, r.B, ctx, 1), "v": _forward_call(target, r.B, ctx, r.k + 1),
-                              "d": _forward_call(draft, r.B, ctx, 1)}, 3)
+    big = best_side_by_side({"t": forward_pass(lab, target, ctx, 1, r.B),
+                             "v": forward_pass(lab, target, ctx, r.k + 1, r.B),
+                             "d": forward_pass(lab, draft, ctx, 1, r.B)}, 3, clock=clock)
     r.verify_b, r.c_b = big["v"] / big["t"], big["d"] / big["t"]
     r.pred_b = lab.predicted_speedup(r.alpha, r.k, r.c_b, r.verify_b)
     _progress(f"batch {r.B}: decode step {big['t'] * 1e3:.0f} ms, verify pass {big['v'] * 1e3:.0f} ms "
@@ -149,18 +126,19 @@ def _batch_one(r: SimpleNamespace, target, draft, prompt: list[int], ctx: int) -
     and speculative greedy generation (interleaved with the per-step costs, so that a
     neighbour's load hits the prediction and the measurement alike; their tokens checked equal),
     alpha, and the predictions."""
+    lab = r.lab
     k = r.k
-    r.read_bw = _read_bandwidth()
-    steps = {"t1": _forward_call(target, 1, ctx, 1), "d1": _forward_call(draft, 1, ctx, 1),
-             "d2": _forward_call(draft, 1, ctx, 2)}
-    steps |= {f"v{kk}": _forward_call(target, 1, ctx, kk + 1) for kk in r.ks}
-    r.overhead = _round_overhead_seconds(r.config.vocab_size, k, 20)
+    r.read_bw = _read_bandwidth(r.clock)
+    steps = {"t1": forward_pass(lab, target, ctx, 1), "d1": forward_pass(lab, draft, ctx, 1),
+             "d2": forward_pass(lab, draft, ctx, 2)}
+    steps |= {f"v{kk}": forward_pass(lab, target, ctx, kk + 1) for kk in r.ks}
+    r.overhead = _round_overhead_seconds(lab, r.config.vocab_size, k, 20, r.clock)
     greedy = lab.SamplingParams(max_tokens=r.num_tokens, temperature=0.0)
     spec_out: list[lab.SpeculativeOutput] = []
     plain_out: list[list[int]] = []
     runs = {"plain": lambda: plain_out.append(scenarios.paged_greedy_generate(lab, target, prompt, r.num_tokens)),
             "spec": lambda: spec_out.append(lab.speculative_generate(target, draft, prompt, greedy, k=k))}
-    r.best = best = _best_side_by_side(runs | steps, r.repeats)
+    r.best = best = best_side_by_side(runs | steps, r.repeats, clock=r.clock)
     r.t1 = t1 = best["t1"]
     r.c, r.c2 = best["d1"] / t1, best["d2"] / t1
     r.verify = {kk: best[f"v{kk}"] / t1 for kk in r.ks}
@@ -203,7 +181,13 @@ def speculative_verdict(measured: float, extended: float, alpha: float) -> str:
 
 def _speculative_report(r: SimpleNamespace) -> str:
     """The report of bench_speculative's measurements `r`."""
-    config, k, t1, verify, alpha, E = r.config, r.k, r.t1, r.verify, r.alpha, r.E
+    lab = r.lab
+    config = r.config
+    k = r.k
+    t1 = r.t1
+    verify = r.verify
+    alpha = r.alpha
+    E = r.E
     head = f"{'k':>3} {'verify cost':>12} {'paper (v=1)':>12} {'extended':>9}"
     return "\n".join([
         scenarios.format_speculation_table(lab, round(r.c, 3)),

@@ -1,7 +1,5 @@
-"""`python tools/bench.py step-profile`: where a GPT-2 124M decode step's time goes, at batch 1
-and 16, with one thread and with `serve`'s threads, beside the machine's floors measured with NumPy.
-
-Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
+"""`python -m tools.bench step-profile`: where a GPT-2 124M decode step's time goes, at batch 1
+and 16, with one thread and with `serve`'s threads, beside the machine's floors measured with NumPy."""
 
 from __future__ import annotations
 
@@ -9,31 +7,24 @@ import cProfile
 import math
 import os
 import pstats
-import sys
 import time
-from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_common import Report  # noqa: E402
-
-from course.commands import default_num_threads  # noqa: E402
-
-lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
-clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
+from course.commands import default_num_threads
+from tools.bench_common import Report
 
 GPT2_124M = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 
 # The parts of a step, each the profiled time of one function of the module (with what it calls);
 # "other NumPy" is the rest of the forward (LayerNorm, GELU, the residual adds, the embedding, the
 # K/V writes), "Python" the rest of the step (scheduling, the batch's layout, the outputs).
-PARTS = {"GEMMs": lambda: lab.ThreadedMatmul.__call__, "attention": lambda: lab.paged_attention,
-         "sampler": lambda: lab.sample_token}
+PARTS = {"GEMMs": lambda lab: lab.ThreadedMatmul.__call__, "attention": lambda lab: lab.paged_attention,
+         "sampler": lambda lab: lab.sample_token}
 
 
-def _engine(model, batch: int, context: int):
+def _engine(lab: ModuleType, model, batch: int, context: int):
     """An engine holding `batch` prefilled requests of `context` prompt tokens, decoding."""
     engine = lab.LLMEngine(model, num_blocks=batch * -(-(context + 400) // 16), block_size=16,
                            max_num_seqs=batch, max_num_batched_tokens=max(512, batch * context))
@@ -46,7 +37,7 @@ def _engine(model, batch: int, context: int):
     return engine
 
 
-def _profiled_split(engine, steps: int) -> dict[str, float]:
+def _profiled_split(lab: ModuleType, engine, steps: int) -> dict[str, float]:
     """Seconds per step by part, from a profile of `steps` decode steps of `engine`."""
     profile = cProfile.Profile()
     profile.enable()
@@ -59,14 +50,14 @@ def _profiled_split(engine, steps: int) -> dict[str, float]:
         code = function.__code__
         return stats.get((code.co_filename, code.co_firstlineno, code.co_name), (0, 0, 0, 0.0))[3] / steps
 
-    parts = {name: per_step(function()) for name, function in PARTS.items()}
+    parts = {name: per_step(function(lab)) for name, function in PARTS.items()}
     forward = per_step(lab.ToyTransformer.forward)
     parts["other NumPy"] = forward - parts["GEMMs"] - parts["attention"]
     parts["Python"] = per_step(lab.LLMEngine.step) - forward - parts["sampler"]
     return {"profiled step": sum(parts.values())} | parts
 
 
-def _step_time(engine, steps: int) -> float:
+def _step_time(engine, steps: int, clock) -> float:
     """The median wall time of `steps` decode steps, unprofiled."""
     times = []
     for _ in range(steps):
@@ -76,7 +67,7 @@ def _step_time(engine, steps: int) -> float:
     return float(np.median(times))
 
 
-def _floors(num_threads: int, repeats: int = 5) -> dict[str, float]:
+def _floors(lab: ModuleType, num_threads: int, repeats: int = 5) -> dict[str, float]:
     """Memory bandwidth (bytes/s) of a 1-row product with a 256 MiB matrix, and the sgemm rate
     (FLOP/s) of a cache-resident 1024 x 1024 product, each with one thread and with `num_threads`."""
     rng = np.random.default_rng(0)
@@ -101,9 +92,9 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def bench_step_profile(batches=(1, 16), context: int = 100, steps: int = 8, num_threads: int | None = None,
-                       log=print) -> str:
-    """The decode step of GPT-2 124M (random weights) at each batch size, split into its parts,
+def bench_step_profile(lab: ModuleType, batches=(1, 16), context: int = 100, steps: int = 8,
+                       num_threads: int | None = None, log=print, clock=time.perf_counter) -> str:
+    """The decode step of the module `lab`'s GPT-2 124M (random weights) at each batch size, split into its parts,
     with one thread and with `num_threads` (default: `serve`'s), beside the floors: the weights'
     bytes over the bandwidth NumPy reaches (batch 1) and the step's FLOPs over the sgemm rate it
     reaches (the larger batches). Returns the report; each line also goes to `log` as measured."""
@@ -119,15 +110,15 @@ def bench_step_profile(batches=(1, 16), context: int = 100, steps: int = 8, num_
             if k in os.environ}
     say(f"bench step-profile: GPT-2 124M (random weights, float32), context {context}, {steps} steps per "
         f"figure, BLAS env {blas or 'default'}, load average {os.getloadavg()[0]:.2f}")
-    floors = _floors(num_threads)
+    floors = _floors(lab, num_threads)
     for threads in models:
         say(f"  the machine's floors with {threads} thread(s): reads {floors[f'bandwidth {threads}'] / 1e9:.1f} GB/s, "
             f"sgemm {floors[f'sgemm {threads}'] / 1e9:.0f} GFLOP/s")
     for batch in batches:
         for threads, model in models.items():
-            engine = _engine(model, batch, context)
-            step = _step_time(engine, steps)
-            parts = _profiled_split(engine, steps)
+            engine = _engine(lab, model, batch, context)
+            step = _step_time(engine, steps, clock)
+            parts = _profiled_split(lab, engine, steps)
             split = ", ".join(f"{name} {t * 1e3:.1f}" for name, t in parts.items())
             if batch == 1:
                 floor = weight_bytes / floors[f"bandwidth {threads}"]

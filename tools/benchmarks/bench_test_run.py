@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One exercise's test run, as a student types it, on the tree of each git revision named, in turns.
 
-    OPENBLAS_NUM_THREADS=1 python tools/benchmarks/bench_test_run.py 6521113 56cc7bd
-    python tools/benchmarks/bench_test_run.py 6521113 56cc7bd -m exercise4 --rounds 7
+    OPENBLAS_NUM_THREADS=1 python -m tools.benchmarks.bench_test_run 6521113 56cc7bd
+    python -m tools.benchmarks.bench_test_run 6521113 56cc7bd -m exercise4 --rounds 7
 
 Each revision's tree is unpacked from git into a scratch folder, and `python -m pytest -q -m
 exercise1` runs there with LAB_MODULE=solution (every exercise written: each test runs to its
@@ -26,9 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tools")]
-from bench_common import tree_at  # noqa: E402
+from tools.bench_common import tree_at
 
 MODES = {"no bytecode (CI)": {"PYTHONDONTWRITEBYTECODE": "1"}, "bytecode cached": {}}
 
@@ -81,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             walls, cpus = sorted(w for w, _ in runs), sorted(c for _, c in runs)
             print(f"  {rev:<12} {counts[rev]:4d} passed: wall {walls[0]:.2f}-{walls[-1]:.2f} s, "
                   f"CPU {cpus[0]:.2f}-{cpus[-1]:.2f} s")
-        first, last = args.revisions[0], args.revisions[-1]
+        first = args.revisions[0]
+        last = args.revisions[-1]
         if first != last:
             wall = [b[0] / a[0] for a, b in zip(times[first], times[last])]
             cpu = [b[1] / a[1] for a, b in zip(times[first], times[last])]

@@ -1,46 +1,38 @@
-"""`python tools/bench.py trace`: what recording a trace costs; `python tools/bench.py events`: what the
-engine's events cost when no one listens.
-
-Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
+"""`python -m tools.bench trace`: what recording a trace costs; `python -m tools.bench events`: what the
+engine's events cost when no one listens."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_common import Report, _best_side_by_side  # noqa: E402
-
-from course.pages import trace  # noqa: E402
-from course.pages.trace_workloads import WORKLOADS, Arrival, Workload, get_workload  # noqa: E402
-from loadtest import datasets  # noqa: E402
-
-lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
-clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
+from course.pages import trace
+from course.pages.trace_workloads import WORKLOADS, Arrival, Workload, get_workload
+from loadtest import datasets
+from measure.timing import best_side_by_side
+from tools.bench_common import Report, solution_at
 
 
-def bench_trace(repeats: int = 7, log=print) -> str:
-    """`python tools/bench.py trace`: what recording costs. Each workload of `python solution.py
-    trace` runs on a fresh engine of the module, untraced (the chapter's code, nothing wrapped:
-    what every engine that is not traced runs) and traced (`trace.record`: the same run with the
-    recorder reading the queues, the pool and the tables after every step), in turns, best of
-    `repeats`; then the size of the page of a 200-step trace (a 64-request ShareGPT-like
-    `loadtest --save-workload` file replayed, cut at 200 steps)."""
+def bench_trace(lab: ModuleType, repeats: int = 7, log=print, clock=time.perf_counter) -> str:
+    """`python -m tools.bench trace`: what recording costs on the module `lab`, timed by `clock`.
+    Each workload of `python solution.py trace` runs on a fresh engine of the module, untraced (the
+    chapter's code, nothing wrapped: what every engine that is not traced runs) and traced
+    (`trace.record`: the same run with the recorder reading the queues, the pool and the tables
+    after every step), in turns, best of `repeats`; then the size of the page of a 200-step trace
+    (a 64-request ShareGPT-like `loadtest --save-workload` file replayed, cut at 200 steps)."""
     say = Report(log)
     say(f"== The trace's recorder: one engine run of each workload, untraced and traced, best of {repeats} ==")
     say(f"{'workload':<17}{'steps':>6}{'untraced ms':>13}{'traced ms':>11}{'traced/untraced':>17}{'page KB':>9}")
     for name in WORKLOADS:
         workload = get_workload(name)
-        best = _best_side_by_side({
+        best = best_side_by_side({
             "untraced": lambda: trace.drive(trace.build_engine(lab, workload), lab, workload),
             "traced": lambda: trace.record(lab, workload),
-        }, repeats)
+        }, repeats, clock=clock)
         recorded = trace.record(lab, workload)
         kb = len(trace.render_page(recorded).encode()) / 1024
         say(f"{name:<17}{len(recorded.frames) - 1:>6}{best['untraced'] * 1e3:>13.1f}{best['traced'] * 1e3:>11.1f}"
@@ -54,29 +46,21 @@ def bench_trace(repeats: int = 7, log=print) -> str:
         f"{long.workload.engine['num_blocks']} blocks): the page is {len(page) / 1024:.0f} KB, "
         f"{len(page) / 1024 / (len(long.frames) - 1):.1f} KB a step")
     say("An engine that is not traced sends no event and runs the plain BlockAllocator: the recorder is the traced "
-        "engine's observer and wraps nothing (`python tools/bench.py events` measures what the events cost).")
+        "engine's observer and wraps nothing (`python -m tools.bench events` measures what the events cost).")
     return say.text()
 
 
-# The chapter just before the engine's events were added (issue 44): the baseline of `bench events`.
+# The chapter just before the engine's events were added: the baseline of `bench events`.
 EVENTS_BASELINE = "6521113"
 
 
-def chapter_at(revision: str, folder: str):
+def chapter_at(revision: str):
     """solution.py as it was at a git revision of this checkout, imported as a module of its own;
     None where git or the revision is missing (a student's copy has no history)."""
     try:
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:solution.py"], capture_output=True,
-                              text=True, check=True, timeout=60).stdout
+        return solution_at(revision, "chapter_before_events")
     except (OSError, subprocess.SubprocessError):
         return None
-    path = Path(folder) / "chapter_before_events.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module  # its dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
 
 
 def busy_workload() -> Workload:
@@ -89,13 +73,15 @@ def busy_workload() -> Workload:
     return Workload("busy", "96 short requests, 32 seats, a one-layer model 8 wide", "", engine, arrivals, model)
 
 
-def bench_events(repeats: int = 9, baseline: str = EVENTS_BASELINE, log=print) -> str:
-    """`python tools/bench.py events`: an engine with no observer, the way every engine but the trace's
-    runs, against the chapter before the events existed (`baseline`, from git) and against the same
-    engine with an observer that does nothing (what sending the events costs). Each workload of
-    `python solution.py trace`, and `busy_workload`, whole runs in turns, best of `repeats`; the
-    outputs of every contestant are checked equal first."""
+def bench_events(lab: ModuleType, repeats: int = 9, baseline: str = EVENTS_BASELINE, log=print,
+                 clock=time.perf_counter) -> str:
+    """`python -m tools.bench events`: an engine of the module `lab` with no observer, the way
+    every engine but the trace's runs, against the chapter before the events existed (`baseline`,
+    from git) and against the same engine with an observer that does nothing (what sending the
+    events costs). Each workload of `python solution.py trace`, and `busy_workload`, whole runs in
+    turns, best of `repeats`; the outputs of every contestant are checked equal first."""
     say = Report(log)
+
     def run(module, workload, observer=None):
         engine = trace.build_engine(module, workload, observer=observer)
         return trace.drive(engine, module, workload)
@@ -103,27 +89,26 @@ def bench_events(repeats: int = 9, baseline: str = EVENTS_BASELINE, log=print) -
     def tokens(steps):
         return [[(o.request_id, list(o.new_token_ids), o.finish_reason) for o in out] for out in steps]
 
-    with tempfile.TemporaryDirectory() as tmp:
-        before = chapter_at(baseline, tmp)
-        say(f"== The engine's events: no observer, against the chapter at {baseline} (before the events) and "
-            f"against an observer that does nothing; whole runs in turns, best of {repeats} ==")
-        if before is None:
-            say(f"(no git history or no revision {baseline} here: the baseline column is left out)")
-        say(f"{'workload':<17}{'steps':>6}{'before ms':>11}{'none ms':>9}{'no-op ms':>10}"
-            f"{'none/before':>13}{'no-op/none':>12}")
-        workloads = [get_workload(name) for name in WORKLOADS] + [busy_workload()]
-        for workload in workloads:
-            none = tokens(run(lab, workload))
-            assert tokens(run(lab, workload, lambda e: None)) == none, f"{workload.name}: an observer changed outputs"
-            if before is not None:
-                assert tokens(run(before, workload)) == none, f"{workload.name}: the outputs differ from {baseline}'s"
-            contestants = {"none": lambda: run(lab, workload), "no-op": lambda: run(lab, workload, lambda e: None)}
-            if before is not None:
-                contestants["before"] = lambda: run(before, workload)
-            best = _best_side_by_side(contestants, repeats)
-            before_ms = f"{best['before'] * 1e3:.1f}" if before is not None else "-"
-            none_vs_before = f"{best['none'] / best['before']:.3f}x" if before is not None else "-"
-            say(f"{workload.name:<17}{len(none):>6}{before_ms:>11}{best['none'] * 1e3:>9.1f}"
-                f"{best['no-op'] * 1e3:>10.1f}{none_vs_before:>13}{best['no-op'] / best['none']:>11.3f}x")
-        sys.modules.pop("chapter_before_events", None)
+    before = chapter_at(baseline)
+    say(f"== The engine's events: no observer, against the chapter at {baseline} (before the events) and "
+        f"against an observer that does nothing; whole runs in turns, best of {repeats} ==")
+    if before is None:
+        say(f"(no git history or no revision {baseline} here: the baseline column is left out)")
+    say(f"{'workload':<17}{'steps':>6}{'before ms':>11}{'none ms':>9}{'no-op ms':>10}"
+        f"{'none/before':>13}{'no-op/none':>12}")
+    workloads = [get_workload(name) for name in WORKLOADS] + [busy_workload()]
+    for workload in workloads:
+        none = tokens(run(lab, workload))
+        assert tokens(run(lab, workload, lambda e: None)) == none, f"{workload.name}: an observer changed outputs"
+        if before is not None:
+            assert tokens(run(before, workload)) == none, f"{workload.name}: the outputs differ from {baseline}'s"
+        contestants = {"none": lambda: run(lab, workload), "no-op": lambda: run(lab, workload, lambda e: None)}
+        if before is not None:
+            contestants["before"] = lambda: run(before, workload)
+        best = best_side_by_side(contestants, repeats, clock=clock)
+        before_ms = f"{best['before'] * 1e3:.1f}" if before is not None else "-"
+        none_vs_before = f"{best['none'] / best['before']:.3f}x" if before is not None else "-"
+        say(f"{workload.name:<17}{len(none):>6}{before_ms:>11}{best['none'] * 1e3:>9.1f}"
+            f"{best['no-op'] * 1e3:>10.1f}{none_vs_before:>13}{best['no-op'] / best['none']:>11.3f}x")
+    sys.modules.pop("chapter_before_events", None)
     return say.text()

@@ -1,26 +1,17 @@
-"""`python tools/bench.py vs-transformers`: the engine against Hugging Face `generate` on PyTorch (CPU).
-
-Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
+"""`python -m tools.bench vs-transformers`: the engine against Hugging Face `generate` on PyTorch (CPU)."""
 
 from __future__ import annotations
 
 import collections
 import math
 import os
-import sys
 import time
-from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-
-from bench_common import Report, _best_side_by_side, _timeit  # noqa: E402
-
-lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
-clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
-
+from measure.timing import best_side_by_side, best_time
+from tools.bench_common import Report
 
 # --- the engine against Hugging Face transformers' generate (PyTorch eager, CPU) ----------
 
@@ -30,7 +21,7 @@ VS_TRANSFORMERS_MODEL = dict(vocab_size=4096, n_positions=512, n_embd=512, n_lay
 VS_TRANSFORMERS_INSTALL = (
     "bench vs-transformers needs torch and transformers, which are never dependencies of the lab: "
     "install them beside it, e.g. `python -m venv /tmp/torch && /tmp/torch/bin/pip install numpy torch "
-    "transformers` (a CPU wheel is enough), then run `/tmp/torch/bin/python tools/bench.py vs-transformers`")
+    "transformers` (a CPU wheel is enough), then run `/tmp/torch/bin/python -m tools.bench vs-transformers`")
 
 
 def _vs_transformers_workload(num_requests: int = 64, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -46,7 +37,7 @@ def _vs_transformers_workload(num_requests: int = 64, seed: int = 0) -> list[tup
     return requests
 
 
-def _hf_gpt2(torch, transformers, model):
+def hf_gpt2(torch, transformers, model):
     """A transformers GPT2LMHeadModel holding exactly the lab model's weights (both use GPT-2's
     Conv1D (in, out) layout and checkpoint names), in eval mode, never stopping at an EOS."""
     c = model.config
@@ -81,7 +72,8 @@ def _hf_generate(torch, hf, prompts: list[list[int]], max_new_tokens: int) -> li
     return [row[width:].tolist() for row in out]
 
 
-def _engine_breakdown(model, batch: int, prompt_len: int = 64, steps: int = 16) -> dict[str, float]:
+def _engine_breakdown(lab: ModuleType, model, batch: int, clock, prompt_len: int = 64,
+                      steps: int = 16) -> dict[str, float]:
     """Seconds per decode step of the engine at `batch` running sequences, split by where the
     time goes: weight GEMMs (the same products on random rows, measured apart), attention
     (`paged_attention`), the rest of the forward (LayerNorm, GELU, embedding, K/V writes, the
@@ -107,7 +99,8 @@ def _engine_breakdown(model, batch: int, prompt_len: int = 64, steps: int = 16) 
         engine.step()
     engine.step()
     saved = lab.paged_attention, lab.sample_token
-    lab.paged_attention, lab.sample_token = timed("attention", lab.paged_attention), timed("sampling", lab.sample_token)
+    lab.paged_attention = timed("attention", lab.paged_attention)
+    lab.sample_token = timed("sampling", lab.sample_token)
     engine.model = model_wrapper = _TimedForward(model, timed)
     engine._run_model = timed("model call", engine._run_model)
     try:
@@ -127,7 +120,7 @@ def _engine_breakdown(model, batch: int, prompt_len: int = 64, steps: int = 16) 
             x @ layer["mlp.c_fc.weight"], h @ layer["mlp.c_proj.weight"]
         return x @ model.weights["wte.weight"].T
 
-    weights = _timeit(weight_gemms, 5)
+    weights = best_time(weight_gemms, 5, clock=clock)
     per = {name: t / steps for name, t in timers.items()}
     forward_rest = per["forward"] - per["attention"] - weights
     return {"step": total / steps, "weights": weights, "attention": per["attention"],
@@ -140,7 +133,8 @@ class _TimedForward:
     """The model with its `forward` timed (everything else passed through)."""
 
     def __init__(self, model, timed):
-        self._model, self.forward = model, timed("forward", model.forward)
+        self._model = model
+        self.forward = timed("forward", model.forward)
 
     def __getattr__(self, name):
         return getattr(self._model, name)
@@ -159,9 +153,10 @@ def _greedy_divergence(torch, hf, model, prompt, ours, theirs) -> tuple[int, flo
     return i, gap, float(np.abs(lab_row - hf_row).max())
 
 
-def bench_vs_transformers(num_requests: int = 64, static_batch: int = 8, decode_tokens: int = 128,
-                          rounds: int = 2, log=print) -> str:
-    """`python tools/bench.py vs-transformers`: the engine against what users run instead.
+def bench_vs_transformers(lab: ModuleType, num_requests: int = 64, static_batch: int = 8, decode_tokens: int = 128,
+                          rounds: int = 2, log=print, clock=time.perf_counter) -> str:
+    """`python -m tools.bench vs-transformers`: the engine of the module `lab` against what users
+    run instead, timed by `clock`.
 
     The same GPT-2 weights (VS_TRANSFORMERS_MODEL, random) in the lab's engine and in
     transformers' GPT2LMHeadModel (PyTorch eager, CPU, one intra-op thread like OpenBLAS here).
@@ -184,7 +179,7 @@ def bench_vs_transformers(num_requests: int = 64, static_batch: int = 8, decode_
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
     model = lab.ToyTransformer(lab.ModelConfig(**VS_TRANSFORMERS_MODEL), seed=0)
-    hf = _hf_gpt2(torch, transformers, model)
+    hf = hf_gpt2(torch, transformers, model)
     requests = _vs_transformers_workload(num_requests)
     useful = sum(m for _, m in requests)
     c = model.config
@@ -193,7 +188,7 @@ def bench_vs_transformers(num_requests: int = 64, static_batch: int = 8, decode_
         f"1 in 8 asking 192-256 output tokens, the rest 8-32 ({useful} useful tokens), greedy; torch "
         f"{torch.__version__} ({torch.get_num_threads()} thread), transformers {transformers.__version__}, "
         f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, clock {clock.__name__}")
-    _against_generate(say, torch, hf, model, requests, static_batch, rounds)
+    _against_generate(lab, say, torch, hf, model, requests, static_batch, rounds, clock)
 
     # Batch 1: a decode step = (time of 1 + n tokens - time of 1 token) / n, sampling included.
     prompt = requests[1][0]
@@ -203,7 +198,7 @@ def bench_vs_transformers(num_requests: int = 64, static_batch: int = 8, decode_
            "engine n": lambda: lab.LLMEngine(model).generate([prompt], many),
            "hf 1": lambda: _hf_generate(torch, hf, [prompt], 1),
            "hf n": lambda: _hf_generate(torch, hf, [prompt], 1 + decode_tokens)}
-    t = _best_side_by_side(fns, 3)
+    t = best_side_by_side(fns, 3, clock=clock)
     step_engine = (t["engine n"] - t["engine 1"]) / decode_tokens
     step_hf = (t["hf n"] - t["hf 1"]) / decode_tokens
     weight_bytes = sum(w.nbytes for name, w in model.weights.items() if name != "wpe.weight")
@@ -215,16 +210,18 @@ def bench_vs_transformers(num_requests: int = 64, static_batch: int = 8, decode_
     keys = ("weights", "attention", "rest of forward", "sampling", "model call rest", "scheduling")
     say("    batch " + "".join(f"{k:>17}" for k in ("step",) + keys))
     for batch in (1, 8, 32, 64):
-        b = _engine_breakdown(model, batch)
+        b = _engine_breakdown(lab, model, batch, clock)
         say(f"    {batch:5d} " + "".join(f"{b[k] * 1e3:17.2f}" for k in ("step",) + keys))
     return say.text()
 
 
-def _against_generate(say: Report, torch, hf, model, requests: list, static_batch: int, rounds: int) -> None:
+def _against_generate(lab: ModuleType, say: Report, torch, hf, model, requests: list, static_batch: int, rounds: int,
+                      clock) -> None:
     """The workload through the engine, through `generate` one request at a time (in turns,
     best of `rounds`) and in static batches; the outputs compared token by token (a divergence
     must be a near tie of the two float32 implementations) before the ratios are reported."""
-    num_requests, useful = len(requests), sum(m for _, m in requests)
+    num_requests = len(requests)
+    useful = sum(m for _, m in requests)
     # Correctness first: the logits of one prompt agree, then every greedy output, token by token.
     prompt = requests[0][0]
     with torch.inference_mode():
@@ -247,7 +244,8 @@ def _against_generate(say: Report, torch, hf, model, requests: list, static_batc
         f"{useful / t_single:.0f} useful tokens/s")
 
     start = clock()
-    static, computed = [], 0
+    static = []
+    computed = 0
     for i in range(0, num_requests, static_batch):
         group = requests[i:i + static_batch]
         longest = max(m for _, m in group)

@@ -8,9 +8,9 @@ real runs, one slip at a time, about a minute each on 2 cores: a maintainers' to
 slip is a planted mistake of mutants_chapter.py whose edit lies inside one exercise's solution
 region (the others are slips in provided code, whose row should go red).
 
-    python tools/checks/blame.py                 # every such slip (an hour or more)
-    python tools/checks/blame.py -k residual     # those whose name contains a word
-    python tools/checks/blame.py --sample 12     # 12 of them, spread over the exercises (seeded)
+    python -m tools.checks.blame                 # every such slip (an hour or more)
+    python -m tools.checks.blame -k residual     # those whose name contains a word
+    python -m tools.checks.blame --sample 12     # 12 of them, spread over the exercises (seeded)
 
 One line a slip: its exercise, the failures per row (`Ex 2` an exercise's own tests, `Ex 5+` the
 provided code that runs Exercises 1-5, counted under Exercise 5) and the provided row; `ok` when the
@@ -32,19 +32,20 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT / "tools" / "handout")]
-from make_lab import BEGIN, END  # noqa: E402
-from mutants_chapter import CHAPTER  # noqa: E402
+from tools.checks.mutants_chapter import CHAPTER
+from tools.handout.make_lab import BEGIN, END, ROOT
 
 
 def regions(source: str) -> list[tuple[int, int, int]]:
     """(start, end, exercise): the character span of each solution region of `source`."""
-    spans, offset, start = [], 0, None
+    spans = []
+    offset = 0
+    start = None
     for line in source.splitlines(keepends=True):
         begin = BEGIN.match(line)
         if begin:
-            start, exercise = offset + len(line), int(begin.group(2))
+            start = offset + len(line)
+            exercise = int(begin.group(2))
         elif END.match(line) and start is not None:
             spans.append((start, offset, exercise))
             start = None
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         by_exercise = collections.defaultdict(list)
         for slip in random.Random(args.seed).sample(chosen, len(chosen)):
             by_exercise[slip[1]].append(slip)
-        queues, chosen = [collections.deque(v) for _, v in sorted(by_exercise.items())], []
+        queues = [collections.deque(v) for _, v in sorted(by_exercise.items())]
+        chosen = []
         while len(chosen) < args.sample and any(queues):  # one of each exercise in turn
             chosen += [q.popleft() for q in queues if q][: args.sample - len(chosen)]
     failed = 0

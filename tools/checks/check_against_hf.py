@@ -5,7 +5,7 @@ Needs torch, transformers and tokenizers, which the lab never depends on: run it
 venv (`python -m venv /tmp/hf && /tmp/hf/bin/pip install torch transformers`), from the
 repository's root:
 
-    /tmp/hf/bin/python tools/checks/check_against_hf.py
+    /tmp/hf/bin/python -m tools.checks.check_against_hf
 
 1. Trains a byte-level BPE (2000 tokens) with `tokenizers` on the repository's own text, then
    encodes 600 strings (lines of the sources, random strings of letters, digits, marks, emoji and
@@ -20,14 +20,12 @@ Nothing is downloaded.
 from __future__ import annotations
 
 import random
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:
@@ -44,7 +42,8 @@ def main() -> int:
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(corpus, vocab_size=2000, min_frequency=2, special_tokens=["<|endoftext|>"])
     bpe.save_model(str(work))
-    mine, theirs = GPT2Tokenizer.from_dir(work), GPT2TokenizerFast.from_pretrained(str(work))
+    mine = GPT2Tokenizer.from_dir(work)
+    theirs = GPT2TokenizerFast.from_pretrained(str(work))
     rng = random.Random(0)
     lines = [line for text in corpus for line in text.splitlines() if line.strip()]
     alphabet = list("abc XYZ 019'sStvreml\n\t  .,!?-_²½Ⅻ①éмир漢字🙂\u0301\u00a0\u2003\x85") + ["<|endoftext|>"]

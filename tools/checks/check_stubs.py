@@ -8,8 +8,8 @@ stub reported (a server test that reads an error event mid-stream as a broken st
 any exercise whose stub no test reaches. It takes about a minute per exercise, two at a time: a
 maintainer's check, not CI's.
 
-    python tools/checks/check_stubs.py          # every exercise
-    python tools/checks/check_stubs.py 4 5      # only these
+    python -m tools.checks.check_stubs          # every exercise
+    python -m tools.checks.check_stubs 4 5      # only these
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "handout"))
-from make_lab import BEGIN, ROOT, make_lab  # noqa: E402
+from tools.handout.make_lab import BEGIN, ROOT, make_lab
 
 
 def exercises(source: str) -> list[str]:

@@ -11,9 +11,9 @@ went red; the tooling tests (tools/) never count as a catch. A mutant that survi
 the spec. A full run writes tools/checks/mutants_caught.json (which test caught which mutant);
 later runs try that test first, so proving all of them takes minutes, not a quarter of an hour.
 
-    python tools/checks/mutants.py              # all mutants, two at a time (-j), hints first
-    python tools/checks/mutants.py -k slot      # those whose name contains "slot"
-    python tools/checks/mutants.py --no-hints   # each mutant's whole marker: finds the first test that fails
+    python -m tools.checks.mutants              # all mutants, two at a time (-j), hints first
+    python -m tools.checks.mutants -k slot      # those whose name contains "slot"
+    python -m tools.checks.mutants --no-hints   # each mutant's whole marker: finds the first test that fails
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools.checks.mutants_chapter import CHAPTER
+from tools.checks.mutants_packages import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutants_chapter import CHAPTER  # noqa: E402
-from mutants_packages import PACKAGES  # noqa: E402
 
 # (name, exercise marker to run, old text, new text[, file: default solution.py])
 MUTANTS: list[tuple[str, ...]] = CHAPTER + PACKAGES
@@ -60,7 +60,9 @@ PYTEST_ARGS = ["-x", "-q", "-rf", "-p", "no:cacheprovider"]
 
 
 def _pytest_in_child(project: str, env: dict, args: list[str]) -> tuple[int, str]:
-    """In a fresh process: `python -m pytest ARGS` as run in `project` under `env`, and its output."""
+    """In a fresh process: `python -m pytest ARGS` as run in `project` under `env`, and its output.
+    The forked process was not started in `project`: its import path is made what that command's
+    would be (the working directory first, then PYTHONPATH's folders)."""
     os.chdir(project)
     os.environ.clear()
     os.environ.update(env)
@@ -97,7 +99,8 @@ def _pytest(project: Path, env: dict, selection: list[str]) -> tuple[int, list[s
     else:
         proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=project, env=env, capture_output=True,
                               text=True)
-        code, out = proc.returncode, proc.stdout + proc.stderr
+        code = proc.returncode
+        out = proc.stdout + proc.stderr
     # "FAILED <node id> - <message>": a parametrized id may hold spaces, so cut at the dash
     failed = [line.removeprefix("FAILED ").split(" - ")[0] for line in out.splitlines() if line.startswith("FAILED")]
     return code, failed, out.strip()
@@ -111,9 +114,12 @@ def run(name: str, marker: str, path: str, source: str, workdir: Path, hint: str
     if path == "solution.py":
         module = "mutant_" + "".join(c if c.isalnum() else "_" for c in name)[:40]
         (workdir / f"{module}.py").write_text(source)
-        project, pythonpath = ROOT, f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+        project = ROOT
+        pythonpath = f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     else:  # a scratch copy of the project, with this one file mutated
-        module, project, pythonpath = "solution", workdir / "project", os.environ.get("PYTHONPATH", "")
+        module = "solution"
+        project = workdir / "project"
+        pythonpath = os.environ.get("PYTHONPATH", "")
         # __pycache__ comes along: it holds test_lab.py with pytest's assertions already rewritten
         # (about 4 s to redo per process), valid in the copy because copytree keeps mtimes.
         shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(".git", ".hypothesis", ".venv"))
@@ -140,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     hints = {} if args.no_hints or not HINTS.exists() else json.loads(HINTS.read_text())
     chosen = [(name, marker, old, new, where[0] if where else "solution.py")
               for name, marker, old, new, *where in MUTANTS if args.k in name]
-    survivors, caught_by = 0, {}
+    survivors = 0
+    caught_by = {}
     global _POOL
     _POOL = _pool(args.j)
     # Once, before the workers start: pytest rewrites test_lab.py's asserts into __pycache__.

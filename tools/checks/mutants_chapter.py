@@ -153,7 +153,7 @@ CHAPTER: list[tuple[str, ...]] = [
      'keep = np.cumsum(ranked, axis=-1) - ranked < top_p', 'keep = np.cumsum(ranked, axis=-1) < top_p'),
     ('top-k keeps one token too many', 'provided',
      'kth = np.partition(probs, vocab_size - top_k, axis=-1)[..., vocab_size - top_k, None]', 'kth = np.partition(probs, vocab_size - top_k - 1, axis=-1)[..., vocab_size - top_k - 1, None]'),
-    ("issue 44: a sample's seed reused (sample 1 draws sample 0's stream)", 'exercise5',
+    ("a sample's seed reused (sample 1 draws sample 0's stream)", 'exercise5',
      'request.sampling, seed=None if seed is None else seed + i)) for i in range(1, n)]', 'request.sampling, seed=None if seed is None else seed + i - 1)) for i in range(1, n)]'),
     ('the draft samples greedily while the target samples', 'exercise7',
      'q = token_probs(draft_seq.run()[-1], sampling.temperature)', 'q = token_probs(draft_seq.run()[-1], 0.0)'),
@@ -215,7 +215,7 @@ CHAPTER: list[tuple[str, ...]] = [
      'return "kv-blocks" if self.kv_pool_bytes > self.weight_bytes_per_gpu else "weights"', 'return "kv-blocks" if self.kv_pool_bytes > self.model.weight_bytes else "weights"'),
     ('decode compute not split across tensor-parallel GPUs', 'exercise8',
      'compute_s = 2 * model.num_params * max_seqs / (tp * gpu.flops)', 'compute_s = 2 * model.num_params * max_seqs / gpu.flops'),
-    # issue 44: the engine's events (provided code around the exercises), held to its public state by tests/test_events.py
+    # the engine's events (provided code around the exercises), held to its public state by tests/test_events.py
     ('the pool reports a block freed at every dropped reference, not its last', 'needs',
      '        if self.ref_count(block_id) == 0:\n            self._report(EngineEventType.FREED, block_id)',
      '        if True:\n            self._report(EngineEventType.FREED, block_id)'),
@@ -234,15 +234,15 @@ CHAPTER: list[tuple[str, ...]] = [
      'num_tokens = plan.num_scheduled_tokens[seq.request_id]\n', 'num_tokens = plan.total_num_scheduled_tokens\n'),
     ('copy-on-write is not reported', 'needs',
      '            for pair in plan.blocks_to_copy:\n', '            for pair in ():\n'),
-    ('issue 28: top_k larger than the vocabulary keeps one token', 'provided',
+    ('top_k larger than the vocabulary keeps one token', 'provided',
      '    if 0 < top_k < vocab_size:\n', '    if top_k > 0:\n'),
-    ('issue 28: top_p keeps a token after the kept mass reached it exactly', 'provided',
+    ('top_p keeps a token after the kept mass reached it exactly', 'provided',
      'keep = np.cumsum(ranked, axis=-1) - ranked < top_p', 'keep = np.cumsum(ranked, axis=-1) - ranked <= top_p'),
-    ("issue 44: a static batch reserves one sample's blocks for a request's n", 'exercise5 or needs',
+    ("a static batch reserves one sample's blocks for a request's n", 'exercise5 or needs',
      '        return worst + (seq.num_samples - 1) * (worst - prompt // size)', '        return worst'),
-    ("issue 44: a static batch admits a request whose samples can never fit together", 'exercise5 or needs',
+    ("a static batch admits a request whose samples can never fit together", 'exercise5 or needs',
      '        if need > self.allocator.num_blocks:  # a batch holds', '        if False:  # a batch holds'),
-    # issue 35: the tests through the contract, and the first failures that check their cause
+    # the tests through the contract, and the first failures that check their cause
     ('a freed plain block of a caching allocator goes to the evictable queue', 'exercise1',
      'queue = self._evictable if block_id in self._block_hash else self._free',
      'queue = self._evictable if self.enable_prefix_caching else self._free'),
@@ -270,18 +270,18 @@ CHAPTER: list[tuple[str, ...]] = [
      'return SpeculativeOutput(out[: first_stop + 1],', 'return SpeculativeOutput(out,'),
     ("the draft samples at temperature 1, not the target's", 'exercise7',
      'q = token_probs(draft_seq.run()[-1], sampling.temperature)', 'q = token_probs(draft_seq.run()[-1], 1.0)'),
-    # issue 45: what the suite let through
-    ("issue 45: the engine's block hashes not chained on the parent's", 'exercise5',
+    # the prefix cache's hashes and a forked table's last block
+    ("the engine's block hashes not chained on the parent's", 'exercise5',
      'hashes.append(hash_block(hashes[-1] if hashes else None, block, table.cache_salt))',
      'hashes.append(hash_block(None, block, table.cache_salt))'),
-    ('issue 45: appending nothing to a forked table copies its shared last block', 'exercise2',
+    ('appending nothing to a forked table copies its shared last block', 'exercise2',
      '        if not token_ids:\n            return []\n        block_size = self.block_size\n',
      '        block_size = self.block_size\n'),
-    ('issue 45: a registered block takes a second hash', 'exercise3',
+    ('a registered block takes a second hash', 'exercise3',
      'if not self.enable_prefix_caching or block_hash in self._cached or block_id in self._block_hash:',
      'if not self.enable_prefix_caching or block_hash in self._cached:'),
-    # issue 41: the holes closed
-    ("issue 41: speculative_generate takes max_tokens past the draft's context", 'provided',
+    # contexts, seats for a request's samples, and the trained context
+    ("speculative_generate takes max_tokens past the draft's context", 'provided',
      '    check_request(Request("speculative (draft)", prompt, sampling), draft.config)  # the draft\'s context too\n',
      ''),
     ('a request that forks takes one seat, not one for each of its samples', 'exercise5',
@@ -290,7 +290,7 @@ CHAPTER: list[tuple[str, ...]] = [
      '        seq.num_samples = 1  # each sample holds the seat it was admitted with\n', ''),
     ('a request of more samples than seats waits forever', 'needs',
      '        if seq.num_samples > self.max_num_seqs:\n', '        if False:\n'),
-    ('issue 41: plan_deployment notes nothing past the trained context', 'exercise8',
+    ('plan_deployment notes nothing past the trained context', 'exercise8',
      '    if model.max_position_embeddings and max_model_len > model.max_position_embeddings:\n', '    if False:\n'),
     # Slips a student makes, each inside one exercise's code: tools/checks/blame.py runs the whole
     # suite on them to see where the blame lands (the provided row whole, the failures in the rows

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""A second implementation of every exercise, written from lab.py's docstrings alone (issue 35).
+"""A second implementation of every exercise, written from lab.py's docstrings alone.
 
 It proves that test_lab.py holds a student to the docstrings' contract and nothing more: the
 work is divided differently from solution.py, and the suite must still be green on it. This file
 holds answers; it is a maintainers' tool and stays out of the student's copy.
 
-    python tools/checks/second_lab.py --out DIR       # write DIR/second_lab.py (lab.py, stubs filled)
-    python tools/checks/second_lab.py --run [ARGS]    # write it to a scratch folder and run the suite:
+    python -m tools.checks.second_lab --out DIR       # write DIR/second_lab.py (lab.py, stubs filled)
+    python -m tools.checks.second_lab --run [ARGS]    # write it to a scratch folder and run the suite:
         # LAB_MODULE=second_lab PYTHONPATH=DIR:. python -m pytest -q test_lab.py tests ARGS
         # (the checkout on the path too: tests/course/test_cli.py runs the module as a script)
 
@@ -437,7 +437,9 @@ body("plan_deployment")("""
 
 def second_lab(lab_text: str) -> str:
     """lab.py's text with every stub replaced by its body here; ValueError if one has none."""
-    out, missing, used = [], [], set()
+    out = []
+    missing = []
+    used = set()
     for line in lab_text.splitlines(keepends=True):
         stub = STUB.match(line)
         if not stub:

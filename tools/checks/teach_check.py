@@ -2,7 +2,7 @@
 """Plant realistic mistakes in the exercises and read each first failure as a student sees it.
 
 tools/checks/mutants.py proves that the suite catches its mistakes somewhere. This tool asks a second
-question, issue 30's: what does a student who made the mistake read first? Each mistake is one
+question: what does a student who made the mistake read first? Each mistake is one
 edit inside its exercise's region of solution.py, none of them one of tools/checks/mutants.py's. The
 mutated module is written to a scratch folder and the student's command runs on it:
 `LAB_MODULE=<mistake> python -m pytest -x -q -m exerciseN test_lab.py`. The tool reports the
@@ -22,11 +22,11 @@ class:
 stand in for a reader: a message that states the rule in other words is a b to this tool, so
 the report's own reading may differ; a message that matches and is wrong is not excused.
 
-    python tools/checks/teach_check.py               # every mistake, two at a time
-    python tools/checks/teach_check.py -k reseeded   # those whose name contains this
-    python tools/checks/teach_check.py -e 5          # Exercise 5's
-    python tools/checks/teach_check.py --json out.json
-    python tools/checks/teach_check.py --held-out    # issue 35's mistakes, planted after the messages
+    python -m tools.checks.teach_check               # every mistake, two at a time
+    python -m tools.checks.teach_check -k reseeded   # those whose name contains this
+    python -m tools.checks.teach_check -e 5          # Exercise 5's
+    python -m tools.checks.teach_check --json out.json
+    python -m tools.checks.teach_check --held-out    # mistakes written after the messages, held out from them
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "handout"))
-from make_lab import BEGIN, END, ROOT  # noqa: E402
+from tools.handout.make_lab import BEGIN, END, ROOT
 
 # (name, exercise, old text, new text, the rule a message must name: a regular expression)
 MISTAKES: list[tuple[str, int, str, str, str]] = [
@@ -146,8 +145,8 @@ MISTAKES: list[tuple[str, int, str, str, str]] = [
      r"half the output|mean_output_len / 2|prompt \+ half"),
 ]
 
-# Issue 35's round: mistakes planted after the messages above were written (held out from them).
-# `--held-out` runs these instead of MISTAKES.
+# Mistakes held out from the messages above (written after them, so the messages were not written
+# to match them). `--held-out` runs these instead of MISTAKES.
 HELD_OUT: list[tuple[str, int, str, str, str]] = [
     # --- Exercise 1 ---------------------------------------------------------------------------
     ("blocks_needed counts a block too many at the boundary", 1,
@@ -253,7 +252,8 @@ FRAME = re.compile(r"^(\S+\.py):(\d+): in (\S+)")
 
 def regions(source: str) -> list[tuple[int, int, int]]:
     """(exercise, first line, last line) of every solution region (0-based line numbers)."""
-    found, start = [], None
+    found = []
+    start = None
     for i, line in enumerate(source.split("\n")):
         if m := BEGIN.match(line):
             start = (int(m.group(2)), i)
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-e", "--exercise", type=int, action="append", help="only this exercise's mistakes")
     parser.add_argument("-j", type=int, default=os.cpu_count() or 2, help="mistakes run at once")
     parser.add_argument("--json", help="also write the rows to this file")
-    parser.add_argument("--held-out", action="store_true", help="issue 35's held-out mistakes instead")
+    parser.add_argument("--held-out", action="store_true", help="the mistakes held out from the messages instead")
     args = parser.parse_args(argv)
     source = (ROOT / "solution.py").read_text()
     mistakes = HELD_OUT if args.held_out else MISTAKES

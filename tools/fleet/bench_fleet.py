@@ -2,7 +2,7 @@
 """Where `fleet`'s time goes: the README's fleet command on this checkout and on another revision,
 side by side.
 
-    python tools/fleet/bench_fleet.py --against 669cb96 --repeats 2
+    python -m tools.fleet.bench_fleet --against 669cb96 --repeats 2
 
 The command (`python solution.py fleet --model llama-2-13b --gpu a100-80gb --qps 100 ...`, as the
 README shows it) runs once per revision per repeat, the revisions in turn, so that drift on a
@@ -25,9 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tools")]
-from bench_common import tree_at  # noqa: E402
+from tools.bench_common import ROOT, tree_at
 
 COMMAND = ["fleet", "--model", "llama-2-13b", "--gpu", "a100-80gb", "--qps", "100", "--p99-ttft-ms", "200",
            "--p99-tpot-ms", "50", "--workload", "sharegpt", "--usd-per-gpu-hour", "2"]

@@ -2,8 +2,8 @@
 """The simulator against the served engine: calibrate, predict what `loadtest` will measure, then
 measure it, side by side in one run, and print the error table.
 
-    python tools/fleet/bench_simulator.py                   # the toy model, then the GPT-2-124M-shaped one
-    python tools/fleet/bench_simulator.py --model toy --qps 8,32,64,128,192 --num-prompts 200
+    python -m tools.fleet.bench_simulator                   # the toy model, then the GPT-2-124M-shaped one
+    python -m tools.fleet.bench_simulator --model toy --qps 8,32,64,128,192 --num-prompts 200
 
 For each model:
 1. Calibrate (in this process): an engine built as `python solution.py serve` builds it runs a
@@ -25,28 +25,24 @@ take turns with the server, and the figures move with them.
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as `serve` runs; before NumPy loads
+import numpy as np
 
-import argparse  # noqa: E402
-import importlib  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from course import commands  # noqa: E402
-from course.pages import svg  # noqa: E402
-from course.pages.report import latency  # noqa: E402
-from loadtest import benchmark_serving, costmodel, datasets  # noqa: E402
-from loadtest.simulator import simulate_serving  # noqa: E402
-from serving.sampling import logits_processors  # noqa: E402
+from course import commands
+from course.pages import svg
+from course.pages.report import latency
+from loadtest import benchmark_serving, costmodel, datasets
+from loadtest.simulator import simulate_serving
+from serving.sampling import logits_processors
+from tools.bench_common import DEFAULT_MODULE, with_one_blas_thread
 
 # The two served models: `serve`'s default toy, and GPT-2 small's shape (random weights).
 MODELS = {
@@ -86,7 +82,9 @@ def measure_steps(lab, engine, requests, arrivals_every: int = 6, max_seconds: f
                       sum(s.num_computed_tokens + plan.num_scheduled_tokens[s.request_id] for s in plan.scheduled)))
         return plan
     engine.scheduler.plan_step = recording_plan_step  # an instance attribute: the class is untouched
-    samples, pending, deadline = [], list(requests), time.perf_counter() + max_seconds
+    samples = []
+    pending = list(requests)
+    deadline = time.perf_counter() + max_seconds
     step = 0
     try:
         while (pending or engine.has_unfinished()) and time.perf_counter() < deadline:
@@ -161,7 +159,9 @@ class ServedStepCost:
     charges_sampled_tokens = True
 
     def __init__(self, fit, excess: np.ndarray, per_token: float, stalls: bool = True, seed: int = 0):
-        self.fit, self.per_step, self.per_token = fit, float(np.median(excess)), per_token
+        self.fit = fit
+        self.per_step = float(np.median(excess))
+        self.per_token = per_token
         self.tail = np.maximum(excess - self.per_step, 0.0) if stalls else np.zeros(1)
         self.rng = np.random.default_rng(seed)
 
@@ -207,7 +207,8 @@ def bench_model(lab, name: str, rates=None, num_prompts=None, seed: int = 0) -> 
     every term, against the offered rate (the same axes as `loadtest --html`)."""
     config = MODELS[name]
     workload_name, default_rates, default_prompts = PLANS[name]
-    rates, num_prompts = sorted(rates or default_rates), num_prompts or default_prompts
+    rates = sorted(rates or default_rates)
+    num_prompts = num_prompts or default_prompts
     requests = datasets.make_workload(lab, workload_name, num_prompts, seed, config["n_positions"],
                                       config["vocab_size"])
     out = [f"== {name}: {config}, {workload_name} requests, {num_prompts} per rate, max_num_seqs {MAX_NUM_SEQS}, "
@@ -268,13 +269,13 @@ def main(argv=None) -> int:
     parser.add_argument("--model", choices=[*MODELS, "both"], default="both")
     parser.add_argument("--qps", type=lambda text: [float(r) for r in text.split(",")], help="rates, req/s")
     parser.add_argument("--num-prompts", type=int)
-    parser.add_argument("--module", default="solution" if (ROOT / "solution.py").exists() else "lab",
+    parser.add_argument("--module", default=DEFAULT_MODULE,
                         help="the module to measure (default: solution, or lab in the student's copy)")
     parser.add_argument("--html", metavar="FILE", help="also draw predicted against measured latencies as a page")
     args = parser.parse_args(argv)
     lab = importlib.import_module(args.module)
     names = list(MODELS) if args.model == "both" else [args.model]
-    print(f"bench_simulator: {args.module}, OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}, "
+    print(f"bench_simulator: {args.module}, OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (other processes share them)", flush=True)
     figures = []
     for name in names:
@@ -289,4 +290,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    with_one_blas_thread()  # as `serve` runs
     raise SystemExit(main())

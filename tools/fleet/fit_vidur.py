@@ -2,11 +2,11 @@
 """Fit loadtest/vidur_profile.json, the measured cost model's coefficients, from Vidur's published
 operator profiles, and print the error table: predicted against measured, per model, GPU and tp.
 
-    python tools/fleet/fit_vidur.py --vidur DIR            # fit, print the coefficients and the error tables
-    python tools/fleet/fit_vidur.py --vidur DIR --write    # ... and write loadtest/vidur_profile.json
-    python tools/fleet/fit_vidur.py --vidur DIR --check    # the SHIPPED table against the profiles; exit 1 if a
+    python -m tools.fleet.fit_vidur --vidur DIR            # fit, print the coefficients and the error tables
+    python -m tools.fleet.fit_vidur --vidur DIR --write    # ... and write loadtest/vidur_profile.json
+    python -m tools.fleet.fit_vidur --vidur DIR --check    # the SHIPPED table against the profiles; exit 1 if a
                                                      # held-out target is missed
-    python tools/fleet/fit_vidur.py --vidur DIR --leave-one-out   # fit on one Llama-2, predict the other
+    python -m tools.fleet.fit_vidur --vidur DIR --leave-one-out   # fit on one Llama-2, predict the other
 
 DIR is a clone of https://github.com/microsoft/vidur (MIT licence; its data/profiling/ is read) or
 a bare git mirror of it (read with `git show`); default $VIDUR_DIR. Nothing of it is copied into
@@ -36,14 +36,11 @@ import os
 import pathlib
 import statistics
 import subprocess
-import sys
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from loadtest import costmodel  # noqa: E402
+from loadtest import costmodel
+from tools.bench_common import ROOT
 
 FITTED = ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-70b-hf")
 HELD_OUT = ("codellama/CodeLlama-34b-Instruct-hf", "Qwen/Qwen-72B", "internlm/internlm-20b", "microsoft/phi-2",
@@ -63,7 +60,8 @@ GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 # sequences of a 4096-8192 hidden model sends 8 KB - 4 MB (the latency band); prefill chunks of
 # 512-4096 tokens 4-64 MB (the bandwidth band).
 DECODE_BAND = (8 * 1024, 4.2e6)
-PREFILL_TOKENS, HIDDENS = (512, 1024, 2048, 4096), (4096, 5120, 8192)
+PREFILL_TOKENS = (512, 1024, 2048, 4096)
+HIDDENS = (4096, 5120, 8192)
 TARGETS = {"linear median": 0.15, "linear worst": 0.35, "allreduce": 0.25}
 
 
@@ -162,7 +160,10 @@ def levenberg_marquardt(residuals, theta: np.ndarray, iterations: int = 200) -> 
             trial = residuals(theta + delta)
             if trial @ trial < cost:
                 gain = cost - trial @ trial
-                theta, r, cost, damping = theta + delta, trial, trial @ trial, damping / 3
+                theta = theta + delta
+                r = trial
+                cost = trial @ trial
+                damping = damping / 3
                 break
             damping *= 4
             if damping > 1e10:
@@ -308,7 +309,8 @@ def report(vidur: Vidur, profile: dict) -> tuple[str, bool]:
                 cells.append("-" if e is None else f"{100 * np.median(np.abs(e)):.1f}% / "
                              f"{100 * np.abs(e).max():.0f}% ({100 * e.mean():+.1f}%)")
             every = np.concatenate(list(errors.values()))
-            med, worst = np.median(np.abs(every)), np.abs(every).max()
+            med = np.median(np.abs(every))
+            worst = np.abs(every).max()
             held = model in HELD_OUT
             if held and (med > TARGETS["linear median"] or worst > TARGETS["linear worst"]):
                 ok = False

@@ -3,8 +3,8 @@
 predict what the load generator will measure of vLLM's server at three rates below its knee,
 measure it, and set the error beside the same procedure on the lab's own engine.
 
-    python tools/fleet/sim_vs_vllm.py --vllm-python /tmp/vllmvenv/bin/python   # both engines (~20 minutes)
-    python tools/fleet/sim_vs_vllm.py --quick                                  # fewer requests (~10 minutes)
+    python -m tools.fleet.sim_vs_vllm --vllm-python /tmp/vllmvenv/bin/python   # both engines (~20 minutes)
+    python -m tools.fleet.sim_vs_vllm --quick                                  # fewer requests (~10 minutes)
 
 For each engine, on the random-weight GPT-2 124M checkpoint of tools/server/vs_vllm.py, with
 max_num_seqs 16 and max_num_batched_tokens 512, prefix caching off:
@@ -30,33 +30,27 @@ The machine is shared: the figures move with what else runs (the load average is
 
 from __future__ import annotations
 
+import argparse
+import collections
+import importlib
+import json
 import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as `serve` runs the lab; before NumPy loads
+import numpy as np
 
-import argparse  # noqa: E402
-import collections  # noqa: E402
-import importlib  # noqa: E402
-import json  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools" / "server"), str(ROOT / "tools" / "fleet")]
-import bench_simulator  # noqa: E402
-import vllm_steps  # noqa: E402
-import vs_vllm  # noqa: E402
-
-from checkpoints.model_loader import load_gpt2  # noqa: E402
-from course.commands import default_num_threads  # noqa: E402
-from loadtest import benchmark_serving, costmodel, datasets  # noqa: E402
-from loadtest.simulator import simulate_serving  # noqa: E402
+from checkpoints.model_loader import load_gpt2
+from course.commands import default_num_threads
+from loadtest import benchmark_serving, costmodel, datasets
+from loadtest.simulator import simulate_serving
+from tools.bench_common import DEFAULT_MODULE, ROOT, with_one_blas_thread
+from tools.fleet import bench_simulator, vllm_steps
+from tools.server import vs_vllm
 
 RATES = {"vLLM": (1.0, 2.0, 4.0), "lab": (0.5, 1.0, 2.0)}  # below each one's knee (~7.5 and ~3 req/s here)
 METRICS = (("p50_ttft", "TTFT p50"), ("p90_ttft", "TTFT p90"), ("p50_tpot", "TPOT p50"), ("p90_tpot", "TPOT p90"))
@@ -88,8 +82,8 @@ def vllm_calibration(python: str, checkpoint: str, work: Path, repeat: int) -> l
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND",
                                                                    f"0-{os.cpu_count() - 1}"),
                VLLM_CPU_KVCACHE_SPACE="2", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    done = subprocess.run([python, str(Path(vllm_steps.__file__)), checkpoint, "--out", str(out), "--repeat",
-                           str(repeat)], env=env, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run([python, "-m", "tools.fleet.vllm_steps", checkpoint, "--out", str(out), "--repeat",
+                           str(repeat)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"vllm_steps.py failed: {done.stderr[-2000:]}")
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
@@ -189,7 +183,7 @@ def run_engine(engine: str, args, lab, checkpoint: str, work: Path, log) -> tupl
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", "/tmp/vllmvenv/bin/python"))
-    parser.add_argument("--module", default="solution" if (ROOT / "solution.py").exists() else "lab")
+    parser.add_argument("--module", default=DEFAULT_MODULE)
     parser.add_argument("--engines", default="vLLM,lab", help="vLLM, lab or both (default)")
     parser.add_argument("--num-prompts", type=int, help="requests per rate (default 64; --quick 24)")
     parser.add_argument("--repeat", type=int, help="runs of each calibration plan (default 3; --quick 1)")
@@ -222,4 +216,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    with_one_blas_thread()  # as `serve` runs the lab
     raise SystemExit(main())

@@ -2,7 +2,7 @@
 """Time vLLM's own engine steps in this process, over controlled batches: run by the Python of a
 venv that has vLLM (never the lab's), it prints one JSON line per step.
 
-    /tmp/vllmvenv/bin/python tools/fleet/vllm_steps.py CHECKPOINT_DIR --out steps.jsonl
+    /tmp/vllmvenv/bin/python -m tools.fleet.vllm_steps CHECKPOINT_DIR --out steps.jsonl
 
 It imports nothing of the lab, only vLLM and the standard library, so that the venv needs
 nothing else. vLLM's engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): each

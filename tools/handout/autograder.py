@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Gradescope's autograder for the student's copy: the zip, and the grader inside it.
 
-    python tools/handout/student_copy.py DIR --autograder FILE.zip   # writes the copy, then the zip
+    python -m tools.handout.student_copy DIR --autograder FILE.zip   # writes the copy, then the zip
 
 The zip follows Gradescope's autograder specification
 (https://gradescope-autograders.readthedocs.io/en/latest/specs/): `setup.sh` and `run_autograder`
@@ -241,7 +241,8 @@ def weigh(graded: dict, points: dict[int, float]) -> dict:
     for test in graded["tests"]:
         number = int(re.match(r"Exercise (\d+):", test["name"]).group(1))
         share = test["extra_data"]["passed"] / test["extra_data"]["total"] if test["extra_data"]["total"] else 0.0
-        test["score"], test["max_score"] = round(points[number] * share, 2), points[number]
+        test["score"] = round(points[number] * share, 2)
+        test["max_score"] = points[number]
     graded["score"] = round(sum(t["score"] for t in graded["tests"]), 2)
     graded["max_score"] = sum(points.values())
     return graded

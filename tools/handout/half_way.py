@@ -8,9 +8,9 @@ asks of the suite's report (LAB_REPORT, .ci/check_lab_report.py) that every fail
 named by an exercise not yet written; that the provided code's tests pass; that every exercise
 still stubbed has a red test; and that the scoreboard lists no failure pytest did not print.
 
-    python tools/handout/half_way.py write K OUT.py          # the lab of state K, written to OUT.py
-    python tools/handout/half_way.py check DIR               # every state 0..8 in DIR (the student's copy)
-    python tools/handout/half_way.py check DIR --states 3 5  # only these
+    python -m tools.handout.half_way write K OUT.py          # the lab of state K, written to OUT.py
+    python -m tools.handout.half_way check DIR               # every state 0..8 in DIR (the student's copy)
+    python -m tools.handout.half_way check DIR --states 3 5  # only these
 
 `check` runs in DIR with DIR's own virtual environment (DIR/.venv) when it has one: state 0 is
 DIR's own lab.py (as the copy hands it out); state k > 0 is written to DIR/lab_k<k>.py and run as
@@ -43,8 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_lab import BEGIN, ROOT, make_lab, refresh_reading_map  # noqa: E402
+from tools.handout.make_lab import BEGIN, ROOT, make_lab, refresh_reading_map
 
 CHECKER = ROOT / ".ci" / "check_lab_report.py"
 # Defined in the instrumented lab, before its `__main__`; called first in every exercise's code.

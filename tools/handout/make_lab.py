@@ -6,8 +6,8 @@ line is replaced, at the same indentation, by
 `raise NotImplementedError("Exercise N: <qualified name of the enclosing function>")`.
 Everything else (signatures, docstrings, provided code) is kept as it is.
 
-    python tools/handout/make_lab.py           # refresh solution.py's reading map, then write lab.py
-    python tools/handout/make_lab.py --check   # exit 1 if lab.py or the reading map is out of date
+    python -m tools.handout.make_lab           # refresh solution.py's reading map, then write lab.py
+    python -m tools.handout.make_lab --check   # exit 1 if lab.py or the reading map is out of date
 
 The reading map is the table in the module docstring that gives each section's line range (a
 section runs from its title line to the line before the next one). Each file's map gives its
@@ -122,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     target = ROOT / "lab.py"
     if args.check:
         if refreshed != source:
-            print("make_lab: the reading map in solution.py's docstring is stale; run python tools/handout/make_lab.py",
+            print("make_lab: the reading map in solution.py's docstring is stale; run python -m tools.handout.make_lab",
                   file=sys.stderr)
             return 1
         if not target.exists() or target.read_text() != lab:
-            print("make_lab: lab.py is not what solution.py generates; run python tools/handout/make_lab.py",
+            print("make_lab: lab.py is not what solution.py generates; run python -m tools.handout.make_lab",
                   file=sys.stderr)
             return 1
         print("make_lab: lab.py is in sync with solution.py")

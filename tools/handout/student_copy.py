@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Write the lab as a course hands it out: the repository without the reference or its answers.
 
-    python tools/handout/student_copy.py DIR                          # DIR must not exist yet, or be empty
-    python tools/handout/student_copy.py DIR --autograder FILE.zip    # ... and Gradescope's autograder of it
-    python tools/handout/student_copy.py DIR --autograder FILE.zip --points POINTS.json  # ... weighing the exercises
+    python -m tools.handout.student_copy DIR                          # DIR must not exist yet, or be empty
+    python -m tools.handout.student_copy DIR --autograder FILE.zip    # ... and Gradescope's autograder of it
+    python -m tools.handout.student_copy DIR --autograder FILE.zip --points POINTS.json  # ... weighing the exercises
 
 The copy holds every file git tracks here except MAINTAINERS_ONLY: `solution.py`, the planted
 mistakes, the tools that exist to check the reference against the lab, and the graders' page. It
@@ -21,7 +21,7 @@ exists.
 Before it writes anything it checks that no shipped file holds an exercise's answer (three or
 more lines of one solution region of `solution.py` that the stubbed lab does not have): a file
 added later that quotes the reference makes this command fail, not the course leak. Likewise
-for the pages' words (tools/checks/check_words.py): a phrase of the project's history, a link to a file
+for the pages' words (tools/pages/check_words.py): a phrase of the project's history, a link to a file
 the copy lacks, or a command that needs the reference, a maintainers' tool or the git history;
 and for every shipped file's words: none names a file or folder the copy does not hold
 (check_words.unheld_names), but solution.py, which a course hands out later.
@@ -39,20 +39,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tools" / "handout"), str(ROOT / "tools" / "checks")]
-import autograder  # noqa: E402
-from make_lab import BEGIN, END, make_lab  # noqa: E402
+from tools.handout import autograder
+from tools.handout.make_lab import BEGIN, END, ROOT, make_lab
+from tools.pages.check_words import copy_problems, unheld_names
 
 # Paths (a trailing slash: a folder) that stay with the maintainers: the reference, the tools that
 # make the lab and its copy (tools/handout/), the planted mistakes and the checks of the reference
-# against the lab (tools/checks/: they read solution.py), the tooling's tests and what they share,
-# the graders' page.
+# against the lab (tools/checks/: they read solution.py), the pages' checks (tools/pages/: they run
+# the pages' commands on the reference), the tooling's tests and what they share, the graders' page.
 MAINTAINERS_ONLY = (
     "solution.py",
     ".ci/",
     "tools/handout/",
     "tools/checks/",
+    "tools/pages/",
     "tools/test_tooling.py",
     "tools/tool_support.py",
     "docs/teaching.md",  # the graders' page
@@ -138,15 +138,13 @@ def student_readme(readme: str) -> str:
 
 
 def words_unfit(texts: dict[str, str], binaries: list[str]) -> list[str]:
-    """What in the copy's pages does not fit the copy (tools/checks/check_words.py's copy_problems)."""
-    from check_words import copy_problems
+    """What in the copy's pages does not fit the copy (tools/pages/check_words.py's copy_problems)."""
     files = {*texts, *binaries, *(f"docs/reference-traces/{w}.html" for w in TRACE_WORKLOADS)}
     return copy_problems({path: text for path, text in texts.items() if is_page(path)}, files)
 
 
 def names_unheld(texts: dict[str, str], binaries: list[str]) -> list[str]:
     """Where the copy's files name a file or folder the copy does not hold (check_words.unheld_names)."""
-    from check_words import unheld_names
     held = {*texts, *binaries, *(f"docs/reference-traces/{w}.html" for w in TRACE_WORKLOADS)}
     return unheld_names(texts, held, set(tracked_files()))
 
@@ -200,11 +198,11 @@ def write_copy(out: Path) -> list[str]:
     unfit = words_unfit(texts, binaries)
     if unfit:
         raise SystemExit("tools/handout/student_copy.py: these words of the copy's pages do not fit the copy (see "
-                         "tools/checks/check_words.py):\n  " + "\n  ".join(unfit))
+                         "tools/pages/check_words.py):\n  " + "\n  ".join(unfit))
     unheld = names_unheld(texts, binaries)
     if unheld:
         raise SystemExit("tools/handout/student_copy.py: these files of the copy name a file or folder the copy does "
-                         "not hold (tools/checks/check_words.py's unheld_names):\n  " + "\n  ".join(unheld))
+                         "not hold (tools/pages/check_words.py's unheld_names):\n  " + "\n  ".join(unheld))
     for path, text in texts.items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         (out / path).write_text(text, encoding="utf-8")

@@ -5,7 +5,6 @@ on this interpreter (the zip's setup.sh is run by CI: .ci/run)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import stat
@@ -16,27 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from tools.handout import autograder, half_way, student_copy
+
 ROOT = Path(__file__).resolve().parents[2]
 EXERCISE_1 = ("test_lab.py", "-m", "exercise1", "-k", "blocks_needed")
-
-
-def load_tool(name: str):
-    here = Path(__file__).parent  # tools/handout/: the autograder, the copy, the half-way states
-    spec = importlib.util.spec_from_file_location(name, here / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(here))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(here))
-    return module
 
 
 @pytest.fixture(scope="module")
 def zipped(tmp_path_factory) -> Path:
     """The autograder zip of a fresh student's copy."""
     where = tmp_path_factory.mktemp("autograder")
-    student_copy = load_tool("student_copy")
     student_copy.write_copy(where / "copy")
     student_copy.write_autograder(where / "copy", where / "autograder.zip")
     return where / "autograder.zip"
@@ -54,14 +42,14 @@ def root(zipped, tmp_path) -> Path:
 
 def lab_with(first_exercise: str) -> str:
     """The lab with Exercise 1 written as `first_exercise` (its body's one line) and the rest stubs."""
-    text = load_tool("half_way").state((ROOT / "solution.py").read_text(), 1)
+    text = half_way.state((ROOT / "solution.py").read_text(), 1)
     line = "    return (num_tokens + block_size - 1) // block_size\n"
     assert text.count(line) == 1, "blocks_needed's body changed: update this test's planted lines"
     return text.replace(line, first_exercise)
 
 
 def grade(root: Path, **options) -> dict:
-    return load_tool("autograder").grade(root, **{"pytest_args": EXERCISE_1} | options)
+    return autograder.grade(root, **{"pytest_args": EXERCISE_1} | options)
 
 
 @pytest.mark.provided
@@ -111,7 +99,7 @@ def test_a_lab_whose_tests_hang_scores_0_and_names_the_test_that_was_running(roo
 def test_only_lab_py_is_taken_from_the_submission(root):
     # Exercise 1 written, beside a conftest that fails every test and a test file that does: if
     # either were used, Exercise 1 would not get full marks.
-    (root / "submission" / "lab.py").write_text(load_tool("half_way").state((ROOT / "solution.py").read_text(), 1))
+    (root / "submission" / "lab.py").write_text(half_way.state((ROOT / "solution.py").read_text(), 1))
     (root / "submission" / "conftest.py").write_text(
         "import pytest\n\n@pytest.hookimpl(tryfirst=True)\ndef pytest_runtest_call(item):\n"
         "    raise AssertionError('the submitted conftest ran')\n")
@@ -152,7 +140,7 @@ def test_the_zip_states_its_points_in_its_readme_and_points_json(zipped):
 @pytest.mark.provided
 def test_points_json_weighs_each_exercise_and_results_json_states_the_points(root):
     (root / "source" / "points.json").write_text(points_file(e1=30, e2=0, e8=2.5))
-    (root / "submission" / "lab.py").write_text(load_tool("half_way").state((ROOT / "solution.py").read_text(), 1))
+    (root / "submission" / "lab.py").write_text(half_way.state((ROOT / "solution.py").read_text(), 1))
     graded = grade(root)
     exercise1 = graded["tests"][0]
     assert (exercise1["score"], exercise1["max_score"]) == (30, 30), exercise1

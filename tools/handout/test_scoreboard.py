@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tools.handout.half_way import instrumented
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools" / "handout"))
-from half_way import instrumented  # noqa: E402
 
 TINY_LAB = '''
 EXERCISES = {1: "the one: double, half"}

@@ -2,8 +2,8 @@
 """What clients that give up cost the server: clients that behave as the OpenAI SDK does by
 default (a timeout, 2 retries with its backoff), each asking for more tokens than it waits for.
 
-    python tools/server/bench_disconnect.py                    # this checkout's server
-    python tools/server/bench_disconnect.py --against main     # and that revision's, side by side
+    python -m tools.server.bench_disconnect                    # this checkout's server
+    python -m tools.server.bench_disconnect --against main     # and that revision's, side by side
 
 Each of 8 clients sends a non-streamed `POST /v1/completions` (max_tokens 480) and waits 0.3 s
 for the answer; at the timeout it closes its connection (the SDK's HTTP client drops a timed-out
@@ -36,12 +36,15 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tools")]
-from bench_common import _blas_env, tree_at  # noqa: E402
+from tools.bench_common import ROOT, blas_env, tree_at
 
-CLIENTS, ATTEMPTS, TIMEOUT_S, MAX_TOKENS = 8, 3, 0.3, 480
-INITIAL_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 0.5, 8.0  # the OpenAI SDK's backoff: 0.5 s, doubling, jittered
+CLIENTS = 8
+ATTEMPTS = 3
+TIMEOUT_S = 0.3
+MAX_TOKENS = 480
+# the OpenAI SDK's backoff: 0.5 s, doubling, jittered, up to 8 s
+INITIAL_RETRY_DELAY_S = 0.5
+MAX_RETRY_DELAY_S = 8.0
 DRAIN_TIMEOUT_S = 120.0
 
 
@@ -83,10 +86,10 @@ def success_counts(metrics: str) -> tuple[float, float]:
     return answers, aborts
 
 
-def worker(root: str, seed: int, serve_model: dict) -> dict:
-    """In a child process whose imports come from `root` alone: serve `serve_model` (this checkout's
+def worker(seed: int, serve_model: dict) -> dict:
+    """In a child process started in the tree measured, whose `solution` and `serving` it imports
+    (`python -m` imports from the working directory first): serve `serve_model` (this checkout's
     `serve` model, the same for every tree), run the clients, count."""
-    sys.path[:] = [root] + [p for p in sys.path if Path(p).resolve() not in (ROOT, ROOT / "tools")]
     import http.client
 
     import serving
@@ -94,7 +97,8 @@ def worker(root: str, seed: int, serve_model: dict) -> dict:
 
     model = lab.ToyTransformer(lab.ModelConfig(**serve_model), seed=0)
     engine = lab.LLMEngine(model, max_num_seqs=64, block_size=16, max_num_batched_tokens=512)
-    step, run = engine.step, {"tokens": 0, "finished": {}}
+    step = engine.step
+    run = {"tokens": 0, "finished": {}}
 
     def counted_step():
         outputs = step()
@@ -107,7 +111,7 @@ def worker(root: str, seed: int, serve_model: dict) -> dict:
     engine.step = counted_step
     body = json.dumps({"prompt": "Hello there", "max_tokens": MAX_TOKENS, "temperature": 0}).encode()
     gave_up, answers = [], []
-    with serving.start_server(engine) as server:
+    with serving.start_server(engine, lab=lab) as server:
         start = time.monotonic()
         threads = [threading.Thread(target=client, args=(server.port, body, seed + i, gave_up, answers, engine))
                    for i in range(CLIENTS)]
@@ -135,9 +139,11 @@ def measure(root: Path, seed: int) -> dict:
     """One run of the worker on the tree at `root`, in a child process (one OpenBLAS thread, as `serve`)."""
     from course.commands import SERVE_MODEL
 
-    proc = subprocess.run([sys.executable, __file__, "--worker", str(root), "--seed", str(seed),
+    # This file's package comes from the checkout (PYTHONPATH) where the tree's tools/ is no package.
+    env = blas_env(1) | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "tools.server.bench_disconnect", "--worker", "--seed", str(seed),
                            "--serve-model", json.dumps(SERVE_MODEL)],
-                          capture_output=True, text=True, env=_blas_env(1), timeout=DRAIN_TIMEOUT_S + 60)
+                          cwd=root, capture_output=True, text=True, env=env, timeout=DRAIN_TIMEOUT_S + 60)
     if proc.returncode != 0:
         raise RuntimeError(f"the worker on {root} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -148,11 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", metavar="REV", help="also measure the server of this git revision")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each, in turns (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="of the clients' jitter")
-    parser.add_argument("--worker", metavar="ROOT", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve-model", type=json.loads, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.seed, args.serve_model)))
+        print(json.dumps(worker(args.seed, args.serve_model)))
         return 0
     trees = {"this checkout": ROOT}
     if args.against:

@@ -2,7 +2,7 @@
 """What a served request with `n` costs the engine: prompt tokens computed and KV blocks held,
 this checkout against an earlier one, side by side in one run.
 
-    python tools/server/bench_parallel_sampling.py --against 56cc7bd [--n 4] [--prompt-len 200] [--max-tokens 32]
+    python -m tools.server.bench_parallel_sampling --against 56cc7bd [--n 4] [--prompt-len 200] [--max-tokens 32]
 
 Each side's own tree (the earlier one unpacked from git) serves its own engine on 127.0.0.1, in a
 process of its own, with prefix caching off and on: the toy model of `serve` (256-token
@@ -27,14 +27,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-from bench_common import tree_at  # noqa: E402
+from tools.bench_common import ROOT, tree_at
 
-# Run by each side's python in its own tree: the same measurement of either server.
+# Run by each side's python in its own tree (the working directory, where `python -c` imports
+# from): the same measurement of either server.
 MEASURE = r"""
 import collections, http.client, json, sys
-sys.path.insert(0, ".")
 import solution as lab
 import serving
 from serving.sampling import logits_processors
@@ -45,7 +43,7 @@ events = []
 engine = lab.LLMEngine(model, block_size=16, max_num_seqs=64, enable_prefix_caching=caching,
                        logits_processors=logits_processors(), observer=events.append)
 prompt = [(7 * i + 3) % 256 for i in range(prompt_len)]
-with serving.start_server(engine) as server:
+with serving.start_server(engine, lab=lab) as server:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     conn.request("POST", "/v1/completions", json.dumps({
         "prompt": prompt, "n": n, "seed": 0, "temperature": 1.0, "max_tokens": max_tokens, "ignore_eos": True,

@@ -2,8 +2,8 @@
 """A request's trip, counted: copies of its prompt's token list and calls of the hash chain from
 the engine's process boundary (the pickle the server's front end sends) through the first step.
 
-    python tools/server/bench_request_trip.py                      # solution.py
-    python tools/server/bench_request_trip.py --against HEAD~5     # and solution.py of that commit, side by side
+    python -m tools.server.bench_request_trip                      # solution.py
+    python -m tools.server.bench_request_trip --against HEAD~5     # and solution.py of that commit, side by side
 
 Counting, not timing: the prompt's token ids are ints above 256, each its own object (CPython
 shares only -5..256), and every opcode the trip runs is traced. Whenever the reference count
@@ -22,13 +22,10 @@ import gc
 import importlib
 import pickle
 import sys
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_common import solution_at  # noqa: E402
+from tools.bench_common import DEFAULT_MODULE, solution_at
 
 
 class CopyCounter:
@@ -103,7 +100,8 @@ def count_waiting(lab, prefix_caching: bool, prompt_len: int = 150, block_size: 
     num_blocks = -(-(prompt_len + 20) // block_size)
     engine = lab.LLMEngine(lab.ToyTransformer(config), num_blocks=num_blocks, block_size=block_size,
                            max_num_seqs=4, enable_prefix_caching=prefix_caching)
-    calls, real_hash = [0], lab.hash_block
+    calls = [0]
+    real_hash = lab.hash_block
 
     def counted_hash(*args, **kwargs):
         calls[0] += 1
@@ -123,7 +121,7 @@ def count_waiting(lab, prefix_caching: bool, prompt_len: int = 150, block_size: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--module", default="solution" if (ROOT / "solution.py").exists() else "lab",
+    parser.add_argument("--module", default=DEFAULT_MODULE,
                         help="the module to measure (default: solution, or lab in the student's copy)")
     parser.add_argument("--against", metavar="REV", help="also count solution.py of this git revision")
     parser.add_argument("--sites", action="store_true", help="print where each copy was made")

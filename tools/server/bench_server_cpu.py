@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The server's CPU time per request at a load near its knee, one git revision against another.
 
-    python tools/server/bench_server_cpu.py 6521113 56cc7bd [--qps 128] [--num-prompts 512] [--rounds 2]
-    python tools/server/bench_server_cpu.py --against REV      # that revision and this checkout
+    python -m tools.server.bench_server_cpu 6521113 56cc7bd [--qps 128] [--num-prompts 512] [--rounds 2]
+    python -m tools.server.bench_server_cpu --against REV      # that revision and this checkout
 
 Each side runs `python solution.py serve` (the toy model, its defaults) from its own tree on
 127.0.0.1 (a revision's tree unpacked from git), and this checkout's load generator sends the
@@ -24,19 +24,17 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_common import tree_at  # noqa: E402
-
-import solution  # noqa: E402
-from loadtest.benchmark_serving import loadtest  # noqa: E402
+import solution
+from loadtest.benchmark_serving import loadtest
+from tools.bench_common import ROOT, tree_at
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of `pid` and its live children (the front end is a forked child)."""
-    pids, total = [pid], 0.0
+    pids = [pid]
+    total = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         pids += [int(c) for c in (task / "children").read_text().split()]
     for p in pids:
@@ -94,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(f'{v:.2f}' for v in values)})")
     names = list(trees)
     if len(names) > 1:
-        a, b = per_request[names[0]], per_request[names[-1]]
+        a = per_request[names[0]]
+        b = per_request[names[-1]]
         ratios = [after / before for before, after in zip(a, b)]
         print(f"{names[-1]} / {names[0]}: {min(b) / min(a):.3f} (best of each); per round "
               f"{min(ratios):.3f}-{max(ratios):.3f}")

@@ -1,6 +1,4 @@
-"""`python tools/bench.py serving` (and `serving-threads`): the HTTP server under load, in a child process.
-
-Run through tools/bench.py, which sets `lab` (the module measured) and `clock` here."""
+"""`python -m tools.bench serving` (and `serving-threads`): the HTTP server under load, in a child process."""
 
 from __future__ import annotations
 
@@ -12,43 +10,36 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from bench_common import _blas_env  # noqa: E402
-
-from checkpoints.tokenizer import ByteTokenizer  # noqa: E402
-from course import commands  # noqa: E402
-from loadtest import benchmark_serving, datasets  # noqa: E402
-from serving import api_server, protocol  # noqa: E402
-
-lab = None  # the module under test (solution or lab): tools/bench.py sets it before any benchmark runs
-clock = time.perf_counter  # or time.process_time with --cpu-time (tools/bench.py sets it)
-
+from checkpoints.tokenizer import ByteTokenizer
+from course import commands
+from loadtest import benchmark_serving, datasets
+from serving import api_server, protocol
+from tools.bench_common import ROOT, blas_env
 
 # A server in a child process, as `python solution.py serve` runs one, with the front end in a
-# process of its own (what `serve` does) or in a thread of the engine's process (what it did
-# before: the two then take turns on one interpreter lock).
+# process of its own (what `serve` does) or in a thread of the engine's process (the simpler design
+# it is measured against: the two then take turns on one interpreter lock). Run with the checkout
+# as its working directory, where `python -c` imports from.
 _SERVE_PROBE = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
-lab = __import__(sys.argv[2])
+lab = __import__(sys.argv[1])
 from serving import api_server
-api_server.FRONTEND_PROCESS = sys.argv[3] == "process"
-api_server.serve(lab.LLMEngine(lab.ToyTransformer(lab.ModelConfig(**json.loads(sys.argv[4])))), port=0,
-                 stream_interval=int(sys.argv[5]))
+api_server.FRONTEND_PROCESS = sys.argv[2] == "process"
+api_server.serve(lab.LLMEngine(lab.ToyTransformer(lab.ModelConfig(**json.loads(sys.argv[3])))), port=0, lab=lab,
+                 stream_interval=int(sys.argv[4]))
 """
 
 
-def _serve_in_subprocess(config: dict, frontend: str = "process", blas_threads: int | None = 1,
+def _serve_in_subprocess(lab: ModuleType, config: dict, frontend: str = "process", blas_threads: int | None = 1,
                          stream_interval: int = 1) -> tuple[subprocess.Popen, str]:
-    """A server for a model of `config` in a child process, and its URL."""
-    proc = subprocess.Popen([sys.executable, "-c", _SERVE_PROBE, str(ROOT), lab.__name__, frontend,
+    """A server of the module `lab` for a model of `config` in a child process, and its URL."""
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE_PROBE, lab.__name__, frontend,
                              json.dumps(config), str(stream_interval)], stdout=subprocess.PIPE, text=True,
-                            env=_blas_env(blas_threads))
+                            cwd=ROOT, env=blas_env(blas_threads))
     found = re.search(r"http://\S+", proc.stdout.readline())  # its first line, or "" if it died
     if not found:
         proc.kill()
@@ -84,7 +75,7 @@ def _health_round_trip(url: str) -> float:
     return time.perf_counter() - start
 
 
-def _parse_time(config: dict, payloads: list[dict]) -> float:
+def _parse_time(lab: ModuleType, config: dict, payloads: list[dict]) -> float:
     """Median seconds the front end spends parsing and checking one of `payloads` (in this process)."""
     served = protocol.ServedModel(lab, lab.ModelConfig(**config), ByteTokenizer(config["vocab_size"]), ("bench",),
                                   max_n=1)
@@ -103,9 +94,9 @@ STREAM_INTERVAL = 8  # `serve --stream-interval`: tokens per streamed chunk, for
 SERVING_MODELS = {"the server's default": {}, "n_embd 256 x 4 layers": {"n_embd": 256, "n_layer": 4}}
 
 
-def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: int = 16, repeats: int = 5,
-                  blas_threads: int | None = 1, log=print) -> None:
-    """`python tools/bench.py serving`: for each model, the same requests (a) offline through
+def bench_serving(lab: ModuleType, num_prompts: int = 64, workload: str = "alpaca", num_alone: int = 16,
+                  repeats: int = 5, blas_threads: int | None = 1, log=print) -> None:
+    """`python -m tools.bench serving`: for each model of the module `lab`, the same requests (a) offline through
     `generate`, (b) through a server whose front end has a process of its own (what `serve`
     runs), (c) through one whose front end is a thread of the engine's process and (d) through
     (b) streaming STREAM_INTERVAL tokens to a chunk, all sent at once (saturation) from this
@@ -113,7 +104,7 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
     one at a time on a kept-alive connection (and on new ones), for the TTFT the server (b) adds
     (medians), against one decode step."""
     log(f"== Serving over HTTP: {num_prompts} {workload} requests, all sent at once; servers in child processes "
-        f"with OPENBLAS_NUM_THREADS={_blas_env(blas_threads).get('OPENBLAS_NUM_THREADS', 'unset')}, this process "
+        f"with OPENBLAS_NUM_THREADS={blas_env(blas_threads).get('OPENBLAS_NUM_THREADS', 'unset')}, this process "
         f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset')} ==")
     log(f"{'model':24s} {'offline tok/s':>14s} {'own process':>18s} {'thread':>18s} "
         f"{f'own, interval {STREAM_INTERVAL}':>18s}")
@@ -123,11 +114,12 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
         model = lab.ToyTransformer(lab.ModelConfig(**config))
         requests = datasets.make_workload(lab, workload, num_prompts, 0, model.config.n_positions,
                                           model.config.vocab_size)
-        servers = {frontend: _serve_in_subprocess(config, frontend, blas_threads) for frontend in ("process", "thread")}
-        servers["interval"] = _serve_in_subprocess(config, "process", blas_threads, STREAM_INTERVAL)
+        servers = {frontend: _serve_in_subprocess(lab, config, frontend, blas_threads)
+                   for frontend in ("process", "thread")}
+        servers["interval"] = _serve_in_subprocess(lab, config, "process", blas_threads, STREAM_INTERVAL)
         try:
-            offline, served = _saturation(model, requests, {f: url for f, (_, url) in servers.items()}, repeats)
-            lone[name] = _lone_requests(model, config, requests, servers["process"][1], num_alone)
+            offline, served = _saturation(lab, model, requests, {f: url for f, (_, url) in servers.items()}, repeats)
+            lone[name] = _lone_requests(lab, model, config, requests, servers["process"][1], num_alone)
         finally:
             for proc, _ in servers.values():
                 _stop(proc)
@@ -143,14 +135,16 @@ def bench_serving(num_prompts: int = 64, workload: str = "alpaca", num_alone: in
             f"client reading it) {(added - health - parse) * 1e3:.2f} ms")
 
 
-def _saturation(model, requests: list, urls: dict[str, str], repeats: int) -> tuple[float, dict[str, float]]:
+def _saturation(lab: ModuleType, model, requests: list, urls: dict[str, str],
+                repeats: int) -> tuple[float, dict[str, float]]:
     """The same requests offline through `generate` and sent all at once to each server, in
     turns so that a noisy moment of the machine hits all of them; the best output tokens/s of
     each (offline, {server: tokens/s}), every request checked completed first."""
     sampling = [lab.SamplingParams(max_tokens=r.max_tokens) for r in requests]
     num_tokens = sum(r.max_tokens for r in requests)
     payloads = [benchmark_serving.completion_payload(r, "") for r in requests]
-    offline, served = 0.0, {frontend: 0.0 for frontend in urls}
+    offline = 0.0
+    served = {frontend: 0.0 for frontend in urls}
     for _ in range(repeats):
         start = time.perf_counter()
         lab.LLMEngine(model).generate([r.prompt_token_ids for r in requests], sampling)
@@ -164,7 +158,7 @@ def _saturation(model, requests: list, urls: dict[str, str], repeats: int) -> tu
     return offline, served
 
 
-def _lone_requests(model, config: dict, requests: list, url: str, num_alone: int) -> tuple[float, ...]:
+def _lone_requests(lab: ModuleType, model, config: dict, requests: list, url: str, num_alone: int) -> tuple[float, ...]:
     """Requests one at a time, through a warm engine and through the server at `url` (on a
     kept-alive connection and on new ones): the medians of (engine TTFT, served TTFT, served TTFT
     on a new connection, decode step, /health round trip, parsing a request)."""
@@ -186,4 +180,4 @@ def _lone_requests(model, config: dict, requests: list, url: str, num_alone: int
     return tuple(float(np.median(x)) for x in (
         [m.ttft for m in alone], [benchmark_serving.stream_metrics(lab, r).ttft for r in kept],
         [benchmark_serving.stream_metrics(lab, r).ttft for r in fresh], [g for m in alone for g in m.itl],
-        health)) + (_parse_time(config, payloads[:num_alone]),)
+        health)) + (_parse_time(lab, config, payloads[:num_alone]),)

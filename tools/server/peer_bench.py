@@ -2,8 +2,8 @@
 """Helpers to point a peer serving benchmark (SGLang's bench_serving, vLLM's `vllm bench serve`)
 at the lab's server, on the same workload as `python solution.py loadtest`.
 
-    python tools/server/peer_bench.py tokenizer DIR                      # the byte tokenizer, as a HF directory
-    python tools/server/peer_bench.py sharegpt WORKLOAD.jsonl OUT.json   # loadtest's workload for bench_serving
+    python -m tools.server.peer_bench tokenizer DIR                      # the byte tokenizer, as a HF directory
+    python -m tools.server.peer_bench sharegpt WORKLOAD.jsonl OUT.json   # loadtest's workload for bench_serving
 
 Neither benchmark is a dependency of the lab: run them from a scratch virtual environment
 (`pip install tokenizers transformers aiohttp` for these helpers and SGLang's script). The lab's
@@ -21,11 +21,8 @@ import argparse
 import json
 import os
 import random
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from checkpoints.tokenizer import bytes_to_unicode  # noqa: E402
+from checkpoints.tokenizer import bytes_to_unicode
 
 
 def write_byte_tokenizer(out_dir: str) -> None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Count the connections `python <module>.py serve` ends without a word: raw-socket probes on
-127.0.0.1, all at once, each the kind of odd client that once got a silent close (issue 36).
+127.0.0.1, all at once, each a kind of odd client a server can be tempted to close on silently.
 
 A probe that sent bytes and saw its connection end (end of stream or reset) with no byte of a
 response is "silent"; one still waiting after 20 s "hang"; a probe that sent nothing and was closed
@@ -8,8 +8,8 @@ when it idled out is "idle-close" (the one silent close that is right: see servi
 The 20 requests and 10 streams that half-close after sending are aborted (an end of stream is a
 disconnect, as in vLLM) and still answered: a 400 that names the end of stream.
 
-    python tools/server/probe_closes.py                  # against solution.py
-    python tools/server/probe_closes.py --module lab     # against your lab.py
+    python -m tools.server.probe_closes                  # against solution.py
+    python -m tools.server.probe_closes --module lab     # against your lab.py
 """
 
 from __future__ import annotations
@@ -74,7 +74,9 @@ def probes() -> list[tuple[str, list[bytes], bool, float]]:
 
 def probe(port: int, name: str, pieces: list[bytes], shut: bool, pause: float) -> tuple[str, str, str]:
     """(name, verdict, the reply's status line)."""
-    sent, reply, ended = 0, b"", "eof"
+    sent = 0
+    reply = b""
+    ended = "eof"
     with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as sock:
         try:
             for piece in pieces:
@@ -111,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         if address is None:
             print("the server did not start", file=sys.stderr)
             return 1
-        port, cases, start = int(address.group(1)), probes(), time.monotonic()
+        port = int(address.group(1))
+        cases = probes()
+        start = time.monotonic()
         with ThreadPoolExecutor(len(cases)) as pool:
             results = list(pool.map(lambda case: probe(port, *case), cases))
     finally:

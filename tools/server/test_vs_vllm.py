@@ -13,13 +13,11 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "fleet")]  # as the tools import their neighbours when run
-import sim_vs_vllm  # noqa: E402
-import vs_vllm  # noqa: E402
-import vs_vllm_readings as readings  # noqa: E402
+from tools.fleet import sim_vs_vllm
+from tools.server import vs_vllm
+from tools.server import vs_vllm_readings as readings
 
-RECORDED = HERE / "recorded"
+RECORDED = Path(__file__).resolve().parent / "recorded"
 
 
 def test_loadtests_table_is_read_one_row_per_rate_in_ms():

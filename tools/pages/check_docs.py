@@ -2,10 +2,10 @@
 """The pages' own check: every command README.md and docs/ show runs as written (their words are
 check_words.py's).
 
-    python tools/checks/check_docs.py                 # run every command the pages show (minutes)
-    python tools/checks/check_docs.py --list          # what would run, and the few that are not run, with why
-    python tools/checks/check_docs.py --copy DIR      # the same in a student's copy (tools/handout/student_copy.py DIR)
-    python tools/checks/check_docs.py -k serving.md   # only the snippets whose page or text contains a word
+    python -m tools.pages.check_docs                 # run every command the pages show (minutes)
+    python -m tools.pages.check_docs --list          # what would run, and the few that are not run, with why
+    python -m tools.pages.check_docs --copy DIR      # the same in a student's copy (tools.handout.student_copy)
+    python -m tools.pages.check_docs -k serving.md   # only the snippets whose page or text contains a word
 
 A snippet is a fenced block of shell (```bash), a `$ `-prompted or indented block of commands, a
 ```python block, or the commands written inline on one line (`python solution.py size`). A
@@ -26,7 +26,9 @@ own). A command shown with `...` for its arguments fails, and so does a snippet 
 checkout that git would list as untracked (a page's output belongs in an ignored folder, or its
 name in .gitignore). NOT_RUN names the few that need what CI does not have, with why.
 
-The words of the pages, checked without running anything, are check_words.py's.
+The words of the pages, checked without running anything, are check_words.py's. Run it from the
+checkout's root; a copy's check runs there too, with the copy's environment active (the copy has
+no tools/checks/).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ CUT_S = 2.0  # a LONG command must not have failed by then: its imports, its fla
 # CUT_S seconds, then stopped.
 LONG = re.compile(r"""
     \s(serve|loadtest|fleet|bench|attack)\b    # the server, the load test, the fleet search, benchmarks, the attack
-  | tools/(?:\w+/)?(bench\w*|peer_bench|probe_closes|mutants|teach_check|second_lab|check_stubs|check_docs|blame)\.py
+  | -m\ tools\.(?:\w+\.)?(bench\w*|peer_bench|probe_closes)\b      # the benchmarks and probes
+  | -m\ tools\.(?:checks|pages)\.(mutants|teach_check|second_lab|check_stubs|check_docs|blame)\b   # the checks
   | -m\ pytest(?!.*\s-m\s)(?!.*::)(?!.*\stests/[\w/]+\.py)   # the whole suite (one exercise or file finishes)
   | protocol\.MAX_CHOICES                      # docs/serving.md's measurement of the choice cap, to 200,000
 """, re.X)
@@ -70,10 +73,10 @@ NOT_RUN: tuple[tuple[str, str, str], ...] = (
                                "packages outside the lab's (torch, transformers, lm_eval) never go into it"),
     ("lmeval-venv/bin/", "command", "needs lm_eval, torch and transformers, outside the lab's dependencies"),
     ("torchvenv/bin/", "command", "needs torch and transformers, outside the lab's dependencies"),
-    ("peer_bench.py tokenizer", "command", "needs Hugging Face's tokenizers package, outside the lab's dependencies"),
+    ("peer_bench tokenizer", "command", "needs Hugging Face's tokenizers package, outside the lab's dependencies"),
     ("python bench_serving.py", "command", "needs SGLang's bench_serving.py and its packages (docs/serving.md)"),
     ("from transformers import", "command", "needs transformers, outside the lab's dependencies"),
-    ("tools/checks/check_docs.py", "command", "this check itself"),
+    ("tools.pages.check_docs", "command", "this check itself"),
     ("../graded-copy", "block", "CI runs this flow for every half-way state: .ci/run unpacks and sets up the "
                                 "autograder so, and tools/handout/half_way.py --graded submits each state's lab.py"),
     ("--vidur DIR", "command", "needs Vidur's profiling CSVs (a clone of microsoft/vidur); the lab ships no CSV"),
@@ -107,7 +110,9 @@ class Snippet(NamedTuple):
 def logical_commands(text: str) -> list[str]:
     """Shell text as its commands: `\\` continuations joined, a here-document kept with its
     command, a double-quoted string over several lines kept whole; comments and blanks dropped."""
-    lines, commands, i = text.split("\n"), [], 0
+    lines = text.split("\n")
+    commands = []
+    i = 0
     while i < len(lines):
         line = lines[i]
         i += 1
@@ -235,7 +240,7 @@ def runnable(command: str) -> str:
 
 # A command that works on the checkout's own lab.py (checks it, copies it, fills its stubs): its
 # snippet runs on that lab, not the reference.
-OWN_LAB = ("make_lab.py --check", "tools/handout/student_copy.py", "tools/checks/second_lab.py")
+OWN_LAB = ("make_lab --check", "tools.handout.student_copy", "tools.checks.second_lab")
 
 
 def scratch_checkout(root: Path, lab: Path, where: Path) -> Path:
@@ -279,7 +284,9 @@ def unignored(checkout: Path, paths: set[str]) -> list[str]:
 
 def _and_list(shell: str) -> list[str]:
     """A command's parts joined by `&&`, outside quotes (`make_it && cd it`: `make_it`, `cd it`)."""
-    parts, quote, start = [], None, 0
+    parts = []
+    quote = None
+    start = 0
     for j, ch in enumerate(shell):
         if ch in "'\"" and quote in (None, ch):
             quote = None if quote else ch
@@ -517,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{snippet.where:24} {'not run: ' + why if why else 'runs'}: {first}")
         return 0
     total_start = time.monotonic()
-    unique, done = [], set()  # inline commands shown on several pages run once
+    unique = []  # inline commands shown on several pages run once
+    done = set()
     for snippet in found:
         if snippet.kind == "inline":
             if tuple(snippet.commands) in done:

@@ -13,12 +13,9 @@ import fnmatch
 import io
 import os
 import re
-import sys
 import tokenize
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_docs import FENCE, INLINE, INLINE_COMMAND, not_run, snippets_of  # noqa: E402
+from tools.pages.check_docs import FENCE, INLINE, INLINE_COMMAND, not_run, snippets_of
 
 # The project's history, in any page: a figure carries its date and machine instead.
 ROUNDS = re.compile(r"\b(?:this|that|earlier|last|previous|latest|prior)\s+rounds?\b|\bround\s+before\b"
@@ -74,6 +71,27 @@ def link_problems(pages: dict[str, str], files: set[str]) -> list[str]:
 
 
 COPY_FILE = re.compile(r"(?<![\w/.])((?:tools|docs|tests|\.ci)/[\w./-]*\w|solution\.py)")
+# A tool run as a module (`python -m tools.bench`): the file it runs is tools/bench.py.
+TOOL_MODULE = re.compile(r"(?<![\w.])tools(?:\.\w+)+")
+
+
+def module_file(module: str, files: set[str]) -> str:
+    """The file or folder of `files` a dotted name under tools/ stands for (`tools.bench.main`:
+    tools/bench.py), or the file it would be where `files` lack it (`tools.checks.mutants`:
+    tools/checks/mutants.py)."""
+    parts = module.split(".")
+    for i in range(2, len(parts) + 1):
+        path = "/".join(parts[:i])
+        if f"{path}.py" in files:
+            return f"{path}.py"
+        if not any(f.startswith(path + "/") for f in files):
+            return "/".join(parts) + ".py"
+    return "/".join(parts)  # a package: its folder
+
+
+def names_in(command: str, files: set[str]) -> list[str]:
+    """The files of the checkout a command names: by path, or as a tool's module."""
+    return COPY_FILE.findall(command) + [module_file(m, files) for m in TOOL_MODULE.findall(command)]
 
 
 def copy_problems(pages: dict[str, str], files: set[str]) -> list[str]:
@@ -92,7 +110,7 @@ def copy_problems(pages: dict[str, str], files: set[str]) -> list[str]:
                     problems.append(f"{snippet.where}: `{first}` runs the reference, which the copy lacks")
                 if re.search(r"--against\b|\bgit\s+show\b", command):
                     problems.append(f"{snippet.where}: `{first}` needs the project's git history")
-                for name in COPY_FILE.findall(command):
+                for name in names_in(command, files):
                     if name not in files and not any(f.startswith(name.rstrip("/") + "/") for f in files):
                         problems.append(f"{snippet.where}: `{first}` names {name}, which the copy lacks")
         prose = INLINE.sub(lambda m: m.group() if not INLINE_COMMAND.match(m.group(1)) else "", FENCE.sub("", text))
@@ -152,6 +170,7 @@ def unheld_names(texts: dict[str, str], held: set[str], checkout: set[str],
     for path, text in sorted(texts.items()):
         for line, words in _words(path, text):
             names = [m.group().rstrip(".") for m in rooted.finditer(words)]
+            names += [module_file(m, held) for m in TOOL_MODULE.findall(words)]
             names = [n for n in names if not held_path(n)]
             names += [m.group() for m in back.finditer(words) if not any(m.group() in n for n in names)] \
                 if back else []

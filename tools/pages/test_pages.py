@@ -1,25 +1,24 @@
 """The pages' words, held by the tools that check them: no narrated rounds nor hand-typed counts,
 links that resolve, a student's copy whose pages fit it, and every command a page shows found
-complete and run (tools/checks/check_words.py, tools/checks/check_docs.py)."""
+complete and run (tools/pages/check_words.py, tools/pages/check_docs.py)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tool_support import load_tool, tracked_files  # noqa: E402
+from course.commands import SERVE_MODEL
+from tools.handout import student_copy
+from tools.pages import check_docs, check_words
+from tools.tool_support import tracked_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.provided
 def test_no_page_narrates_the_projects_rounds_or_types_the_suites_counts_and_every_link_resolves():
-    check_words = load_tool("check_words")
-    pages = load_tool("check_docs").pages()
+    pages = check_docs.pages()
     rounds = [f"{path}: {found}" for path, text in pages.items() for found in check_words.history(text)]
     assert not rounds, "a figure carries its date and machine, not the round it was taken in:\n" + "\n".join(rounds)
     counts = [f"{path}: {found}" for path, text in pages.items() for found in check_words.typed_counts(text)]
@@ -30,14 +29,13 @@ def test_no_page_narrates_the_projects_rounds_or_types_the_suites_counts_and_eve
 
 @pytest.mark.provided
 def test_the_copys_pages_fit_the_copy_no_history_no_reference_no_maintainers_file():
-    student_copy = load_tool("student_copy")
     texts, binaries = student_copy.copy_files()
     assert "docs/teaching.md" not in texts, "the graders' page ships only in the maintainers' checkout"
     pages = {path: text for path, text in texts.items() if student_copy.is_page(path)}
     assert {"README.md", "docs/hints.md", "docs/trace.md"} <= set(pages)
     unfit = student_copy.words_unfit(texts, binaries)
     assert not unfit, "the copy's pages say what the copy cannot do:\n" + "\n".join(unfit)
-    shown = [c for path, text in pages.items() for s in load_tool("check_docs").snippets_of(path, text)
+    shown = [c for path, text in pages.items() for s in check_docs.snippets_of(path, text)
              for c in s.commands]
     assert "python lab.py size" in shown and not [c for c in shown if "solution.py" in c], (
         "the copy's commands run lab.py where the maintainers' pages run solution.py")
@@ -52,11 +50,10 @@ def test_the_copys_pages_fit_the_copy_no_history_no_reference_no_maintainers_fil
     ("see [the graders' page](teaching.md)", "a file this checkout lacks"),
     ("see [the load test](serving.md#no-such-heading)", "a heading docs/serving.md lacks"),
     ("run `python solution.py size`", "runs the reference"),
-    ("```bash\npython tools/checks/mutants.py -k trace\n```", "names tools/checks/mutants.py, which the copy lacks"),
-    ("    python tools/server/bench_server_cpu.py --against 8c096fd", "needs the project's git history"),
+    ("```bash\npython -m tools.checks.mutants -k trace\n```", "names tools/checks/mutants.py, which the copy lacks"),
+    ("    python -m tools.server.bench_server_cpu --against 8c096fd", "needs the project's git history"),
 ])
 def test_the_copys_words_check_names_each_kind_of_word_that_does_not_fit(page, says):
-    check_words = load_tool("check_words")
     files = {"docs/x.md", "docs/serving.md", "tools/server/bench_server_cpu.py"}
     pages = {"docs/x.md": f"# A page\n\nText.\n\n{page}\n", "docs/serving.md": "# Serving\n\n## The load test\n"}
     found = check_words.copy_problems(pages, files)
@@ -68,7 +65,6 @@ def test_the_copys_words_check_names_each_kind_of_word_that_does_not_fit(page, s
 
 @pytest.mark.provided
 def test_every_file_of_the_copy_names_only_files_and_folders_the_copy_holds_but_solution_py():
-    student_copy = load_tool("student_copy")
     texts, binaries = student_copy.copy_files()
     assert "tools/handout/make_lab.py" in tracked_files(), "test setup: the check needs a file the copy keeps back"
     unheld = student_copy.names_unheld(texts, binaries)
@@ -90,7 +86,7 @@ HELD = {"lab.py", "README.md", "docs/x.md", "tools/bench.py", "tools/checks_of_m
     ("course/cli.py", 'raise SystemExit(f"run {x} as .ci/run does")\n', [".ci/run"]),
 ])
 def test_the_unheld_names_check_names_each_kept_back_or_missing_path(path, text, names):
-    found = load_tool("check_words").unheld_names({path: text}, HELD, HELD | KEPT_BACK)
+    found = check_words.unheld_names({path: text}, HELD, HELD | KEPT_BACK)
     assert [problem.rsplit(": ", 1)[1] for problem in found] == names, found
 
 
@@ -98,20 +94,18 @@ def test_the_unheld_names_check_names_each_kept_back_or_missing_path(path, text,
 def test_the_unheld_names_check_lets_through_what_the_copy_holds_solution_py_others_paths_and_code():
     text = ('"""lab.py and solution.py; tools/bench.py and tools/*.py; docs/; vLLM\'s vllm/v1/core/sched/utils.py; '
             'min(1, p/q); text/html."""\nPATH = ROOT / "tools" / "checks" / "mutants.py"\nfrom make_lab import x\n')
-    assert load_tool("check_words").unheld_names({"course/cli.py": text}, HELD, HELD | KEPT_BACK) == []
+    assert check_words.unheld_names({"course/cli.py": text}, HELD, HELD | KEPT_BACK) == []
 
 
 @pytest.mark.provided
 def test_every_command_shown_is_found_complete_and_the_few_not_run_say_why():
-    check_docs = load_tool("check_docs")
     found = check_docs.snippets()
     commands = [(s, c) for s in found for c in s.commands]
     blocks = [s.commands for s in found if s.page == "README.md" and s.kind == "bash"]
     setup = "python3 -m venv .venv && . .venv/bin/activate && python -m pip install -e '.[test]' && python solution.py"
     assert blocks[0] == [setup], f"the README's first block: one set-up line that ends in the main job: {blocks[0]}"
     assert ["LAB_MODULE=solution python -m pytest"] in blocks, "the README shows the command whose tests pass"
-    serve_model = importlib.import_module("course.commands").SERVE_MODEL
-    served = "toy-gpt2-{n_layer}x{n_embd}-v{vocab_size}".format(**serve_model)
+    served = "toy-gpt2-{n_layer}x{n_embd}-v{vocab_size}".format(**SERVE_MODEL)
     curl = [b for b in blocks if b[0].startswith("python solution.py serve &") and b[1].startswith("curl ")]
     assert curl and f'"model": "{served}"' in curl[0][1] and served in curl[0][0], (
         f"the README's first curl asks `serve` for the model id it prints ({served}): {curl}")
@@ -125,7 +119,6 @@ def test_every_command_shown_is_found_complete_and_the_few_not_run_say_why():
 
 @pytest.mark.provided
 def test_every_file_a_pages_command_writes_into_the_checkout_is_one_git_ignores(tmp_path):
-    check_docs = load_tool("check_docs")
     written = {(s.where, path) for s in check_docs.snippets() for c in s.commands
                for path in check_docs.written_files(c) if not path.startswith(("/", "..", "~", "$"))}
     assert {"my-report.html", "t.html", "keys.json", "results.json", "workload.jsonl"} <= {p for _, p in written}, (
@@ -141,7 +134,6 @@ def test_every_file_a_pages_command_writes_into_the_checkout_is_one_git_ignores(
 
 @pytest.mark.provided
 def test_a_pages_shell_is_read_as_its_commands_continuations_here_documents_and_quotes_whole():
-    check_docs = load_tool("check_docs")
     text = ('a \\\n  b\n# a comment\n\ncat > f <<\'EOF\'\nx\n"\nEOF\npython -c "\nprint(1)"   # done\n'
             'serve &  # in the background\n')
     assert check_docs.logical_commands(text) == ["a \\\n  b", "cat > f <<'EOF'\nx\n\"\nEOF",
@@ -150,7 +142,6 @@ def test_a_pages_shell_is_read_as_its_commands_continuations_here_documents_and_
 
 @pytest.mark.provided
 def test_the_snippet_runner_fails_a_failing_or_incomplete_command_and_keeps_a_blocks_cd_and_export(tmp_path):
-    check_docs = load_tool("check_docs")
     env = check_docs.environment(tmp_path)
 
     def status(*commands):

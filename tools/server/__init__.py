@@ -1,0 +1,1 @@
+"""The server measured over HTTP, and vLLM itself beside it."""
