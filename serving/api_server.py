@@ -447,7 +447,7 @@ def start_server(engine, host: str = "127.0.0.1", port: int = 0, *, lab: ModuleT
 
 
 def serve(engine, host: str = "127.0.0.1", port: int = 8000, duration: float | None = None, note: str | None = None,
-          *, lab: ModuleType, **options) -> bool:
+          *, lab: ModuleType | None = None, **options) -> bool:
     """`python solution.py serve`: run the server (`lab` and `options` as start_server's) until Ctrl-C,
     or for `duration` seconds; `note`, a line for the banner. False if its front end ended of itself
     first (killed, or failed): a server nobody can reach must not run on."""

@@ -189,6 +189,14 @@ def test_rule2_a_streamed_stop_string_is_held_back_until_it_cannot_match(byte_se
 
 
 @pytest.mark.needs(5)
+def test_start_server_handed_only_the_engine_serves_it_with_the_module_that_defines_it(engine_model):
+    with serving.start_server(lab.LLMEngine(engine_model, num_blocks=64, block_size=4)) as srv:
+        body = complete(srv, prompt=[5] * 6, max_tokens=3, temperature=0)
+    assert body["usage"]["completion_tokens"] == 3, (
+        f"start_server(engine), with no module handed over, must serve the engine's requests: {body}")
+
+
+@pytest.mark.needs(5)
 def test_rule2_a_stop_string_aborts_the_request_in_the_engine(engine_model):
     engine = lab.LLMEngine(engine_model, num_blocks=64, block_size=4)
     outputs = []

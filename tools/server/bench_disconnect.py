@@ -111,7 +111,7 @@ def worker(seed: int, serve_model: dict) -> dict:
     engine.step = counted_step
     body = json.dumps({"prompt": "Hello there", "max_tokens": MAX_TOKENS, "temperature": 0}).encode()
     gave_up, answers = [], []
-    with serving.start_server(engine, lab=lab) as server:
+    with serving.start_server(engine) as server:
         start = time.monotonic()
         threads = [threading.Thread(target=client, args=(server.port, body, seed + i, gave_up, answers, engine))
                    for i in range(CLIENTS)]

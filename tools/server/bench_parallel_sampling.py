@@ -43,7 +43,7 @@ events = []
 engine = lab.LLMEngine(model, block_size=16, max_num_seqs=64, enable_prefix_caching=caching,
                        logits_processors=logits_processors(), observer=events.append)
 prompt = [(7 * i + 3) % 256 for i in range(prompt_len)]
-with serving.start_server(engine, lab=lab) as server:
+with serving.start_server(engine) as server:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     conn.request("POST", "/v1/completions", json.dumps({
         "prompt": prompt, "n": n, "seed": 0, "temperature": 1.0, "max_tokens": max_tokens, "ignore_eos": True,

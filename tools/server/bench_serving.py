@@ -29,7 +29,7 @@ import json, sys
 lab = __import__(sys.argv[1])
 from serving import api_server
 api_server.FRONTEND_PROCESS = sys.argv[2] == "process"
-api_server.serve(lab.LLMEngine(lab.ToyTransformer(lab.ModelConfig(**json.loads(sys.argv[3])))), port=0, lab=lab,
+api_server.serve(lab.LLMEngine(lab.ToyTransformer(lab.ModelConfig(**json.loads(sys.argv[3])))), port=0,
                  stream_interval=int(sys.argv[4]))
 """
 
