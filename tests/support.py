@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import importlib.util
 import io
 import json
 import re
@@ -47,6 +48,17 @@ REFERENCE = ROOT / "solution.py"
 # `reference` too: CI runs the rest of the suite on the reference's bodies in the copy, these here.
 _skip_without_reference = pytest.mark.skipif(not REFERENCE.exists(), reason="needs solution.py, which the student's "
                                               "copy does not ship: runs in the maintainers' checkout")
+
+
+def import_scratch_lab(path: Path, monkeypatch) -> object:
+    """The lab written at `path` (a scratch copy with a slip, or half written), imported under its
+    file's name: registered in sys.modules for the test alone, where its dataclasses look their
+    module up while their classes are made."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, path.stem, module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def needs_reference(test):

@@ -6,9 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import html.parser
-import importlib.util
 import json
-import sys
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +14,7 @@ from hypothesis import strategies as st
 
 from conftest import lab
 from course.pages import trace, trace_workloads
-from tests.support import ROOT, needs_reference
+from tests.support import ROOT, import_scratch_lab, needs_reference
 
 # =====================================================================================
 # The trace: `python solution.py trace`, one page that steps through a recorded engine run
@@ -354,10 +352,7 @@ def test_the_trace_of_a_scheduler_that_preempts_the_wrong_request_says_so(tmp_pa
     assert source.count(newest) == 1
     path = tmp_path / "lab_wrong_victim.py"
     path.write_text(source.replace(newest, "victim = self.running.pop(self.running.index(seq))  #"))
-    spec = importlib.util.spec_from_file_location("lab_wrong_victim", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "lab_wrong_victim", module)  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
+    module = import_scratch_lab(path, monkeypatch)
     rec = trace.record(module, trace_workloads.get_workload("memory-pressure"))
     reasons = [p["reason"] for f in rec.frames for p in f["preempted"]]
     assert reasons[0] == ("r4 needed a new block for its next 1 token and 0 were free; r4, not the newest running "

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import importlib.util
 import io
 import json
 import re
@@ -32,6 +31,7 @@ from tests.support import (
     ROOT,
     SharedServer,
     api_engine,
+    import_scratch_lab,
     needs_reference,
     reraise_stub,
     run_cli,
@@ -503,10 +503,7 @@ def test_attack_on_a_half_written_lab_names_the_stub_it_needs(tmp_path, monkeypa
     from tools.handout.make_lab import make_lab
     script = tmp_path / "lab_half.py"
     script.write_text(make_lab((ROOT / "solution.py").read_text(), only={"3", "6"}))
-    spec = importlib.util.spec_from_file_location("lab_half", script)
-    half = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "lab_half", half)  # its dataclasses look their module up there
-    spec.loader.exec_module(half)
+    half = import_scratch_lab(script, monkeypatch)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as end:
         course.main(half, ["attack", "prefix-cache"])
