@@ -9,11 +9,11 @@ the ideas it needs; the exercises' own code is an afternoon, the whole file a da
    section                                     lines        what it holds
    0. Conventions                              42-155       checked arguments: what the exercises start from
    1. Paged KV-cache (PagedAttention)          156-396      blocks, allocator, block tables, prefix cache (Ex. 1-3)
-   2. The model and the paged attention path   397-1038     a GPT-2 that reads its past through block tables (Ex. 4)
-   3. Continuous batching                      1039-1795    requests, the scheduler, the engine (Ex. 5)
-   4. Speculative decoding                     1796-2077    accept/resample, draft -> verify (Ex. 6-7)
-   5. Capacity planning                        2078-2382    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
-   6. The exercises                            2383-2407    the list of exercises, and `__main__`
+   2. The model and the paged attention path   397-1039     a GPT-2 that reads its past through block tables (Ex. 4)
+   3. Continuous batching                      1040-1796    requests, the scheduler, the engine (Ex. 5)
+   4. Speculative decoding                     1797-2078    accept/resample, draft -> verify (Ex. 6-7)
+   5. Capacity planning                        2079-2383    KV blocks, concurrency, QPS on a real GPU (Ex. 8)
+   6. The exercises                            2384-2408    the list of exercises, and `__main__`
 
 What runs the chapter for a user stands beside this file, a package per job: `serving/` (the
 server), `checkpoints/`, `loadtest/` (with the simulator) and `course/` (the command line, the
@@ -786,8 +786,8 @@ class ThreadedMatmul:
 
     def __init__(self, num_threads: int = 1):
         self.num_threads = check_int("num_threads", num_threads, 1)
-        self._workers = (ThreadPoolExecutor(num_threads - 1, thread_name_prefix="matmul")
-                         if num_threads > 1 else None)
+        self._workers = (ThreadPoolExecutor(self.num_threads - 1, thread_name_prefix="matmul")
+                         if self.num_threads > 1 else None)
 
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         (m, k), n = a.shape, b.shape[1]
@@ -819,8 +819,9 @@ class ThreadedMatmul:
 
         pending = [self._workers.submit(work) for _ in range(self.num_threads - 1)]
         work()
-        for worker in pending:
-            worker.result()
+        for worker in pending:  # one not yet started has nothing left: it must not hold the product back
+            if not worker.cancel():
+                worker.result()
 
 
 # --- the model: a reference path and the serving path -------------------------------------

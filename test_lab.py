@@ -3421,7 +3421,7 @@ def test_a_split_product_is_the_same_from_call_to_call(m):
 
 # Provided code (the threads the model's products take), run on Exercises 1-5's engine.
 @pytest.mark.needs(5)
-def test_the_engine_writes_the_same_tokens_whatever_its_threads():
+def test_a_batch_gets_the_same_tokens_on_one_thread_or_two():
     config = lab.ModelConfig(vocab_size=4096, n_positions=64, n_embd=512, n_layer=2, n_head=8)
     weights = lab.init_gpt2_weights(config, seed=3)
     assert 512 * 2048 >= 2 * lab.SLICES_PER_THREAD * lab.MIN_SLICE_ELEMENTS, "the MLP's products split over 2 threads"
@@ -3432,7 +3432,9 @@ def test_the_engine_writes_the_same_tokens_whatever_its_threads():
         engine = lab.LLMEngine(lab.ToyTransformer(config, weights, num_threads=num_threads), num_blocks=64,
                                block_size=8, max_num_seqs=16)
         outputs[num_threads] = [o.output_token_ids for o in engine.generate(prompts, lab.SamplingParams(max_tokens=6))]
-    assert outputs[2] == outputs[1], "threads share the model's products: the tokens are the same with 1 or 2"
+    assert outputs[2] == outputs[1], (
+        "a batch's products split by the weight's columns compute the same dot products: its tokens are the same "
+        "on 1 thread or 2")
 
 
 @pytest.mark.provided
