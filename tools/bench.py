@@ -25,7 +25,7 @@ import argparse
 import importlib
 import time
 
-from tools.bench_common import DEFAULT_MODULE
+from tools.bench_common import DEFAULT_MODULE, description, with_one_blas_thread
 from tools.benchmarks import (
     bench_attention,
     bench_batching,
@@ -73,7 +73,7 @@ NOT_IN_ALL = ("blas-threads", "serving-threads", "step-profile", "vs-vllm")  # w
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench", description=description(__doc__))
     parser.add_argument("which", nargs="?", choices=(*BENCHMARKS, "all"), default="all")
     parser.add_argument("--module", default=DEFAULT_MODULE,
                         help="the module to measure: solution or lab (default: solution, or lab in the student's copy)")
@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="time in-process benchmarks by this process's CPU seconds, not wall time "
                              "(a shared machine; single-threaded work only)")
     args = parser.parse_args(argv)
+    if args.which == "step-profile":
+        with_one_blas_thread()  # the step as `serve` runs it: OpenBLAS on one thread, the model's own beside it
     lab = importlib.import_module(args.module)
     clock = time.process_time if args.cpu_time else time.perf_counter
     try:

@@ -44,6 +44,11 @@ def blas_env(blas_threads: int | None) -> dict[str, str]:
     return env
 
 
+def description(doc: str) -> str:
+    """A command's --help description: its module docstring's first paragraph, on one line."""
+    return doc.split("\n\n")[0].replace("\n", " ")
+
+
 def with_one_blas_thread() -> None:
     """Run this command again with OPENBLAS_NUM_THREADS=1 (as `serve` runs the lab) unless it is set:
     OpenBLAS reads it once, when NumPy loads, which is before any command's code runs."""

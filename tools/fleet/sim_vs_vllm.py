@@ -48,11 +48,12 @@ from checkpoints.model_loader import load_gpt2
 from course.commands import default_num_threads
 from loadtest import benchmark_serving, costmodel, datasets
 from loadtest.simulator import simulate_serving
-from tools.bench_common import DEFAULT_MODULE, ROOT, with_one_blas_thread
+from tools.bench_common import DEFAULT_MODULE, ROOT, description, with_one_blas_thread
 from tools.fleet import bench_simulator, vllm_steps
 from tools.server import vs_vllm
 
-RATES = {"vLLM": (1.0, 2.0, 4.0), "lab": (0.5, 1.0, 2.0)}  # below each one's knee (~7.5 and ~3 req/s here)
+# Below each one's served saturation (~4.8 and ~2.7 req/s here).
+RATES = {"vLLM": (1.0, 2.0, 4.0), "lab": (0.5, 1.0, 2.0)}
 METRICS = (("p50_ttft", "TTFT p50"), ("p90_ttft", "TTFT p90"), ("p50_tpot", "TPOT p50"), ("p90_tpot", "TPOT p90"))
 
 
@@ -181,7 +182,7 @@ def run_engine(engine: str, args, lab, checkpoint: str, work: Path, log) -> tupl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.fleet.sim_vs_vllm", description=description(__doc__))
     parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", "/tmp/vllmvenv/bin/python"))
     parser.add_argument("--module", default=DEFAULT_MODULE)
     parser.add_argument("--engines", default="vLLM,lab", help="vLLM, lab or both (default)")

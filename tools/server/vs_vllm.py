@@ -52,7 +52,7 @@ import numpy as np
 
 from checkpoints.model_loader import save_gpt2
 from loadtest import benchmark_serving, datasets
-from tools.bench_common import DEFAULT_MODULE, ROOT
+from tools.bench_common import DEFAULT_MODULE, ROOT, description
 from tools.server.vs_vllm_readings import (  # what the runs say, parsed and tabled
     CpuMeter,
     counters,
@@ -421,7 +421,7 @@ def behaviour(args, lab, env: dict, checkpoint: str, work: Path, log) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.server.vs_vllm", description=description(__doc__))
     parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", "/tmp/vllmvenv/bin/python"),
                         help="the Python of a venv with vLLM (default: $VLLM_PYTHON or /tmp/vllmvenv/bin/python)")
     parser.add_argument("--module", default=DEFAULT_MODULE,
