@@ -129,7 +129,8 @@ def _step_shape(plan, role: str) -> tuple[int, int, int, bool, dict[str, int]]:
     sampled = {}
     scheduled_tokens = plan.num_scheduled_tokens
     for s in plan.scheduled:
-        new, done = scheduled_tokens[s.request_id], s.num_computed_tokens
+        new = scheduled_tokens[s.request_id]
+        done = s.num_computed_tokens
         if plan.completes(s):
             sampled[s.request_id] = 0
         context += done + new

@@ -35,8 +35,9 @@ def nearest_rank_quantile(values: Sequence[float], q: float) -> float:
     """The `q`-quantile (0..1) of `values` by nearest rank: the ceil(q * n)-th smallest value; NaN
     when empty. A service-level objective is a promise about requests ("99% of requests get their
     first token within T"), and it holds exactly when this p99 is <= T. The interpolated percentile
-    can sit below T while fewer than 99% are within it: of 50 values, its p99 lies between the 49th
-    and the 50th, and the 50th, the one request in 50 that may miss, can miss by any amount."""
+    can sit at or below T while fewer than 99% are within it: of 50 values, its p99 lies between
+    the 49th and the 50th (0.51 of the way), so with the 50th just past T it still reads <= T,
+    though only 49 of 50 (98%) are within T."""
     if len(values) == 0:
         return math.nan
     return float(sorted(values)[nearest_rank(len(values), q) - 1])

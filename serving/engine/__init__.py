@@ -5,7 +5,7 @@ the API server (HTTP, tokenizing, detokenizing, one JSON event per token) runs i
 that the two never take turns on one interpreter lock. A thread would not do: in CPython only
 one thread runs Python at a time, and a small model's step is mostly Python, so an HTTP loop
 in the engine's process adds its time to every step instead of overlapping it
-(`tools/bench.py serving` measures both).
+(`python -m tools.bench serving` measures both).
 
 Here the engine stays where the caller made it (the caller keeps the object it passed in,
 and can look at it afterwards), and the front end is the forked child:

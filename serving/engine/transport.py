@@ -86,7 +86,8 @@ class PipeWriter(_PipeEnd):
     def attach(self, loop: asyncio.AbstractEventLoop, on_gone) -> None:
         """From now on never block; `on_gone()` (on the loop) once the reader's end has closed."""
         os.set_blocking(self.fd, False)
-        self._loop, self._on_gone = loop, on_gone
+        self._loop = loop
+        self._on_gone = on_gone
 
     def detach(self) -> None:
         """Back to blocking writes: the loop has ended (what is unsent goes first)."""
