@@ -126,9 +126,13 @@ class PipeWriter(_PipeEnd):
         self._wait_writable(bool(self._unsent))
 
     def _wait_writable(self, wait: bool) -> None:
-        if wait != self._waiting:
-            (self._loop.add_writer(self.fd, self._write) if wait else self._loop.remove_writer(self.fd))
-            self._waiting = wait
+        if wait == self._waiting:
+            return
+        if wait:
+            self._loop.add_writer(self.fd, self._write)
+        else:
+            self._loop.remove_writer(self.fd)
+        self._waiting = wait
 
     def flush(self, timeout: float, outputs: PipeReader, on_output) -> None:
         """Write what is unsent, for at most `timeout` seconds, handing whatever arrives on
